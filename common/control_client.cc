@@ -1,0 +1,182 @@
+#include "common/control_client.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/wire.h"
+
+namespace hybridps {
+
+absl::StatusOr<std::unique_ptr<ControlClient>> ControlClient::Connect(const Context& ctx,
+                                                                      const Options& options,
+                                                                      Callbacks callbacks) {
+  std::unique_ptr<ControlClient> c(new ControlClient(options, std::move(callbacks)));
+  ASSIGN_OR_RETURN(c->socket_, Socket::Create(ctx, SocketType::kDealer, 64 << 20));
+  RETURN_IF_ERROR(c->socket_->Connect(options.SchedulerEndpoint()));
+  return c;
+}
+
+void ControlClient::Send(const wire::Envelope& env) {
+  Message msg = Encode("", env);
+  if (auto s = socket_->Send(msg); !s.ok()) {
+    HPS_LOG(WARNING) << "send to scheduler failed: " << s;
+  }
+}
+
+absl::StatusOr<wire::Welcome> ControlClient::Register(const std::string& data_endpoint) {
+  const absl::Time deadline = absl::Now() + options_.start_timeout;
+  Send(MakeHello(options_.role, options_.rank));
+  wire::Envelope env;
+  env.set_id(next_id_++);
+  auto* r = env.mutable_register_();
+  r->set_role(ToWire(options_.role));
+  r->set_requested_rank(options_.rank);
+  r->set_data_endpoint(data_endpoint);
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  r->set_host(host);
+  r->set_pid(static_cast<uint32_t>(getpid()));
+  r->set_local_rank(options_.local_rank);
+  r->set_local_size(options_.local_size);
+  Send(env);
+  Poller poller;
+  poller.Add(socket_.get());
+  while (true) {
+    absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no answer from the scheduler at ", options_.SchedulerEndpoint(), " within ",
+          absl::FormatDuration(options_.start_timeout),
+          " (is it running, and have all ", options_.num_workers, " workers and ",
+          options_.num_servers, " servers started?)"));
+    }
+    ASSIGN_OR_RETURN(int n, poller.Poll(std::min(deadline - now, absl::Milliseconds(200))));
+    if (n == 0) continue;
+    while (true) {
+      ASSIGN_OR_RETURN(auto msg, socket_->TryRecv());
+      if (!msg) break;
+      auto d = Decode(std::move(*msg), false);
+      if (!d.ok()) {
+        HPS_LOG(WARNING) << "rejected a message from the scheduler: " << d.status();
+        continue;
+      }
+      last_heard_ = absl::Now();
+      switch (d->env.body_case()) {
+        case wire::Envelope::kHelloAck:
+          break;
+        case wire::Envelope::kWelcome:
+          next_heartbeat_ = absl::Now();
+          return d->env.welcome();
+        case wire::Envelope::kError:
+          return FromWire(d->env.error());
+        case wire::Envelope::kShutdown:
+          return absl::AbortedError(
+              absl::StrCat("the scheduler shut the job down: ", d->env.shutdown().reason()));
+        default:
+          HPS_LOG(DEBUG) << "ignored before welcome: " << d->env.body_case();
+      }
+    }
+  }
+}
+
+void ControlClient::Request(wire::Envelope env, absl::Time deadline, Reply on_reply) {
+  if (lost_) {
+    on_reply(absl::UnavailableError("the scheduler is unreachable"));
+    return;
+  }
+  uint64_t id = next_id_++;
+  env.set_id(id);
+  pending_.emplace(id, Pending{deadline, std::move(on_reply)});
+  Send(env);
+}
+
+void ControlClient::OnReadable() {
+  while (true) {
+    auto msg = socket_->TryRecv();
+    if (!msg.ok()) {
+      HPS_LOG(WARNING) << "receive from scheduler failed: " << msg.status();
+      return;
+    }
+    if (!*msg) return;
+    auto d = Decode(std::move(**msg), false);
+    if (!d.ok()) {
+      HPS_LOG(WARNING) << "rejected a message from the scheduler: " << d.status();
+      continue;
+    }
+    last_heard_ = absl::Now();
+    Handle(std::move(d->env));
+  }
+}
+
+void ControlClient::Handle(wire::Envelope env) {
+  switch (env.body_case()) {
+    case wire::Envelope::kHeartbeat:
+    case wire::Envelope::kHelloAck:
+      return;
+    case wire::Envelope::kNodeFailed:
+      if (callbacks_.node_failed) callbacks_.node_failed(env.node_failed());
+      return;
+    case wire::Envelope::kShutdown:
+      if (callbacks_.shutdown) callbacks_.shutdown(env.shutdown());
+      return;
+    default:
+      break;
+  }
+  auto it = pending_.find(env.id());
+  if (it == pending_.end()) {
+    HPS_LOG(DEBUG) << "reply to unknown request " << env.id() << " dropped";
+    return;
+  }
+  Reply reply = std::move(it->second.reply);
+  pending_.erase(it);
+  if (env.body_case() == wire::Envelope::kError) {
+    reply(FromWire(env.error()));
+  } else {
+    reply(std::move(env));
+  }
+}
+
+void ControlClient::Tick(absl::Time now) {
+  if (lost_) return;
+  if (now >= next_heartbeat_) {
+    wire::Envelope hb;
+    hb.mutable_heartbeat();
+    Send(hb);
+    next_heartbeat_ = now + options_.heartbeat_interval;
+  }
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (now >= it->second.deadline) {
+      Reply reply = std::move(it->second.reply);
+      it = pending_.erase(it);
+      reply(absl::DeadlineExceededError("no reply from the scheduler before the deadline"));
+    } else {
+      ++it;
+    }
+  }
+  if (last_heard_ != absl::InfinitePast() && now - last_heard_ > options_.heartbeat_timeout) {
+    lost_ = true;
+    absl::Status s = absl::UnavailableError(absl::StrCat(
+        "the scheduler at ", options_.SchedulerEndpoint(), " has not answered for ",
+        absl::FormatDuration(now - last_heard_), " (heartbeat timeout ",
+        absl::FormatDuration(options_.heartbeat_timeout), ")"));
+    FailAll(s);
+    if (callbacks_.scheduler_lost) callbacks_.scheduler_lost(s);
+  }
+}
+
+absl::Time ControlClient::NextTick() const {
+  absl::Time t = next_heartbeat_;
+  for (const auto& [id, p] : pending_) t = std::min(t, p.deadline);
+  return t;
+}
+
+void ControlClient::FailAll(const absl::Status& status) {
+  auto pending = std::move(pending_);
+  pending_.clear();
+  for (auto& [id, p] : pending) p.reply(status);
+}
+
+}  // namespace hybridps

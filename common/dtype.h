@@ -1,0 +1,61 @@
+// Element types of tensors and the tensor view passed through the public API.
+#ifndef HYBRIDPS_COMMON_DTYPE_H_
+#define HYBRIDPS_COMMON_DTYPE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+
+namespace hybridps {
+
+// The numeric values travel on the wire (proto field `dtype`): never renumber.
+enum class DType : uint8_t {
+  kFloat32 = 0,
+  kFloat64 = 1,
+  kFloat16 = 2,
+  kBFloat16 = 3,
+  kInt32 = 4,
+  kInt64 = 5,
+  kUInt8 = 6,
+};
+inline constexpr int kNumDTypes = 7;
+
+// Bytes per element.
+size_t DTypeSize(DType t);
+// "float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8".
+absl::string_view DTypeName(DType t);
+// Inverse of DTypeName (also accepts numpy's "uint8" etc.). InvalidArgument if unknown.
+absl::StatusOr<DType> ParseDType(absl::string_view name);
+// True when `v` is the wire value of a DType.
+bool IsValidDType(uint32_t v);
+
+// IEEE half and bfloat16 conversions (round to nearest even; NaN stays NaN).
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+inline float BFloat16ToFloat(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, sizeof f);
+  return f;
+}
+uint16_t FloatToBFloat16(float f);
+
+enum class Device : uint8_t { kCPU = 0, kGPU = 1 };
+
+// A non-owning view of a dense tensor. The caller keeps the memory alive until the
+// operation that received the view has completed (its handle's Wait returned).
+struct TensorView {
+  void* data = nullptr;
+  size_t count = 0;  // elements
+  DType dtype = DType::kFloat32;
+  Device device = Device::kCPU;
+  int device_id = 0;
+
+  size_t bytes() const { return count * DTypeSize(dtype); }
+};
+
+}  // namespace hybridps
+
+#endif  // HYBRIDPS_COMMON_DTYPE_H_

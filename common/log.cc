@@ -1,0 +1,47 @@
+#include "common/log.h"
+
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace hybridps {
+namespace {
+std::atomic<int> g_level{2};
+std::mutex g_tag_mu;
+std::string g_tag;  // Guarded by g_tag_mu.
+}  // namespace
+
+void SetLogLevel(int level) { g_level.store(level, std::memory_order_relaxed); }
+bool LogEnabled(LogLevel level) {
+  return static_cast<int>(level) <= g_level.load(std::memory_order_relaxed);
+}
+void SetLogTag(std::string tag) {
+  std::lock_guard<std::mutex> lock(g_tag_mu);
+  g_tag = std::move(tag);
+}
+
+LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(level) {
+  static const char* kNames[] = {"E", "W", "I", "D"};
+  absl::string_view f(file);
+  if (auto p = f.rfind('/'); p != absl::string_view::npos) f.remove_prefix(p + 1);
+  std::string tag;
+  {
+    std::lock_guard<std::mutex> lock(g_tag_mu);
+    tag = g_tag;
+  }
+  stream_ << kNames[static_cast<int>(level_)]
+          << absl::FormatTime("%H:%M:%E3S", absl::Now(), absl::LocalTimeZone()) << " "
+          << (tag.empty() ? "" : tag + " ") << f << ":" << line << "] ";
+}
+
+LogMessage::~LogMessage() {
+  stream_ << '\n';
+  std::string s = stream_.str();
+  std::fwrite(s.data(), 1, s.size(), stderr);
+  std::fflush(stderr);
+}
+
+}  // namespace hybridps

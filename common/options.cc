@@ -1,0 +1,138 @@
+#include "common/options.h"
+
+#include <cstdlib>
+#include <optional>
+#include <type_traits>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace hybridps {
+
+absl::string_view RoleName(Role role) {
+  switch (role) {
+    case Role::kScheduler:
+      return "scheduler";
+    case Role::kServer:
+      return "server";
+    case Role::kWorker:
+      return "worker";
+  }
+  return "unknown";
+}
+
+absl::Status Options::Validate() const {
+  auto bad = [](absl::string_view what, const auto& v) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, absl::Duration>) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid option ", what, "=", absl::FormatDuration(v)));
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("invalid option ", what, "=", v));
+    }
+  };
+  if (num_workers < 1) return bad("num_workers", num_workers);
+  if (num_servers < 0) return bad("num_servers", num_servers);
+  if (backend != "dist_hybrid" && backend != "dist_allreduce") return bad("backend", backend);
+  if (backend == "dist_hybrid" && num_servers < 1) {
+    return absl::InvalidArgumentError("dist_hybrid needs at least one server (num_servers=0)");
+  }
+  if (rank >= num_workers) return bad("rank", rank);
+  if (local_size < 1) return bad("local_size", local_size);
+  if (local_rank < 0 || local_rank >= local_size) return bad("local_rank", local_rank);
+  if (scheduler_port < 0 || scheduler_port > 65535) return bad("scheduler_port", scheduler_port);
+  if (partition_bytes < 8) return bad("partition_bytes", partition_bytes);
+  if (server_threads < 0 || server_threads > 256) return bad("server_threads", server_threads);
+  if (credit_bytes < 1) return bad("credit_bytes", credit_bytes);
+  if (transport != "tcp" && transport != "ipc" && transport != "inproc") {
+    return bad("transport", transport);
+  }
+  if (heartbeat_interval <= absl::ZeroDuration()) {
+    return bad("heartbeat_interval_ms", heartbeat_interval);
+  }
+  if (heartbeat_timeout <= heartbeat_interval) {
+    return absl::InvalidArgumentError(
+        "heartbeat_timeout_ms must be larger than heartbeat_interval_ms");
+  }
+  if (op_timeout <= absl::ZeroDuration()) return bad("timeout_ms", op_timeout);
+  if (start_timeout <= absl::ZeroDuration()) return bad("start_timeout_ms", start_timeout);
+  return absl::OkStatus();
+}
+
+std::string Options::SchedulerEndpoint() const {
+  if (!scheduler_endpoint.empty()) return scheduler_endpoint;
+  return absl::StrCat("tcp://", scheduler_addr, ":", scheduler_port);
+}
+
+namespace {
+
+std::optional<std::string> Get(const char* name) {
+  const char* v = std::getenv(name);  // The one place hybridps reads the environment.
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+template <typename T>
+absl::Status GetNumber(const char* name, T* out) {
+  auto v = Get(name);
+  if (!v) return absl::OkStatus();
+  int64_t x;
+  if (!absl::SimpleAtoi(*v, &x) || x < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment variable ", name, "='", *v, "' is not a non-negative integer"));
+  }
+  *out = static_cast<T>(x);
+  return absl::OkStatus();
+}
+
+absl::Status GetMillis(const char* name, absl::Duration* out) {
+  int64_t ms = -1;
+  RETURN_IF_ERROR(GetNumber(name, &ms));
+  if (ms >= 0) *out = absl::Milliseconds(ms);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Options> OptionsFromEnvironment() {
+  Options o;
+  if (auto v = Get("HYBRIDPS_ROLE")) {
+    if (*v == "scheduler") {
+      o.role = Role::kScheduler;
+    } else if (*v == "server") {
+      o.role = Role::kServer;
+    } else if (*v == "worker") {
+      o.role = Role::kWorker;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "HYBRIDPS_ROLE='", *v, "' is not one of scheduler, server, worker"));
+    }
+  }
+  if (auto v = Get("HYBRIDPS_SCHEDULER_ADDR")) o.scheduler_addr = *v;
+  if (auto v = Get("HYBRIDPS_SCHEDULER_ENDPOINT")) o.scheduler_endpoint = *v;
+  if (auto v = Get("HYBRIDPS_PORT_FILE")) o.port_file = *v;
+  if (auto v = Get("HYBRIDPS_BACKEND")) o.backend = *v;
+  if (auto v = Get("HYBRIDPS_INTERFACE")) o.interface = *v;
+  if (auto v = Get("HYBRIDPS_TRANSPORT")) o.transport = *v;
+  if (auto v = Get("HYBRIDPS_JOB_TOKEN")) o.job_token = *v;
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_SCHEDULER_PORT", &o.scheduler_port));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_NUM_WORKERS", &o.num_workers));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_NUM_SERVERS", &o.num_servers));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_RANK", &o.rank));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_RANK", &o.local_rank));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_SIZE", &o.local_size));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_PARTITION_BYTES", &o.partition_bytes));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_SERVER_THREADS", &o.server_threads));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_CREDIT_BYTES", &o.credit_bytes));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_MAX_MESSAGE_BYTES", &o.max_message_bytes));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOG_LEVEL", &o.log_level));
+  RETURN_IF_ERROR(GetMillis("HYBRIDPS_HEARTBEAT_INTERVAL_MS", &o.heartbeat_interval));
+  RETURN_IF_ERROR(GetMillis("HYBRIDPS_HEARTBEAT_TIMEOUT_MS", &o.heartbeat_timeout));
+  RETURN_IF_ERROR(GetMillis("HYBRIDPS_TIMEOUT_MS", &o.op_timeout));
+  RETURN_IF_ERROR(GetMillis("HYBRIDPS_START_TIMEOUT_MS", &o.start_timeout));
+  if (o.backend == "dist_allreduce" && !Get("HYBRIDPS_NUM_SERVERS")) o.num_servers = 0;
+  RETURN_IF_ERROR(o.Validate());
+  return o;
+}
+
+}  // namespace hybridps

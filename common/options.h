@@ -1,0 +1,80 @@
+// Typed options of every role, with their defaults. The environment is read in exactly
+// one place: OptionsFromEnvironment() (options.cc). Nothing else calls getenv.
+#ifndef HYBRIDPS_COMMON_OPTIONS_H_
+#define HYBRIDPS_COMMON_OPTIONS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace hybridps {
+
+enum class Role { kScheduler, kServer, kWorker };
+absl::string_view RoleName(Role role);
+
+struct Options {
+  // HYBRIDPS_ROLE: scheduler | server | worker.
+  Role role = Role::kWorker;
+  // HYBRIDPS_SCHEDULER_ADDR / HYBRIDPS_SCHEDULER_PORT. The scheduler binds
+  // tcp://<scheduler_addr>:<scheduler_port> (port 0: an ephemeral port, written to
+  // port_file). Alternatively HYBRIDPS_SCHEDULER_ENDPOINT gives a full ZeroMQ endpoint
+  // (tcp://, ipc:// or inproc://) and overrides both.
+  std::string scheduler_addr = "127.0.0.1";
+  int scheduler_port = 0;
+  std::string scheduler_endpoint;
+  // HYBRIDPS_PORT_FILE: where the scheduler writes the port it bound (atomically).
+  std::string port_file;
+  // HYBRIDPS_NUM_WORKERS / HYBRIDPS_NUM_SERVERS: the job's size.
+  int num_workers = 1;
+  int num_servers = 1;
+  // HYBRIDPS_RANK: the worker rank this process asks for (-1: assigned by the scheduler
+  // in order of registration).
+  int rank = -1;
+  // HYBRIDPS_LOCAL_RANK / HYBRIDPS_LOCAL_SIZE: position inside the node.
+  int local_rank = 0;
+  int local_size = 1;
+  // HYBRIDPS_BACKEND: dist_hybrid | dist_allreduce.
+  std::string backend = "dist_hybrid";
+  // HYBRIDPS_INTERFACE: the address servers bind and advertise (an IPv4 address or an
+  // interface name). Empty: the scheduler address if it is local, else 0.0.0.0 with the
+  // host's name resolved for the address book.
+  std::string interface;
+  // HYBRIDPS_TRANSPORT: tcp | ipc | inproc — how servers bind their data endpoint.
+  std::string transport = "tcp";
+  // HYBRIDPS_JOB_TOKEN: shared secret of the job (checked in the handshake).
+  std::string job_token;
+  // HYBRIDPS_PARTITION_BYTES: a tensor is split into partitions of at most this size.
+  size_t partition_bytes = 4 << 20;
+  // HYBRIDPS_SERVER_THREADS: engine threads of a server (0: one per core, at most 4).
+  int server_threads = 0;
+  // HYBRIDPS_CREDIT_BYTES: bytes a worker keeps in flight to the servers at most.
+  size_t credit_bytes = 64 << 20;
+  // HYBRIDPS_MAX_MESSAGE_BYTES: larger inbound messages are refused by the transport.
+  size_t max_message_bytes = size_t{1} << 30;
+  // HYBRIDPS_HEARTBEAT_INTERVAL_MS / HYBRIDPS_HEARTBEAT_TIMEOUT_MS: liveness. A peer
+  // silent for longer than the timeout is declared dead and everyone is told.
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  absl::Duration heartbeat_timeout = absl::Seconds(5);
+  // HYBRIDPS_TIMEOUT_MS: deadline of one operation (a push_pull, a barrier).
+  absl::Duration op_timeout = absl::Seconds(120);
+  // HYBRIDPS_START_TIMEOUT_MS: how long a process waits for the whole job to register.
+  absl::Duration start_timeout = absl::Seconds(60);
+  // HYBRIDPS_LOG_LEVEL: 0 errors, 1 warnings, 2 info (default), 3 debug.
+  int log_level = 2;
+
+  // InvalidArgument naming the field if a value is out of range.
+  absl::Status Validate() const;
+  // The ZeroMQ endpoint of the scheduler.
+  std::string SchedulerEndpoint() const;
+};
+
+// Reads every HYBRIDPS_* variable; unknown values or malformed numbers are an error that
+// names the variable. Variables not set keep the defaults above.
+absl::StatusOr<Options> OptionsFromEnvironment();
+
+}  // namespace hybridps
+
+#endif  // HYBRIDPS_COMMON_OPTIONS_H_

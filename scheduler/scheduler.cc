@@ -1,0 +1,431 @@
+#include "scheduler/scheduler.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/wire.h"
+
+namespace hybridps {
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const Context& ctx,
+                                                             const Options& options) {
+  RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<Scheduler> s(new Scheduler(options));
+  ASSIGN_OR_RETURN(s->socket_, Socket::Create(ctx, SocketType::kRouter, 64 << 20));
+  ASSIGN_OR_RETURN(s->endpoint_, s->socket_->Bind(options.SchedulerEndpoint()));
+  if (!options.port_file.empty()) {
+    auto colon = s->endpoint_.rfind(':');
+    std::string port = s->endpoint_.substr(colon + 1);
+    std::string tmp = options.port_file + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << port << "\n";
+      if (!f) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+    }
+    if (std::rename(tmp.c_str(), options.port_file.c_str()) != 0) {
+      return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ",
+                                              options.port_file));
+    }
+  }
+  return s;
+}
+
+Scheduler::~Scheduler() = default;
+
+void Scheduler::Stop() {
+  stop_.store(true);
+  stop_waker_.Wake();
+}
+
+std::string Scheduler::NodeName(const Node& n) const {
+  std::string name = absl::StrCat(WireRoleName(n.role), " ", n.rank);
+  if (n.registered) absl::StrAppend(&name, " (host ", n.reg.host(), ", pid ", n.reg.pid(), ")");
+  return name;
+}
+
+size_t Scheduler::Count(wire::NodeRole role, bool registered_only) const {
+  size_t c = 0;
+  for (const auto& [peer, n] : nodes_) {
+    if (n.role == role && (!registered_only || n.registered)) ++c;
+  }
+  return c;
+}
+
+void Scheduler::Reply(const std::string& peer, const wire::Envelope& env) {
+  Message msg = Encode(peer, env);
+  if (auto s = socket_->Send(msg); !s.ok()) {
+    HPS_LOG(DEBUG) << "reply to a departed peer dropped: " << s;
+  }
+}
+
+void Scheduler::ReplyError(const std::string& peer, uint64_t id, const absl::Status& status) {
+  Reply(peer, MakeError(id, status));
+}
+
+void Scheduler::Broadcast(const wire::Envelope& env) {
+  for (const auto& [peer, n] : nodes_) {
+    if (n.registered && !n.dead) Reply(peer, env);
+  }
+}
+
+absl::Status Scheduler::Run() {
+  SetLogTag("scheduler");
+  HPS_LOG(INFO) << "listening on " << endpoint_ << " for " << options_.num_workers
+                << " workers and " << options_.num_servers << " servers";
+  start_time_ = absl::Now();
+  Poller poller;
+  int sock_idx = poller.Add(socket_.get());
+  poller.AddFd(stop_waker_.fd());
+  while (!done_) {
+    if (stop_.load()) {
+      job_status_ = absl::CancelledError("the scheduler was stopped");
+      wire::Envelope env;
+      env.mutable_shutdown()->set_reason("the scheduler was stopped");
+      env.mutable_shutdown()->set_failed(true);
+      Broadcast(env);
+      break;
+    }
+    absl::Time now = absl::Now();
+    absl::Duration wait = options_.heartbeat_interval;
+    for (const auto& w : kv_waiters_) wait = std::min(wait, w.deadline - now);
+    auto n = poller.Poll(wait);
+    if (!n.ok()) return n.status();
+    if (poller.Readable(sock_idx)) {
+      while (true) {
+        auto msg = socket_->TryRecv();
+        if (!msg.ok()) return msg.status();
+        if (!*msg) break;
+        HandleMessage(std::move(**msg));
+      }
+    }
+    now = absl::Now();
+    ServeKvWaiters(now);
+    if (!welcomed_ && now - start_time_ > options_.start_timeout) {
+      job_status_ = absl::DeadlineExceededError(absl::StrCat(
+          "only ", Count(wire::ROLE_WORKER, true), " of ", options_.num_workers,
+          " workers and ", Count(wire::ROLE_SERVER, true), " of ", options_.num_servers,
+          " servers registered within ", absl::FormatDuration(options_.start_timeout)));
+      HPS_LOG(ERROR) << job_status_.message();
+      wire::Envelope env;
+      env.mutable_shutdown()->set_reason(std::string(job_status_.message()));
+      env.mutable_shutdown()->set_failed(true);
+      Broadcast(env);
+      break;
+    }
+    if (welcomed_) CheckHeartbeats(now);
+  }
+  if (job_status_.ok()) {
+    HPS_LOG(INFO) << "job finished";
+  } else {
+    HPS_LOG(ERROR) << "job failed: " << job_status_.message();
+  }
+  return job_status_;
+}
+
+void Scheduler::HandleMessage(Message raw) {
+  auto d = Decode(std::move(raw), true);
+  if (!d.ok()) {
+    HPS_LOG(WARNING) << "rejected a message: " << d.status().message();
+    return;
+  }
+  const std::string& peer = d->peer;
+  wire::Envelope& env = d->env;
+  auto it = nodes_.find(peer);
+  if (env.body_case() == wire::Envelope::kHello) {
+    if (auto s = CheckHello(env.hello()); !s.ok()) {
+      HPS_LOG(WARNING) << "refused a connection: " << s.message();
+      ReplyError(peer, env.id(), s);
+      return;
+    }
+    Node& n = nodes_[peer];
+    n.peer = peer;
+    n.hello = true;
+    n.role = env.hello().role();
+    n.last_seen = absl::Now();
+    wire::Envelope ack;
+    ack.mutable_hello_ack();
+    Reply(peer, ack);
+    return;
+  }
+  if (it == nodes_.end() || !it->second.hello) {
+    HPS_LOG(WARNING) << "rejected a message from a peer that did not say hello";
+    ReplyError(peer, env.id(), absl::FailedPreconditionError("handshake (Hello) required first"));
+    return;
+  }
+  Node& node = it->second;
+  node.last_seen = absl::Now();
+  switch (env.body_case()) {
+    case wire::Envelope::kRegister:
+      HandleRegister(node, env.id(), env.register_());
+      break;
+    case wire::Envelope::kHeartbeat:
+      Reply(peer, env);
+      break;
+    case wire::Envelope::kBarrier:
+      HandleBarrier(node, env.id(), env.barrier().group());
+      break;
+    case wire::Envelope::kFinalize: {
+      node.finalized = true;
+      wire::Envelope ack;
+      ack.set_id(env.id());
+      ack.mutable_finalize_ack();
+      Reply(peer, ack);
+      HPS_LOG(INFO) << NodeName(node) << " finished";
+      MaybeFinish();
+      break;
+    }
+    case wire::Envelope::kKvSet: {
+      kv_[env.kv_set().key()] = env.kv_set().value();
+      wire::Envelope r;
+      r.set_id(env.id());
+      r.mutable_kv_reply()->set_found(true);
+      Reply(peer, r);
+      ServeKvWaiters(absl::Now());
+      break;
+    }
+    case wire::Envelope::kKvGet: {
+      wire::Envelope r;
+      r.set_id(env.id());
+      auto kv = kv_.find(env.kv_get().key());
+      r.mutable_kv_reply()->set_found(kv != kv_.end());
+      if (kv != kv_.end()) r.mutable_kv_reply()->add_values(kv->second);
+      Reply(peer, r);
+      break;
+    }
+    case wire::Envelope::kKvWait:
+      HandleKvWait(node, env.id(), env.kv_wait());
+      break;
+    default:
+      HPS_LOG(WARNING) << "rejected an unexpected message (body " << env.body_case()
+                       << ") from " << NodeName(node);
+      ReplyError(peer, env.id(), absl::InvalidArgumentError("unexpected message"));
+  }
+}
+
+void Scheduler::HandleRegister(Node& node, uint64_t id, const wire::Register& reg) {
+  auto fail = [&](absl::Status s) {
+    HPS_LOG(WARNING) << "refused a registration: " << s.message();
+    ReplyError(node.peer, id, s);
+    nodes_.erase(node.peer);
+  };
+  if (welcomed_) {
+    return fail(absl::FailedPreconditionError(
+        "the job has already started; a node cannot join it now"));
+  }
+  if (reg.role() != wire::ROLE_WORKER && reg.role() != wire::ROLE_SERVER) {
+    return fail(absl::InvalidArgumentError("only workers and servers register"));
+  }
+  const bool worker = reg.role() == wire::ROLE_WORKER;
+  const size_t want = worker ? options_.num_workers : options_.num_servers;
+  if (Count(reg.role(), true) >= want) {
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "already have ", want, " ", WireRoleName(reg.role()), "s; this job was started "
+        "with HYBRIDPS_NUM_", worker ? "WORKERS" : "SERVERS", "=", want)));
+  }
+  if (worker && reg.requested_rank() >= 0) {
+    if (reg.requested_rank() >= options_.num_workers) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "worker rank ", reg.requested_rank(), " is out of range [0, ",
+          options_.num_workers, ")")));
+    }
+    for (const auto& [p, n] : nodes_) {
+      if (n.registered && n.role == wire::ROLE_WORKER &&
+          n.reg.requested_rank() == reg.requested_rank()) {
+        return fail(absl::AlreadyExistsError(absl::StrCat(
+            "worker rank ", reg.requested_rank(), " is already taken by the process on ",
+            n.reg.host(), " pid ", n.reg.pid())));
+      }
+    }
+  }
+  if (!worker && reg.data_endpoint().empty()) {
+    return fail(absl::InvalidArgumentError("a server must give its data endpoint"));
+  }
+  node.role = reg.role();
+  node.reg = reg;
+  node.registered = true;
+  node.register_id = id;
+  node.rank = -1 - register_order_++;  // Registration order until ranks are given.
+  HPS_LOG(INFO) << WireRoleName(reg.role()) << " registered from " << reg.host() << " pid "
+                << reg.pid() << " (" << Count(wire::ROLE_WORKER, true) << "/"
+                << options_.num_workers << " workers, " << Count(wire::ROLE_SERVER, true)
+                << "/" << options_.num_servers << " servers)";
+  if (Count(wire::ROLE_WORKER, true) == static_cast<size_t>(options_.num_workers) &&
+      Count(wire::ROLE_SERVER, true) == static_cast<size_t>(options_.num_servers)) {
+    AssignRanksAndWelcome();
+  }
+}
+
+void Scheduler::AssignRanksAndWelcome() {
+  std::vector<Node*> workers, servers;
+  for (auto& [p, n] : nodes_) {
+    if (!n.registered) continue;
+    (n.role == wire::ROLE_WORKER ? workers : servers).push_back(&n);
+  }
+  auto by_order = [](Node* a, Node* b) { return a->rank > b->rank; };  // -1, -2, ...
+  std::sort(workers.begin(), workers.end(), by_order);
+  std::sort(servers.begin(), servers.end(), by_order);
+  std::vector<bool> taken(options_.num_workers, false);
+  for (Node* n : workers) {
+    if (n->reg.requested_rank() >= 0) taken[n->reg.requested_rank()] = true;
+  }
+  int next = 0;
+  for (Node* n : workers) {
+    if (n->reg.requested_rank() >= 0) {
+      n->rank = n->reg.requested_rank();
+    } else {
+      while (taken[next]) ++next;
+      n->rank = next;
+      taken[next] = true;
+    }
+  }
+  for (size_t i = 0; i < servers.size(); ++i) servers[i]->rank = static_cast<int>(i);
+  wire::Welcome w;
+  w.set_num_workers(options_.num_workers);
+  w.set_num_servers(options_.num_servers);
+  w.mutable_workers()->Reserve(options_.num_workers);
+  for (int i = 0; i < options_.num_workers; ++i) w.add_workers();
+  for (int i = 0; i < options_.num_servers; ++i) w.add_servers();
+  for (Node* n : workers) {
+    auto* info = w.mutable_workers(n->rank);
+    info->set_role(wire::ROLE_WORKER);
+    info->set_rank(n->rank);
+    info->set_host(n->reg.host());
+    info->set_pid(n->reg.pid());
+  }
+  for (Node* n : servers) {
+    auto* info = w.mutable_servers(n->rank);
+    info->set_role(wire::ROLE_SERVER);
+    info->set_rank(n->rank);
+    info->set_endpoint(n->reg.data_endpoint());
+    info->set_host(n->reg.host());
+    info->set_pid(n->reg.pid());
+  }
+  absl::Time now = absl::Now();
+  for (auto& [p, n] : nodes_) {
+    if (!n.registered) continue;
+    wire::Envelope env;
+    env.set_id(n.register_id);
+    *env.mutable_welcome() = w;
+    env.mutable_welcome()->set_rank(n.rank);
+    n.last_seen = now;
+    Reply(p, env);
+  }
+  welcomed_ = true;
+  HPS_LOG(INFO) << "all " << options_.num_workers << " workers and " << options_.num_servers
+                << " servers registered; job started";
+}
+
+void Scheduler::HandleBarrier(Node& node, uint64_t id, wire::BarrierGroup group) {
+  if (!welcomed_ || group == wire::GROUP_NONE || group > wire::GROUP_ALL) {
+    ReplyError(node.peer, id, absl::InvalidArgumentError("bad barrier request"));
+    return;
+  }
+  if (!job_status_.ok()) {
+    ReplyError(node.peer, id, job_status_);
+    return;
+  }
+  barriers_[group][node.peer] = id;
+  CompleteBarriers();
+}
+
+void Scheduler::CompleteBarriers() {
+  for (auto it = barriers_.begin(); it != barriers_.end();) {
+    auto& arrived = it->second;
+    bool complete = true;
+    for (const auto& [p, n] : nodes_) {
+      if (!n.registered) continue;
+      bool member = (it->first & wire::GROUP_WORKERS && n.role == wire::ROLE_WORKER) ||
+                    (it->first & wire::GROUP_SERVERS && n.role == wire::ROLE_SERVER);
+      if (member && !arrived.count(p)) complete = false;
+    }
+    if (!complete && job_status_.ok()) {
+      ++it;
+      continue;
+    }
+    for (const auto& [p, id] : arrived) {
+      if (job_status_.ok()) {
+        wire::Envelope r;
+        r.set_id(id);
+        r.mutable_barrier_done();
+        Reply(p, r);
+      } else {
+        ReplyError(p, id, job_status_);
+      }
+    }
+    it = barriers_.erase(it);
+  }
+}
+
+void Scheduler::HandleKvWait(Node& node, uint64_t id, const wire::KvWait& wait) {
+  KvWaiter w{node.peer, id, {wait.keys().begin(), wait.keys().end()},
+             absl::Now() + absl::Milliseconds(std::max<int64_t>(0, wait.timeout_ms()))};
+  kv_waiters_.push_back(std::move(w));
+  ServeKvWaiters(absl::Now());
+}
+
+void Scheduler::ServeKvWaiters(absl::Time now) {
+  for (auto it = kv_waiters_.begin(); it != kv_waiters_.end();) {
+    std::vector<std::string> missing;
+    for (const auto& k : it->keys) {
+      if (!kv_.count(k)) missing.push_back(k);
+    }
+    if (missing.empty()) {
+      wire::Envelope r;
+      r.set_id(it->id);
+      r.mutable_kv_reply()->set_found(true);
+      for (const auto& k : it->keys) r.mutable_kv_reply()->add_values(kv_[k]);
+      Reply(it->peer, r);
+    } else if (now >= it->deadline) {
+      ReplyError(it->peer, it->id, absl::DeadlineExceededError(absl::StrCat(
+          "rendezvous keys never set: ", absl::StrJoin(missing, ", "))));
+    } else {
+      ++it;
+      continue;
+    }
+    it = kv_waiters_.erase(it);
+  }
+}
+
+void Scheduler::CheckHeartbeats(absl::Time now) {
+  for (auto& [p, n] : nodes_) {
+    if (!n.registered || n.dead || n.finalized) continue;
+    if (now - n.last_seen > options_.heartbeat_timeout) {
+      DeclareDead(n, absl::StrCat("no heartbeat for ", absl::FormatDuration(now - n.last_seen)));
+    }
+  }
+}
+
+void Scheduler::DeclareDead(Node& node, const std::string& reason) {
+  node.dead = true;
+  std::string what = absl::StrCat(NodeName(node), " died: ", reason);
+  HPS_LOG(ERROR) << what;
+  if (job_status_.ok()) job_status_ = absl::UnavailableError(what);
+  wire::Envelope env;
+  auto* f = env.mutable_node_failed();
+  f->set_role(node.role);
+  f->set_rank(node.rank);
+  f->set_reason(what);
+  Broadcast(env);
+  CompleteBarriers();
+  MaybeFinish();
+}
+
+void Scheduler::MaybeFinish() {
+  for (const auto& [p, n] : nodes_) {
+    if (n.registered && n.role == wire::ROLE_WORKER && !n.finalized && !n.dead) return;
+  }
+  wire::Envelope env;
+  env.mutable_shutdown()->set_reason(job_status_.ok() ? "all workers finished"
+                                                       : std::string(job_status_.message()));
+  env.mutable_shutdown()->set_failed(!job_status_.ok());
+  Broadcast(env);
+  done_ = true;
+}
+
+}  // namespace hybridps

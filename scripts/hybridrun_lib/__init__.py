@@ -1,0 +1,9 @@
+"""Helpers of the ``hybridrun`` launcher (see scripts/hybridrun).
+
+Modules:
+  binaries -- where hybridps-scheduler and hybridps-server are found.
+  plan     -- hosts, the processes of a job and their environments.
+  process  -- starting one process, forwarding its output, killing its group.
+  job      -- running a whole job: start order, failure detection, shutdown.
+  cli      -- the command line.
+"""

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Installs every dependency of hybridps, idempotently: a second run changes nothing.
+#   Debian packages: build tools, ZeroMQ, Protobuf, abseil, GoogleTest, Google Benchmark,
+#   Gloo, pybind11, iproute2 (network namespaces for the emulated cluster).
+#   Python packages: a virtual environment in .venv (override with HYBRIDPS_VENV) with
+#   numpy==1.23.5, mxnet==1.9.1, pytest and scikit-learn.
+# CUDA and NCCL are optional: they are used when /usr/local/cuda has them.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv=${HYBRIDPS_VENV:-$root/.venv}
+
+debs=(build-essential cmake pkg-config git
+      libzmq3-dev cppzmq-dev libprotobuf-dev protobuf-compiler libabsl-dev
+      libgtest-dev libgmock-dev googletest libbenchmark-dev libgloo-dev pybind11-dev
+      python3-venv libquadmath0 iproute2 procps)
+
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: installing Debian packages: ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install-deps: Debian packages present"
+fi
+
+py=${HYBRIDPS_PYTHON:-python3}
+if [ ! -x "$venv/bin/python" ]; then
+  echo "install-deps: creating virtual environment $venv"
+  "$py" -m venv "$venv"
+fi
+want=(numpy==1.23.5 mxnet==1.9.1 pytest scikit-learn)
+if ! "$venv/bin/python" - <<'PY' 2>/dev/null
+import importlib.metadata as m, sys
+need = {"numpy": "1.23.5", "mxnet": "1.9.1", "pytest": None, "scikit-learn": None}
+for name, ver in need.items():
+    have = m.version(name)
+    if ver and have != ver:
+        sys.exit(1)
+PY
+then
+  echo "install-deps: installing Python packages: ${want[*]}"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "${want[@]}"
+else
+  echo "install-deps: Python packages present"
+fi

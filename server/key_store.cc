@@ -1,0 +1,160 @@
+#include "server/key_store.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/dtype.h"
+#include "common/reduce.h"
+#include "common/wire.h"
+
+namespace hybridps {
+namespace {
+
+std::string Where(const wire::DataRequest& req) {
+  return absl::StrFormat("tensor '%s' (key %016x, partition %u, round %u)", req.name(),
+                         req.key(), req.part(), req.round());
+}
+
+std::string Shape(uint64_t count, uint32_t dtype) {
+  return absl::StrCat(count, " ", DTypeName(static_cast<DType>(dtype)), " elements");
+}
+
+std::string OpName(wire::DataOp op) {
+  return op == wire::OP_BROADCAST ? "broadcast" : "push_pull";
+}
+
+}  // namespace
+
+void KeyStore::ReplyError(const std::string& peer, uint64_t id, const wire::DataRequest& req,
+                          const absl::Status& status) {
+  Reply r;
+  r.peer = peer;
+  r.env = MakeError(id, status);
+  emit_(std::move(r));
+}
+
+void KeyStore::Handle(const std::string& peer, int rank, uint64_t id,
+                      const wire::DataRequest& req, std::optional<Frame> payload) {
+  if (!failed_.ok()) return ReplyError(peer, id, req, failed_);
+  if (rank < 0 || rank >= num_workers_) {
+    return ReplyError(peer, id, req, absl::InvalidArgumentError(absl::StrCat(
+        "worker rank ", rank, " is out of range [0, ", num_workers_, ")")));
+  }
+  Part& p = parts_[PartKey{req.key(), req.part()}];
+  if (p.arrived.empty()) {
+    p.name = req.name();
+    p.arrived.assign(num_workers_, false);
+  } else if (p.name != req.name()) {
+    return ReplyError(peer, id, req, absl::InvalidArgumentError(absl::StrCat(
+        "tensor names '", req.name(), "' and '", p.name,
+        "' hash to the same key; rename one of them")));
+  }
+  if (req.round() != p.round) {
+    return ReplyError(peer, id, req, absl::FailedPreconditionError(absl::StrCat(
+        Where(req), ": worker ", rank, " is at round ", req.round(), " but the server is at "
+        "round ", p.round, "; the workers issued different sequences of operations on it")));
+  }
+  if (p.arrived[rank]) {
+    return ReplyError(peer, id, req, absl::FailedPreconditionError(absl::StrCat(
+        Where(req), ": worker ", rank, " sent it twice in one round")));
+  }
+  p.arrived[rank] = true;
+  ++p.num_arrived;
+  if (p.num_arrived == 1) {
+    p.op = req.op();
+    p.dtype = req.dtype();
+    p.count = req.count();
+    p.root = req.root();
+    p.first_rank = rank;
+    p.total_count = req.total_count();
+  } else if (p.error.ok()) {
+    std::string what;
+    if (req.op() != p.op) {
+      what = absl::StrCat("worker ", rank, " called ", OpName(req.op()), " but worker ",
+                          p.first_rank, " called ", OpName(p.op));
+    } else if (req.total_count() != p.total_count || req.dtype() != p.dtype ||
+               req.count() != p.count) {
+      what = absl::StrCat("worker ", rank, " sent ", Shape(req.total_count(), req.dtype()),
+                          " but worker ", p.first_rank, " sent ",
+                          Shape(p.total_count, p.dtype));
+    } else if (req.op() == wire::OP_BROADCAST && req.root() != p.root) {
+      what = absl::StrCat("worker ", rank, " broadcasts from root ", req.root(),
+                          " but worker ", p.first_rank, " from root ", p.root);
+    }
+    if (!what.empty()) {
+      FailRound(p, absl::InvalidArgumentError(absl::StrCat("mismatched ", OpName(p.op), " of ",
+                                                          Where(req), ": ", what)));
+    }
+  }
+  if (p.error.ok() && p.op == wire::OP_BROADCAST) {
+    if (p.root < 0 || p.root >= num_workers_) {
+      FailRound(p, absl::InvalidArgumentError(absl::StrCat(
+          "broadcast of ", Where(req), ": root rank ", p.root, " is out of range [0, ",
+          num_workers_, ")")));
+    } else if (rank == p.root && !payload) {
+      FailRound(p, absl::InvalidArgumentError(absl::StrCat(
+          "broadcast of ", Where(req), ": the root sent no data")));
+    }
+  }
+  if (!p.error.ok()) {
+    ReplyError(peer, id, req, p.error);
+  } else {
+    p.waiters.push_back(Waiter{peer, id, rank});
+    if (p.op == wire::OP_PUSHPULL) {
+      if (!p.acc) {
+        p.acc = std::move(payload);
+      } else {
+        SumInto(static_cast<DType>(p.dtype), p.acc->data(), payload->data(), p.count);
+      }
+    } else if (rank == p.root) {
+      p.acc = std::move(payload);
+    }
+  }
+  if (p.num_arrived == num_workers_) {
+    if (p.error.ok()) CloseRound(p, req);
+    p.arrived.assign(num_workers_, false);
+    p.num_arrived = 0;
+    p.waiters.clear();
+    p.acc.reset();
+    p.error = absl::OkStatus();
+    p.op = wire::OP_NONE;
+    ++p.round;
+  }
+}
+
+void KeyStore::CloseRound(Part& p, const wire::DataRequest& req) {
+  for (Waiter& w : p.waiters) {
+    Reply r;
+    r.peer = std::move(w.peer);
+    r.env.set_id(w.id);
+    auto* resp = r.env.mutable_data_response();
+    resp->set_key(req.key());
+    resp->set_part(req.part());
+    resp->set_round(p.round);
+    resp->set_count(p.count);
+    resp->set_dtype(p.dtype);
+    if (!(p.op == wire::OP_BROADCAST && w.rank == p.root)) r.payload = p.acc->Share();
+    emit_(std::move(r));
+  }
+  p.value = std::move(p.acc);
+}
+
+void KeyStore::FailRound(Part& p, const absl::Status& status) {
+  p.error = status;
+  for (Waiter& w : p.waiters) {
+    Reply r;
+    r.peer = std::move(w.peer);
+    r.env = MakeError(w.id, status);
+    emit_(std::move(r));
+  }
+  p.waiters.clear();
+  p.acc.reset();
+}
+
+void KeyStore::FailAll(const absl::Status& status) {
+  failed_ = status;
+  for (auto& [k, p] : parts_) {
+    if (!p.waiters.empty()) FailRound(p, status);
+  }
+}
+
+}  // namespace hybridps

@@ -1,0 +1,94 @@
+// The rounds of the partitions one engine thread owns. Every (key, part) goes through
+// rounds 0, 1, 2...: a round collects one request from every worker node; a PUSHPULL round
+// sums their payloads (the first payload becomes the accumulator without a copy, later
+// ones are summed into it), a BROADCAST round keeps the root's payload. When the last node
+// has arrived, every waiting request is answered with the result (zero-copy: the replies
+// share the accumulator's buffer). Requests that disagree within a round (size, dtype, op,
+// root) fail the round for every node with an error naming the key and both shapes; the
+// other partitions are unaffected.
+//
+// Threading: not thread-safe; owned by one engine thread.
+#ifndef HYBRIDPS_SERVER_KEY_STORE_H_
+#define HYBRIDPS_SERVER_KEY_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "common/hybridps.pb.h"
+#include "common/transport.h"
+
+namespace hybridps {
+
+class KeyStore {
+ public:
+  struct Reply {
+    std::string peer;
+    wire::Envelope env;
+    std::optional<Frame> payload;
+  };
+  using Emit = std::function<void(Reply)>;
+
+  // `emit` sends a reply (called on the owning thread).
+  KeyStore(int num_workers, Emit emit) : num_workers_(num_workers), emit_(std::move(emit)) {}
+
+  // A validated request (ValidateDataRequest passed) from worker `rank` via `peer`.
+  void Handle(const std::string& peer, int rank, uint64_t id, const wire::DataRequest& req,
+              std::optional<Frame> payload);
+  // Answers every waiting request with `status` and every later one too: the job failed.
+  void FailAll(const absl::Status& status);
+
+  size_t num_partitions() const { return parts_.size(); }
+
+ private:
+  struct Waiter {
+    std::string peer;
+    uint64_t id;
+    int rank;
+  };
+  struct Part {
+    std::string name;
+    uint64_t round = 0;
+    // The open round.
+    std::vector<bool> arrived;  // by worker rank
+    int num_arrived = 0;
+    wire::DataOp op = wire::OP_NONE;
+    uint32_t dtype = 0;
+    uint64_t count = 0;
+    uint64_t total_count = 0;
+    int root = -1;
+    int first_rank = -1;
+    std::optional<Frame> acc;
+    std::vector<Waiter> waiters;
+    absl::Status error;
+    // The value of the last closed round.
+    std::optional<Frame> value;
+  };
+  struct PartKey {
+    uint64_t key;
+    uint32_t part;
+    bool operator==(const PartKey& o) const { return key == o.key && part == o.part; }
+    template <typename H>
+    friend H AbslHashValue(H h, const PartKey& k) {
+      return H::combine(std::move(h), k.key, k.part);
+    }
+  };
+
+  void ReplyError(const std::string& peer, uint64_t id, const wire::DataRequest& req,
+                  const absl::Status& status);
+  void FailRound(Part& p, const absl::Status& status);
+  void CloseRound(Part& p, const wire::DataRequest& req);
+
+  const int num_workers_;
+  Emit emit_;
+  absl::flat_hash_map<PartKey, Part> parts_;
+  absl::Status failed_;
+};
+
+}  // namespace hybridps
+
+#endif  // HYBRIDPS_SERVER_KEY_STORE_H_

@@ -1,0 +1,43 @@
+// hybridps-server: configured by HYBRIDPS_* environment variables (see README).
+// Servers never import or link MXNet.
+#include <csignal>
+#include <cstdio>
+
+#include "common/log.h"
+#include "common/options.h"
+#include "common/transport.h"
+#include "server/server.h"
+
+namespace {
+hybridps::Server* g_server = nullptr;
+void OnSignal(int) {
+  if (g_server) g_server->Stop();
+}
+}  // namespace
+
+int main() {
+  auto options = hybridps::OptionsFromEnvironment();
+  if (!options.ok()) {
+    std::fprintf(stderr, "hybridps-server: %s\n", options.status().ToString().c_str());
+    return 2;
+  }
+  options->role = hybridps::Role::kServer;
+  hybridps::SetLogLevel(options->log_level);
+  hybridps::SetLogTag("server");
+  hybridps::Context ctx;
+  auto server = hybridps::Server::Create(ctx, *options);
+  if (!server.ok()) {
+    std::fprintf(stderr, "hybridps-server: %s\n", server.status().ToString().c_str());
+    return 2;
+  }
+  g_server = server->get();
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  absl::Status s = (*server)->Run();
+  g_server = nullptr;
+  if (!s.ok()) {
+    std::fprintf(stderr, "hybridps-server: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

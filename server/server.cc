@@ -1,0 +1,196 @@
+#include "server/server.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/wire.h"
+
+namespace hybridps {
+namespace {
+
+std::string DataBindEndpoint(const Options& o) {
+  static std::atomic<int> counter{0};
+  if (o.transport == "inproc") {
+    return absl::StrCat("inproc://hybridps-server-", getpid(), "-", counter++);
+  }
+  if (o.transport == "ipc") {
+    return absl::StrCat("ipc:///tmp/hybridps-server-", getpid(), "-", counter++);
+  }
+  std::string host = o.interface;
+  if (host.empty()) {
+    const bool local = absl::StartsWith(o.scheduler_addr, "127.") ||
+                       o.scheduler_addr == "localhost";
+    host = local ? "127.0.0.1" : "0.0.0.0";
+  }
+  return absl::StrCat("tcp://", host, ":*");
+}
+
+// Engine thread of a partition: a hash of (key, part). Uses the low bits of the key.
+size_t EngineOf(const wire::DataRequest& req, size_t engines) {
+  uint64_t h = req.key() ^ (static_cast<uint64_t>(req.part()) * 0x9e3779b97f4a7c15ull);
+  return static_cast<size_t>(h % engines);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Create(const Context& ctx,
+                                                       const Options& options) {
+  RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<Server> s(new Server(options));
+  ASSIGN_OR_RETURN(s->data_,
+                   Socket::Create(ctx, SocketType::kRouter, options.max_message_bytes));
+  ASSIGN_OR_RETURN(s->endpoint_, s->data_->Bind(DataBindEndpoint(options)));
+  if (absl::StartsWith(s->endpoint_, "tcp://0.0.0.0:")) {
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    s->endpoint_ = absl::StrCat("tcp://", host, s->endpoint_.substr(13));
+  }
+  ControlClient::Callbacks cb;
+  Server* self = s.get();
+  cb.node_failed = [self](const wire::NodeFailed& f) {
+    HPS_LOG(WARNING) << "told: " << f.reason();
+    for (auto& e : self->engines_) {
+      e->PostFailAll(absl::UnavailableError(f.reason()));
+    }
+  };
+  cb.shutdown = [self](const wire::Shutdown& sd) {
+    HPS_LOG(INFO) << "shutting down: " << sd.reason();
+    self->done_ = true;
+  };
+  cb.scheduler_lost = [self](const absl::Status& st) {
+    HPS_LOG(ERROR) << st.message();
+    self->exit_status_ = st;
+    self->done_ = true;
+  };
+  ASSIGN_OR_RETURN(s->control_, ControlClient::Connect(ctx, options, std::move(cb)));
+  return s;
+}
+
+Server::~Server() { engines_.clear(); }
+
+void Server::Stop() {
+  stop_.store(true);
+  waker_.Wake();
+}
+
+absl::Status Server::Run() {
+  ASSIGN_OR_RETURN(wire::Welcome welcome, control_->Register(endpoint_));
+  rank_ = welcome.rank();
+  SetLogTag(absl::StrCat("server ", rank_));
+  int threads = options_.server_threads;
+  if (threads == 0) {
+    threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 4);
+  }
+  for (int i = 0; i < threads; ++i) {
+    engines_.push_back(std::make_unique<Engine>(i, welcome.num_workers(),
+                                                [this](KeyStore::Reply r) {
+                                                  {
+                                                    absl::MutexLock lock(&outbox_mu_);
+                                                    outbox_.push_back(std::move(r));
+                                                  }
+                                                  waker_.Wake();
+                                                }));
+  }
+  HPS_LOG(INFO) << "serving on " << endpoint_ << " with " << threads << " engine threads";
+  Poller poller;
+  const int data_idx = poller.Add(data_.get());
+  const int ctl_idx = poller.Add(control_->socket());
+  const int wake_idx = poller.AddFd(waker_.fd());
+  while (!done_) {
+    if (stop_.load()) {
+      exit_status_ = absl::CancelledError("the server was stopped");
+      break;
+    }
+    absl::Time now = absl::Now();
+    ASSIGN_OR_RETURN(int n, poller.Poll(control_->NextTick() - now));
+    (void)n;
+    if (poller.Readable(wake_idx)) waker_.Drain();
+    SendOutbox();
+    if (poller.Readable(data_idx)) {
+      // Bounded batch so the control link and replies are never starved.
+      for (int i = 0; i < 256; ++i) {
+        auto msg = data_->TryRecv();
+        if (!msg.ok()) return msg.status();
+        if (!*msg) break;
+        HandleData(std::move(**msg));
+      }
+    }
+    if (poller.Readable(ctl_idx)) control_->OnReadable();
+    control_->Tick(absl::Now());
+    SendOutbox();
+  }
+  engines_.clear();  // Joins the engine threads.
+  SendOutbox();
+  return exit_status_;
+}
+
+void Server::SendOutbox() {
+  std::vector<KeyStore::Reply> out;
+  {
+    absl::MutexLock lock(&outbox_mu_);
+    out.swap(outbox_);
+  }
+  for (KeyStore::Reply& r : out) {
+    Message msg = Encode(r.peer, r.env, std::move(r.payload));
+    if (auto s = data_->Send(msg); !s.ok()) {
+      HPS_LOG(WARNING) << "reply to a departed worker dropped: " << s.message();
+    }
+  }
+}
+
+void Server::Reject(const std::string& peer, uint64_t id, const absl::Status& why) {
+  stats_.rejected.fetch_add(1, std::memory_order_relaxed);
+  HPS_LOG(WARNING) << "rejected a message: " << why.message();
+  if (peer.empty()) return;
+  Message msg = Encode(peer, MakeError(id, why));
+  (void)data_->Send(msg);
+}
+
+void Server::HandleData(Message raw) {
+  stats_.requests.fetch_add(1, std::memory_order_relaxed);
+  std::string peer_id = raw.empty() ? "" : std::string(raw[0].view());
+  auto d = Decode(std::move(raw), true);
+  if (!d.ok()) return Reject(peer_id, 0, d.status());
+  wire::Envelope& env = d->env;
+  if (env.body_case() == wire::Envelope::kHello) {
+    if (auto s = CheckHello(env.hello()); !s.ok()) return Reject(d->peer, env.id(), s);
+    if (env.hello().role() != wire::ROLE_WORKER) {
+      return Reject(d->peer, env.id(),
+                    absl::PermissionDeniedError("only workers talk to a server's data port"));
+    }
+    Peer& p = peers_[d->peer];
+    p.hello = true;
+    p.rank = env.hello().rank();
+    wire::Envelope ack;
+    ack.set_id(env.id());
+    ack.mutable_hello_ack();
+    Message msg = Encode(d->peer, ack);
+    (void)data_->Send(msg);
+    return;
+  }
+  auto it = peers_.find(d->peer);
+  if (it == peers_.end() || !it->second.hello) {
+    return Reject(d->peer, env.id(),
+                  absl::FailedPreconditionError("handshake (Hello) required first"));
+  }
+  if (env.body_case() != wire::Envelope::kDataRequest) {
+    return Reject(d->peer, env.id(), absl::InvalidArgumentError(absl::StrCat(
+        "unexpected message (body ", env.body_case(), ") on the data port")));
+  }
+  const wire::DataRequest& req = env.data_request();
+  if (auto s = ValidateDataRequest(req, d->payload); !s.ok()) {
+    return Reject(d->peer, env.id(), absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", req.name(), "' partition ", req.part(), ": ", s.message())));
+  }
+  engines_[EngineOf(req, engines_.size())]->Post(std::move(d->peer), it->second.rank,
+                                                 env.id(), req, std::move(d->payload));
+}
+
+}  // namespace hybridps

@@ -1,0 +1,74 @@
+// A server: owns the partitions placed on it, sums each round's pushes and answers with
+// the result. One I/O thread (Run) owns the data socket and the scheduler link; several
+// engine threads each own a fixed subset of the partitions (by hash), so one partition's
+// requests keep their order while different partitions are summed in parallel.
+#ifndef HYBRIDPS_SERVER_SERVER_H_
+#define HYBRIDPS_SERVER_SERVER_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/control_client.h"
+#include "common/options.h"
+#include "common/transport.h"
+#include "server/engine.h"
+
+namespace hybridps {
+
+class Server {
+ public:
+  struct Stats {
+    std::atomic<uint64_t> requests{0};
+    std::atomic<uint64_t> rejected{0};  // malformed, unexpected or unauthenticated
+  };
+
+  // Binds the data endpoint (see Options::interface / transport) and connects to the
+  // scheduler; does not block.
+  static absl::StatusOr<std::unique_ptr<Server>> Create(const Context& ctx,
+                                                        const Options& options);
+  ~Server();
+
+  // Registers, then serves until the scheduler shuts the job down (OK) or the scheduler
+  // is lost or Stop() was called (an error). Runs on the calling thread.
+  absl::Status Run();
+  void Stop();  // any thread
+
+  const std::string& endpoint() const { return endpoint_; }
+  int rank() const { return rank_; }
+  const Stats& stats() const { return stats_; }
+
+ private:
+  struct Peer {
+    bool hello = false;
+    int rank = -1;
+  };
+  explicit Server(const Options& options) : options_(options) {}
+  void HandleData(Message msg);
+  void SendOutbox();
+  void Reject(const std::string& peer, uint64_t id, const absl::Status& why);
+
+  Options options_;
+  std::unique_ptr<Socket> data_;
+  std::unique_ptr<ControlClient> control_;
+  std::string endpoint_;
+  int rank_ = -1;
+  std::vector<std::unique_ptr<Engine>> engines_;
+  absl::flat_hash_map<std::string, Peer> peers_;
+  Waker waker_;  // engines' replies and Stop()
+  std::atomic<bool> stop_{false};
+  absl::Status exit_status_;
+  bool done_ = false;
+  Stats stats_;
+  // Replies produced by engine threads, sent by the I/O thread.
+  absl::Mutex outbox_mu_;
+  std::vector<KeyStore::Reply> outbox_ ABSL_GUARDED_BY(outbox_mu_);
+};
+
+}  // namespace hybridps
+
+#endif  // HYBRIDPS_SERVER_SERVER_H_

@@ -1,0 +1,37 @@
+#include "worker/kvstore.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "common/transport.h"
+#include "worker/ps_store.h"
+
+namespace hybridps {
+
+absl::StatusOr<std::unique_ptr<KVStore>> KVStore::Create(absl::string_view type,
+                                                         const Options& options,
+                                                         std::shared_ptr<Context> ctx) {
+  if (!ctx) ctx = std::make_shared<Context>();
+  if (type == "dist_hybrid") {
+    ASSIGN_OR_RETURN(auto store, PsStore::Create(std::move(ctx), options));
+    return std::unique_ptr<KVStore>(std::move(store));
+  }
+  if (type == "dist_allreduce") {
+    return absl::UnimplementedError("the dist_allreduce store is not built yet");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown KVStore type '", type, "' (known: dist_hybrid, dist_allreduce)"));
+}
+
+absl::Status KVStore::Broadcast(absl::string_view name, TensorView tensor, int root_rank,
+                                int priority) {
+  ASSIGN_OR_RETURN(Handle h, BroadcastAsync(name, tensor, root_rank, priority));
+  return h.Wait();
+}
+
+absl::Status KVStore::PushPull(absl::string_view name, TensorView in, TensorView out,
+                               int priority) {
+  ASSIGN_OR_RETURN(Handle h, PushPullAsync(name, in, out, priority));
+  return h.Wait();
+}
+
+}  // namespace hybridps

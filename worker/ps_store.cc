@@ -1,0 +1,545 @@
+#include "worker/ps_store.h"
+
+#include <pthread.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/wire.h"
+
+namespace hybridps {
+
+struct PsStore::Op {
+  std::string name;
+  uint64_t key = 0;
+  wire::DataOp kind = wire::OP_NONE;
+  TensorView in, out;
+  int root = -1;
+  int priority = 0;
+  uint64_t seq = 0;
+  absl::Time deadline;
+  std::vector<Partition> parts;
+  std::vector<uint64_t> rounds;  // per partition, set when activated
+  size_t remaining = 0;          // partitions not yet finished
+  std::atomic<int> zc_pending{0};  // payload frames ZeroMQ has not released yet
+  absl::Status status;
+  bool activated = false;
+  bool completed = false;
+  bool in_failing = false;  // listed in PsStore::failing_
+  std::shared_ptr<HandleState> handle = std::make_shared<HandleState>();
+
+  std::string Describe() const {
+    return absl::StrCat(kind == wire::OP_BROADCAST ? "broadcast" : "push_pull", " of '", name,
+                        "' (", in.count, " ", DTypeName(in.dtype), " elements)");
+  }
+};
+
+namespace {
+
+uint64_t RoundKey(uint64_t key, uint32_t part) {
+  return key ^ (static_cast<uint64_t>(part) * 0x9e3779b97f4a7c15ull);
+}
+
+absl::Status CheckTensor(absl::string_view name, const TensorView& t, absl::string_view what) {
+  if (t.device != Device::kCPU) {
+    return absl::UnimplementedError(absl::StrCat(
+        "tensor '", name, "': ", what, " is a GPU tensor; this build's dist_hybrid store "
+        "handles CPU tensors only"));
+  }
+  if (t.data == nullptr && t.count > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "': ", what, " has ", t.count, " elements but no data"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PsStore>> PsStore::Create(std::shared_ptr<Context> ctx,
+                                                         const Options& options) {
+  RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<PsStore> s(new PsStore(std::move(ctx), options));
+  RETURN_IF_ERROR(s->Start());
+  return s;
+}
+
+absl::Status PsStore::Start() {
+  ControlClient::Callbacks cb;
+  cb.node_failed = [this](const wire::NodeFailed& f) {
+    Break(absl::UnavailableError(f.reason()));
+  };
+  cb.shutdown = [this](const wire::Shutdown& sd) {
+    if (!finalize_sent_) {
+      Break(absl::AbortedError(absl::StrCat("the job was shut down: ", sd.reason())));
+    }
+  };
+  cb.scheduler_lost = [this](const absl::Status& s) { Break(s); };
+  ASSIGN_OR_RETURN(control_, ControlClient::Connect(*ctx_, options_, std::move(cb)));
+  ASSIGN_OR_RETURN(wire::Welcome welcome, control_->Register(""));
+  rank_ = welcome.rank();
+  num_workers_ = welcome.num_workers();
+  num_servers_ = welcome.num_servers();
+  servers_.assign(welcome.servers().begin(), welcome.servers().end());
+  SetLogTag(absl::StrCat("worker ", rank_));
+  if (num_servers_ < 1) {
+    return absl::FailedPreconditionError("dist_hybrid needs at least one server");
+  }
+  pushes_per_server_.reset(new std::atomic<uint64_t>[num_servers_]);
+  for (int i = 0; i < num_servers_; ++i) pushes_per_server_[i] = 0;
+  // Connect to every server and complete the handshake before the first operation.
+  Poller poller;
+  for (int i = 0; i < num_servers_; ++i) {
+    ASSIGN_OR_RETURN(auto sock,
+                     Socket::Create(*ctx_, SocketType::kDealer, options_.max_message_bytes));
+    RETURN_IF_ERROR(sock->Connect(servers_[i].endpoint()));
+    Message hello = Encode("", MakeHello(Role::kWorker, rank_));
+    RETURN_IF_ERROR(sock->Send(hello));
+    poller.Add(sock.get());
+    data_.push_back(std::move(sock));
+  }
+  std::vector<bool> acked(num_servers_, false);
+  int pending = num_servers_;
+  const absl::Time deadline = absl::Now() + options_.start_timeout;
+  while (pending > 0) {
+    absl::Time now = absl::Now();
+    if (now >= deadline) {
+      std::vector<std::string> missing;
+      for (int i = 0; i < num_servers_; ++i) {
+        if (!acked[i]) missing.push_back(absl::StrCat(i, " (", servers_[i].endpoint(), ")"));
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no handshake from servers ", absl::StrJoin(missing, ", "), " within ",
+          absl::FormatDuration(options_.start_timeout)));
+    }
+    ASSIGN_OR_RETURN(int n, poller.Poll(deadline - now));
+    if (n == 0) continue;
+    for (int i = 0; i < num_servers_; ++i) {
+      if (!poller.Readable(i)) continue;
+      ASSIGN_OR_RETURN(auto msg, data_[i]->TryRecv());
+      if (!msg) continue;
+      ASSIGN_OR_RETURN(Decoded d, Decode(std::move(*msg), false));
+      if (d.env.body_case() == wire::Envelope::kError) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "server ", i, " (", servers_[i].endpoint(), ") refused the handshake: ",
+            d.env.error().message()));
+      }
+      if (d.env.body_case() == wire::Envelope::kHelloAck && !acked[i]) {
+        acked[i] = true;
+        --pending;
+      }
+    }
+  }
+  io_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "hps-worker-io");
+    IoLoop();
+  });
+  HPS_LOG(INFO) << "joined the job as worker " << rank_ << " of " << num_workers_ << " with "
+                << num_servers_ << " servers";
+  return absl::OkStatus();
+}
+
+PsStore::~PsStore() {
+  absl::Status s = Shutdown();
+  if (!s.ok()) HPS_LOG(WARNING) << "shutdown: " << s.message();
+}
+
+absl::StatusOr<Handle> PsStore::BroadcastAsync(absl::string_view name, TensorView tensor,
+                                               int root_rank, int priority) {
+  if (name.empty()) return absl::InvalidArgumentError("a tensor name must not be empty");
+  RETURN_IF_ERROR(CheckTensor(name, tensor, "the tensor"));
+  if (root_rank < 0 || root_rank >= num_workers_) {
+    return absl::InvalidArgumentError(absl::StrCat("broadcast of '", name, "': root rank ",
+                                                   root_rank, " is out of range [0, ",
+                                                   num_workers_, ")"));
+  }
+  auto op = std::make_shared<Op>();
+  op->name = std::string(name);
+  op->kind = wire::OP_BROADCAST;
+  op->in = op->out = tensor;
+  op->root = root_rank;
+  op->priority = priority;
+  return Submit(std::move(op));
+}
+
+absl::StatusOr<Handle> PsStore::PushPullAsync(absl::string_view name, TensorView in,
+                                              TensorView out, int priority) {
+  if (name.empty()) return absl::InvalidArgumentError("a tensor name must not be empty");
+  RETURN_IF_ERROR(CheckTensor(name, in, "the input"));
+  RETURN_IF_ERROR(CheckTensor(name, out, "the output"));
+  if (in.count != out.count || in.dtype != out.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push_pull of '", name, "': the input has ", in.count, " ", DTypeName(in.dtype),
+        " elements but the output ", out.count, " ", DTypeName(out.dtype), " elements"));
+  }
+  auto op = std::make_shared<Op>();
+  op->name = std::string(name);
+  op->kind = wire::OP_PUSHPULL;
+  op->in = in;
+  op->out = out;
+  op->priority = priority;
+  return Submit(std::move(op));
+}
+
+absl::StatusOr<Handle> PsStore::Submit(std::shared_ptr<Op> op) {
+  op->key = TensorKey(op->name);
+  op->parts = PartitionTensor(op->key, op->in.count, op->in.dtype, options_.partition_bytes,
+                              num_servers_);
+  op->remaining = op->parts.size();
+  op->deadline = absl::Now() + options_.op_timeout;
+  Handle h(op->handle);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!closed_.ok()) return closed_;
+    op->seq = next_seq_++;
+    commands_.push_back(Command{std::move(op), nullptr, nullptr});
+  }
+  waker_.Wake();
+  return h;
+}
+
+absl::Status PsStore::Barrier() {
+  auto state = std::make_shared<HandleState>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (!closed_.ok()) return closed_;
+    commands_.push_back(Command{nullptr, state, nullptr});
+  }
+  waker_.Wake();
+  return state->Wait();
+}
+
+absl::Status PsStore::Shutdown() {
+  auto state = std::make_shared<HandleState>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::OkStatus();
+    stopping_ = true;
+    closed_ = absl::FailedPreconditionError("the store was shut down");
+    commands_.push_back(Command{nullptr, nullptr, state});
+  }
+  absl::Status s;
+  if (io_thread_.joinable()) {
+    waker_.Wake();
+    s = state->Wait();
+    io_exit_.store(true);
+    waker_.Wake();
+    io_thread_.join();
+  }
+  data_.clear();
+  control_.reset();
+  return s;
+}
+
+std::vector<uint64_t> PsStore::PushesPerServer() const {
+  std::vector<uint64_t> v(num_servers_);
+  for (int i = 0; i < num_servers_; ++i) v[i] = pushes_per_server_[i].load();
+  return v;
+}
+
+void PsStore::IoLoop() {
+  while (!io_exit_.load()) {
+    Poller poller;
+    std::vector<int> data_idx(data_.size(), -1);
+    for (size_t i = 0; i < data_.size(); ++i) {
+      if (data_[i]) data_idx[i] = poller.Add(data_[i].get());
+    }
+    const int ctl_idx = poller.Add(control_->socket());
+    poller.AddFd(waker_.fd());
+    absl::Time now = absl::Now();
+    absl::Time until = control_->NextTick();
+    if (!active_.empty()) until = std::min(until, active_.begin()->second->deadline);
+    if (!failing_.empty()) until = std::min(until, now + absl::Milliseconds(1));
+    auto polled = poller.Poll(until - now);
+    if (!polled.ok()) {
+      Break(polled.status());
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    waker_.Drain();
+    TakeCommands();
+    for (size_t i = 0; i < data_.size(); ++i) {
+      if (data_idx[i] < 0 || !poller.Readable(data_idx[i])) continue;
+      while (data_[i]) {
+        auto msg = data_[i]->TryRecv();
+        if (!msg.ok() || !*msg) break;
+        HandleReply(static_cast<int>(i), std::move(**msg));
+      }
+    }
+    if (poller.Readable(ctl_idx)) control_->OnReadable();
+    now = absl::Now();
+    control_->Tick(now);
+    CheckDeadlines(now);
+    std::vector<std::shared_ptr<Op>> retry;
+    retry.swap(failing_);
+    for (auto& op : retry) {
+      op->in_failing = false;
+      MaybeComplete(op.get());  // lists it again if it still waits
+    }
+    Dispatch();
+    if (finalize_ && active_.empty() && !finalize_sent_) {
+      finalize_sent_ = true;
+      if (!broken_.ok()) {
+        finalize_->Complete(broken_);
+      } else {
+        wire::Envelope env;
+        env.mutable_finalize();
+        auto fin = finalize_;
+        control_->Request(std::move(env), absl::Now() + options_.op_timeout,
+                          [fin](absl::StatusOr<wire::Envelope> r) { fin->Complete(r.status()); });
+      }
+    }
+  }
+  control_->FailAll(absl::CancelledError("the store was shut down"));
+}
+
+void PsStore::TakeCommands() {
+  std::vector<Command> cmds;
+  {
+    absl::MutexLock lock(&mu_);
+    cmds.swap(commands_);
+  }
+  for (Command& c : cmds) {
+    if (c.op) {
+      StartOp(std::move(c.op));
+    } else if (c.barrier) {
+      if (!broken_.ok()) {
+        c.barrier->Complete(broken_);
+        continue;
+      }
+      wire::Envelope env;
+      env.mutable_barrier()->set_group(wire::GROUP_WORKERS);
+      auto b = c.barrier;
+      control_->Request(std::move(env), absl::Now() + options_.op_timeout,
+                        [b](absl::StatusOr<wire::Envelope> r) { b->Complete(r.status()); });
+    } else if (c.finalize) {
+      finalize_ = c.finalize;
+    }
+  }
+}
+
+void PsStore::StartOp(std::shared_ptr<Op> op) {
+  if (!broken_.ok()) {
+    op->handle->Complete(broken_);
+    return;
+  }
+  Op* raw = op.get();
+  active_.emplace(op->seq, op);
+  auto& queue = per_key_[op->key];
+  queue.push_back(std::move(op));
+  if (queue.size() == 1) Activate(raw);
+}
+
+void PsStore::Activate(Op* op) {
+  op->activated = true;
+  op->rounds.resize(op->parts.size());
+  for (const Partition& p : op->parts) {
+    op->rounds[p.index] = rounds_[RoundKey(op->key, p.index)]++;
+    ready_.push(PartTask{op->priority, op->seq, p.index, active_.at(op->seq)});
+  }
+}
+
+void PsStore::ReleaseFrame(void* /*data*/, void* hint) {
+  auto* op = static_cast<std::shared_ptr<Op>*>(hint);
+  (*op)->zc_pending.fetch_sub(1, std::memory_order_acq_rel);
+  delete op;  // ZeroMQ's thread; the I/O thread polls failing ops for the release.
+}
+
+void PsStore::Dispatch() {
+  while (!ready_.empty()) {
+    PartTask t = ready_.top();
+    Op* op = t.op.get();
+    if (op->completed || !op->status.ok()) {
+      ready_.pop();
+      FinishPart(op, absl::OkStatus());
+      continue;
+    }
+    const Partition& part = op->parts[t.part];
+    const size_t es = DTypeSize(op->in.dtype);
+    const size_t bytes = part.count * es;
+    if (bytes_in_flight_ > 0 && bytes_in_flight_ + bytes > options_.credit_bytes) break;
+    ready_.pop();
+    wire::Envelope env;
+    const uint64_t id = next_request_id_++;
+    env.set_id(id);
+    auto* req = env.mutable_data_request();
+    req->set_key(op->key);
+    req->set_part(part.index);
+    req->set_round(op->rounds[part.index]);
+    req->set_op(op->kind);
+    req->set_dtype(static_cast<uint32_t>(op->in.dtype));
+    req->set_count(part.count);
+    req->set_total_count(op->in.count);
+    req->set_root(op->root);
+    req->set_name(op->name);
+    std::optional<Frame> payload;
+    if (op->kind == wire::OP_PUSHPULL || rank_ == op->root) {
+      auto it = active_.find(op->seq);
+      op->zc_pending.fetch_add(1, std::memory_order_acq_rel);
+      char* base = static_cast<char*>(op->in.data) + part.offset * es;
+      payload.emplace(base, bytes, &PsStore::ReleaseFrame,
+                      new std::shared_ptr<Op>(it->second));
+    }
+    Socket* sock = data_[part.server].get();
+    Message msg = Encode("", env, std::move(payload));
+    absl::Status s = sock ? sock->Send(msg) : broken_;
+    if (!s.ok()) {
+      FinishPart(op, absl::UnavailableError(absl::StrCat(
+          "send to server ", part.server, " failed: ", s.message())));
+      continue;
+    }
+    pushes_per_server_[part.server].fetch_add(1, std::memory_order_relaxed);
+    in_flight_.emplace(id, InFlight{active_.at(op->seq), part.index, op->rounds[part.index]});
+    bytes_in_flight_ += bytes;
+  }
+}
+
+void PsStore::HandleReply(int server, Message raw) {
+  auto d = Decode(std::move(raw), false);
+  if (!d.ok()) {
+    HPS_LOG(WARNING) << "rejected a reply from server " << server << ": "
+                     << d.status().message();
+    return;
+  }
+  const wire::Envelope& env = d->env;
+  if (env.body_case() == wire::Envelope::kHelloAck) return;
+  auto it = in_flight_.find(env.id());
+  if (it == in_flight_.end()) {
+    if (env.body_case() == wire::Envelope::kError) {
+      HPS_LOG(WARNING) << "server " << server << " refused a message: "
+                       << env.error().message();
+    }
+    return;  // A reply to an operation that already failed.
+  }
+  std::shared_ptr<Op> op = std::move(it->second.op);
+  const uint32_t pi = it->second.part;
+  in_flight_.erase(it);
+  const Partition& part = op->parts[pi];
+  const size_t es = DTypeSize(op->in.dtype);
+  bytes_in_flight_ -= part.count * es;
+  if (env.body_case() == wire::Envelope::kError) {
+    return FinishPart(op.get(), FromWire(env.error()));
+  }
+  auto bad = [&](std::string why) {
+    FinishPart(op.get(), absl::InternalError(absl::StrCat(
+        "server ", server, " sent a malformed reply for partition ", pi, ": ", why)));
+  };
+  if (env.body_case() != wire::Envelope::kDataResponse) return bad("not a data response");
+  const wire::DataResponse& resp = env.data_response();
+  if (resp.count() != part.count || resp.dtype() != static_cast<uint32_t>(op->in.dtype)) {
+    return bad(absl::StrCat(resp.count(), " elements of dtype ", resp.dtype(), " instead of ",
+                            part.count, " ", DTypeName(op->in.dtype)));
+  }
+  const bool expect_payload = !(op->kind == wire::OP_BROADCAST && rank_ == op->root);
+  if (expect_payload) {
+    if (!d->payload || d->payload->size() != part.count * es) {
+      return bad(absl::StrCat("payload of ", d->payload ? d->payload->size() : 0,
+                              " bytes instead of ", part.count * es));
+    }
+    if (!op->completed && op->status.ok() && part.count > 0) {
+      std::memcpy(static_cast<char*>(op->out.data) + part.offset * es, d->payload->data(),
+                  part.count * es);
+    }
+  }
+  FinishPart(op.get(), absl::OkStatus());
+}
+
+void PsStore::FinishPart(Op* op, const absl::Status& status) {
+  if (!status.ok() && op->status.ok()) {
+    op->status = absl::Status(status.code(),
+                              absl::StrCat(op->Describe(), " failed: ", status.message()));
+  }
+  if (op->remaining > 0) --op->remaining;
+  MaybeComplete(op);
+}
+
+void PsStore::MaybeComplete(Op* op) {
+  if (op->completed) return;
+  if (op->remaining > 0) {
+    if (op->status.ok()) return;
+    // Failed with partitions still out: complete once ZeroMQ no longer reads our input
+    // (their late replies are dropped), or after a grace period once sockets were closed.
+    if (op->zc_pending.load(std::memory_order_acquire) > 0 &&
+        absl::Now() < broken_at_ + absl::Seconds(5)) {
+      if (!op->in_failing) {
+        op->in_failing = true;
+        failing_.push_back(active_.at(op->seq));
+      }
+      return;
+    }
+    // Its partitions still out are abandoned: release their credits, drop late replies.
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      if (it->second.op.get() == op) {
+        bytes_in_flight_ -= op->parts[it->second.part].count * DTypeSize(op->in.dtype);
+        in_flight_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  op->completed = true;
+  op->handle->Complete(op->status);
+  auto& queue = per_key_[op->key];
+  for (auto it = queue.begin(); it != queue.end(); ++it) {
+    if (it->get() == op) {
+      queue.erase(it);
+      break;
+    }
+  }
+  const uint64_t key = op->key;
+  const uint64_t seq = op->seq;
+  std::shared_ptr<Op> keep = std::move(active_[seq]);  // `op` stays valid until we return
+  active_.erase(seq);
+  if (queue.empty()) {
+    per_key_.erase(key);
+  } else if (!queue.front()->activated) {
+    Activate(queue.front().get());
+  }
+}
+
+void PsStore::CheckDeadlines(absl::Time now) {
+  if (active_.empty() || active_.begin()->second->deadline > now) return;
+  Op* op = active_.begin()->second.get();
+  std::vector<std::string> waiting;
+  for (const auto& [id, f] : in_flight_) {
+    if (f.op.get() == op) {
+      const int s = op->parts[f.part].server;
+      waiting.push_back(absl::StrCat("server ", s, " (", servers_[s].endpoint(),
+                                     ") partition ", f.part));
+    }
+  }
+  Break(absl::DeadlineExceededError(absl::StrCat(
+      op->Describe(), " did not complete within ", absl::FormatDuration(options_.op_timeout),
+      waiting.empty() ? std::string(" (it never started: an earlier operation on it is stuck)")
+                      : absl::StrCat("; still waiting for ", absl::StrJoin(waiting, ", ")))));
+}
+
+void PsStore::Break(const absl::Status& status) {
+  if (broken_.ok()) {
+    broken_ = status;
+    broken_at_ = absl::Now();
+    HPS_LOG(ERROR) << "the store can no longer be used: " << status.message();
+  }
+  // Close the data sockets without linger: ZeroMQ drops what it still queues for the
+  // servers and releases our zero-copy payloads, so failed operations can complete.
+  for (auto& sock : data_) {
+    if (!sock) continue;
+    int zero = 0;
+    zmq_setsockopt(sock->raw(), ZMQ_LINGER, &zero, sizeof zero);
+    sock.reset();
+  }
+  std::vector<Op*> ops;
+  for (auto& [seq, op] : active_) ops.push_back(op.get());
+  for (Op* op : ops) {
+    if (op->status.ok()) {
+      op->status = absl::Status(status.code(),
+                                absl::StrCat(op->Describe(), " failed: ", status.message()));
+    }
+    if (!op->activated) op->remaining = 0;
+    MaybeComplete(op);
+  }
+}
+
+}  // namespace hybridps

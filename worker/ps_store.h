@@ -1,0 +1,133 @@
+// "dist_hybrid": the parameter-server store. Tensors are split into partitions
+// (common/partition.h); each partition is pushed to its server and the round's sum pulled
+// back in one request/reply exchange.
+//
+// Threading: user threads enqueue operations; one I/O thread ("hps-worker-io") owns every
+// socket, dispatches partitions by priority within a credit limit on bytes in flight,
+// copies replies into the output tensors and completes handles. Operations on one tensor
+// name run in the order they were issued; different names overlap freely.
+#ifndef HYBRIDPS_WORKER_PS_STORE_H_
+#define HYBRIDPS_WORKER_PS_STORE_H_
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <queue>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "common/control_client.h"
+#include "common/hybridps.pb.h"
+#include "common/options.h"
+#include "common/partition.h"
+#include "common/transport.h"
+#include "worker/kvstore.h"
+
+namespace hybridps {
+
+class PsStore : public KVStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<PsStore>> Create(std::shared_ptr<Context> ctx,
+                                                         const Options& options);
+  ~PsStore() override;
+
+  absl::string_view type() const override { return "dist_hybrid"; }
+  int rank() const override { return rank_; }
+  int num_workers() const override { return num_workers_; }
+  int local_rank() const override { return options_.local_rank; }
+  int local_size() const override { return options_.local_size; }
+
+  absl::StatusOr<Handle> BroadcastAsync(absl::string_view name, TensorView tensor,
+                                        int root_rank, int priority) override;
+  absl::StatusOr<Handle> PushPullAsync(absl::string_view name, TensorView in, TensorView out,
+                                       int priority) override;
+  absl::Status Barrier() override;
+  bool IsCapable(Capability capability) const override { return false; }
+  absl::Status Shutdown() override;
+
+  // Partitions per server dispatched so far (tests check placement and one push per node).
+  std::vector<uint64_t> PushesPerServer() const;
+
+ private:
+  struct Op;
+  struct PartTask {
+    int priority;
+    uint64_t seq;  // op sequence number
+    uint32_t part;
+    std::shared_ptr<Op> op;
+    bool operator<(const PartTask& o) const {  // std::priority_queue: top = largest
+      if (priority != o.priority) return priority < o.priority;
+      if (seq != o.seq) return seq > o.seq;
+      return part > o.part;
+    }
+  };
+  struct InFlight {
+    std::shared_ptr<Op> op;
+    uint32_t part;
+    uint64_t round;
+  };
+  // A command for the I/O thread.
+  struct Command {
+    std::shared_ptr<Op> op;                  // a data operation, or
+    std::shared_ptr<HandleState> barrier;    // a barrier, or
+    std::shared_ptr<HandleState> finalize;   // leave the job
+  };
+
+  PsStore(std::shared_ptr<Context> ctx, const Options& options)
+      : ctx_(std::move(ctx)), options_(options) {}
+  absl::Status Start();
+  absl::StatusOr<Handle> Submit(std::shared_ptr<Op> op);
+  void IoLoop();
+  void TakeCommands();
+  void StartOp(std::shared_ptr<Op> op);
+  void Activate(Op* op);
+  void Dispatch();
+  void HandleReply(int server, Message msg);
+  void FinishPart(Op* op, const absl::Status& status);
+  void MaybeComplete(Op* op);
+  void CheckDeadlines(absl::Time now);
+  void Break(const absl::Status& status);
+  static void ReleaseFrame(void* data, void* hint);
+
+  std::shared_ptr<Context> ctx_;
+  Options options_;
+  int rank_ = -1;
+  int num_workers_ = 0;
+  int num_servers_ = 0;
+  std::vector<wire::NodeInfo> servers_;
+
+  // I/O thread only.
+  std::unique_ptr<ControlClient> control_;
+  std::vector<std::unique_ptr<Socket>> data_;  // by server rank
+  std::map<uint64_t, std::shared_ptr<Op>> active_;  // by seq: submission (= deadline) order
+  absl::flat_hash_map<uint64_t, std::deque<std::shared_ptr<Op>>> per_key_;
+  absl::flat_hash_map<uint64_t, uint64_t> rounds_;  // (key ^ part mix) -> next round
+  std::priority_queue<PartTask> ready_;
+  absl::flat_hash_map<uint64_t, InFlight> in_flight_;
+  size_t bytes_in_flight_ = 0;
+  uint64_t next_request_id_ = 1;
+  std::shared_ptr<HandleState> finalize_;
+  bool finalize_sent_ = false;
+  absl::Status broken_;  // non-OK: a peer died or an operation timed out; all later fail
+  std::vector<std::shared_ptr<Op>> failing_;  // failed ops waiting for ZeroMQ to release their payloads
+  absl::Time broken_at_ = absl::InfiniteFuture();
+  std::unique_ptr<std::atomic<uint64_t>[]> pushes_per_server_;
+
+  // Shared with user threads and ZeroMQ's threads.
+  Waker waker_;
+  absl::Mutex mu_;
+  std::vector<Command> commands_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status closed_ ABSL_GUARDED_BY(mu_);  // non-OK after Shutdown
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> io_exit_{false};
+  std::thread io_thread_;
+};
+
+}  // namespace hybridps
+
+#endif  // HYBRIDPS_WORKER_PS_STORE_H_
