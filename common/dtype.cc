@@ -30,12 +30,10 @@ struct NameEntry {
 
 // Canonical names first (DTypeName returns these), then accepted aliases.
 constexpr NameEntry kNames[] = {
-    {"float32", DType::kFloat32},   {"float64", DType::kFloat64},
-    {"float16", DType::kFloat16},   {"bfloat16", DType::kBFloat16},
-    {"int32", DType::kInt32},       {"int64", DType::kInt64},
-    {"uint8", DType::kUInt8},       {"fp32", DType::kFloat32},
-    {"fp64", DType::kFloat64},      {"double", DType::kFloat64},
-    {"fp16", DType::kFloat16},      {"half", DType::kFloat16},
+    {"float32", DType::kFloat32},   {"float64", DType::kFloat64}, {"float16", DType::kFloat16},
+    {"bfloat16", DType::kBFloat16}, {"int32", DType::kInt32},     {"int64", DType::kInt64},
+    {"uint8", DType::kUInt8},       {"fp32", DType::kFloat32},    {"fp64", DType::kFloat64},
+    {"double", DType::kFloat64},    {"fp16", DType::kFloat16},    {"half", DType::kFloat16},
     {"bf16", DType::kBFloat16},
 };
 
@@ -72,8 +70,7 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
   for (const NameEntry& e : kNames) {
     if (e.name == lower) return e.dtype;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown dtype \"", absl::CEscape(view), "\""));
+  return absl::InvalidArgumentError(absl::StrCat("unknown dtype \"", absl::CEscape(view), "\""));
 }
 
 bool IsValidDType(uint32_t v) { return v < static_cast<uint32_t>(kNumDTypes); }

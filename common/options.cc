@@ -37,7 +37,7 @@ absl::Status Options::Validate() const {
   if (backend == "dist_hybrid" && num_servers < 1) {
     return absl::InvalidArgumentError("dist_hybrid needs at least one server (num_servers=0)");
   }
-  if (rank >= num_workers) return bad("rank", rank);
+  if (rank >= (role == Role::kServer ? num_servers : num_workers)) return bad("rank", rank);
   if (local_size < 1) return bad("local_size", local_size);
   if (local_rank < 0 || local_rank >= local_size) return bad("local_rank", local_rank);
   if (scheduler_port < 0 || scheduler_port > 65535) return bad("scheduler_port", scheduler_port);

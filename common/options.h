@@ -30,8 +30,8 @@ struct Options {
   // HYBRIDPS_NUM_WORKERS / HYBRIDPS_NUM_SERVERS: the job's size.
   int num_workers = 1;
   int num_servers = 1;
-  // HYBRIDPS_RANK: the worker rank this process asks for (-1: assigned by the scheduler
-  // in order of registration).
+  // HYBRIDPS_RANK: the rank (among the workers, or among the servers) this process asks
+  // for; -1: assigned by the scheduler in order of registration.
   int rank = -1;
   // HYBRIDPS_LOCAL_RANK / HYBRIDPS_LOCAL_SIZE: position inside the node.
   int local_rank = 0;

@@ -22,7 +22,11 @@ uint64_t TensorKey(absl::string_view name) {
 std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
                                        size_t partition_bytes, int num_servers) {
   const size_t max_elems = std::max<size_t>(1, partition_bytes / DTypeSize(dtype));
-  const size_t parts = std::max<size_t>(1, (count + max_elems - 1) / max_elems);
+  const size_t servers = static_cast<size_t>(num_servers);
+  size_t parts = std::max<size_t>(1, (count + max_elems - 1) / max_elems);
+  if (count * DTypeSize(dtype) >= servers * kSplitBytesPerServer && count >= servers) {
+    parts = (parts + servers - 1) / servers * servers;
+  }
   const size_t base = count / parts;
   const size_t extra = count % parts;
   // Use the high bits: the low bits of `key` also pick engine threads on the server.

@@ -23,12 +23,17 @@ struct Partition {
   int server = 0;         // rank of the server that owns it
 };
 
-// Splits `count` elements of `dtype` into P = ceil(bytes / partition_bytes) partitions of
-// nearly equal size (they differ by at most one element), each at most partition_bytes
-// (at least one element each). An empty tensor has one empty partition, so it still takes
-// part in a round and size mismatches are still caught. Partition i of tensor `key` goes
-// to server (Mix(key) + i) mod num_servers: large tensors are spread evenly over all
-// servers, small ones scattered by their hash.
+// A tensor of at least num_servers * kSplitBytesPerServer bytes is split into a multiple
+// of num_servers partitions, so it spreads evenly over every server.
+inline constexpr size_t kSplitBytesPerServer = 256 << 10;
+
+// Splits `count` elements of `dtype` into P = ceil(bytes / partition_bytes) partitions
+// (rounded up to a multiple of num_servers for tensors large enough, see above) of nearly
+// equal size (they differ by at most one element), each at most partition_bytes (at least
+// one element each). An empty tensor has one empty partition, so it still takes part in a
+// round and size mismatches are still caught. Partition i of tensor `key` goes to server
+// (Mix(key) + i) mod num_servers: large tensors are spread evenly over all servers, small
+// ones scattered by their hash.
 // Requires partition_bytes >= 1 and num_servers >= 1.
 std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
                                        size_t partition_bytes, int num_servers);

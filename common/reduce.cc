@@ -5,9 +5,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
 #include "absl/strings/string_view.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -74,13 +76,14 @@ struct HalfCodec {
 
 struct BFloat16Codec {
   static float Widen(uint16_t b) { return BFloat16ToFloat(b); }
-  // Same rounding as FloatToBFloat16, branch-free so that it vectorises.
+  // FloatToBFloat16 for a float that is the sum of two bfloat16 values. Such a sum has
+  // its low 16 bits zero whenever it is a NaN (input NaNs propagate made quiet, invalid
+  // operations give the default NaN), so the bias cannot carry into a NaN's upper half
+  // and no NaN special case is needed; branch-free, so it vectorises.
   static uint16_t Narrow(float f) {
     uint32_t x;
     std::memcpy(&x, &f, sizeof x);
-    const uint32_t rounded = x + 0x7fffu + ((x >> 16) & 1u);
-    const bool nan = (x & 0x7fffffffu) > 0x7f800000u;
-    return static_cast<uint16_t>(nan ? (x >> 16) | 0x0040u : rounded >> 16);
+    return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
   }
 };
 
@@ -190,15 +193,12 @@ struct F16Op {
 struct BF16Op {
   static constexpr size_t kBytes = 32;
   static constexpr size_t kElemSize = 2;
-  // Rounds each float lane to bfloat16 (nearest even; NaN made quiet); the result sits
-  // in the upper 16 bits of each 32-bit lane.
-  HPS_AVX2 static __m256i Round(__m256 s) {
+  // BFloat16Codec::Narrow on float lanes that hold sums of two bfloat16 values (no NaN
+  // case needed, see there); the bfloat16 lands in the upper half of each 32-bit lane.
+  HPS_AVX2 static __m256i RoundSum(__m256 s) {
     const __m256i x = _mm256_castps_si256(s);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-    const __m256i rounded = _mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-    const __m256i quiet = _mm256_or_si256(x, _mm256_set1_epi32(0x00400000));
-    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(s, s, _CMP_UNORD_Q));
-    return _mm256_blendv_epi8(rounded, quiet, nan);
+    return _mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
   }
   HPS_AVX2 static void Add(char* d, const char* a, const char* b) {
     const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
@@ -209,8 +209,7 @@ struct BF16Op {
                                       _mm256_castsi256_ps(_mm256_slli_epi32(vb, 16)));
     const __m256 odd = _mm256_add_ps(_mm256_castsi256_ps(_mm256_and_si256(va, hi_mask)),
                                      _mm256_castsi256_ps(_mm256_and_si256(vb, hi_mask)));
-    StoreI(d, _mm256_or_si256(_mm256_srli_epi32(Round(even), 16),
-                              _mm256_and_si256(Round(odd), hi_mask)));
+    StoreI(d, _mm256_blend_epi16(_mm256_srli_epi32(RoundSum(even), 16), RoundSum(odd), 0xaa));
   }
 };
 
@@ -236,14 +235,16 @@ HPS_AVX2 void Avx2Sum2(void* dst, const void* a, const void* b, size_t count) {
 constexpr KernelTable kAvx2Table = {
     "avx2",
     {Avx2Sum2<F32Op, PortableSum2<float>>, Avx2Sum2<F64Op, PortableSum2<double>>,
-     Avx2Sum2<F16Op, Portable16Sum2<HalfCodec>>,
-     Avx2Sum2<BF16Op, Portable16Sum2<BFloat16Codec>>,
+     Avx2Sum2<F16Op, Portable16Sum2<HalfCodec>>, Avx2Sum2<BF16Op, Portable16Sum2<BFloat16Codec>>,
      Avx2Sum2<I32Op, PortableSum2<uint32_t>>, Avx2Sum2<I64Op, PortableSum2<uint64_t>>,
      Avx2Sum2<U8Op, PortableSum2<uint8_t>>}};
 
 bool CpuHasAvx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  __builtin_cpu_init();  // also checks that the OS saves the YMM registers
+  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
+  // F16C from CPUID leaf 1: older clangs reject __builtin_cpu_supports("f16c").
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+  return __builtin_cpu_supports("avx2") && f16c;
 }
 #endif  // defined(__x86_64__)
 

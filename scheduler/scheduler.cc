@@ -228,18 +228,18 @@ void Scheduler::HandleRegister(Node& node, uint64_t id, const wire::Register& re
         "already have ", want, " ", WireRoleName(reg.role()), "s; this job was started "
         "with HYBRIDPS_NUM_", worker ? "WORKERS" : "SERVERS", "=", want)));
   }
-  if (worker && reg.requested_rank() >= 0) {
-    if (reg.requested_rank() >= options_.num_workers) {
+  if (reg.requested_rank() >= 0) {
+    if (reg.requested_rank() >= static_cast<int>(want)) {
       return fail(absl::InvalidArgumentError(absl::StrCat(
-          "worker rank ", reg.requested_rank(), " is out of range [0, ",
-          options_.num_workers, ")")));
+          WireRoleName(reg.role()), " rank ", reg.requested_rank(), " is out of range [0, ",
+          want, ")")));
     }
     for (const auto& [p, n] : nodes_) {
-      if (n.registered && n.role == wire::ROLE_WORKER &&
+      if (n.registered && n.role == reg.role() &&
           n.reg.requested_rank() == reg.requested_rank()) {
         return fail(absl::AlreadyExistsError(absl::StrCat(
-            "worker rank ", reg.requested_rank(), " is already taken by the process on ",
-            n.reg.host(), " pid ", n.reg.pid())));
+            WireRoleName(reg.role()), " rank ", reg.requested_rank(),
+            " is already taken by the process on ", n.reg.host(), " pid ", n.reg.pid())));
       }
     }
   }
@@ -270,21 +270,25 @@ void Scheduler::AssignRanksAndWelcome() {
   auto by_order = [](Node* a, Node* b) { return a->rank > b->rank; };  // -1, -2, ...
   std::sort(workers.begin(), workers.end(), by_order);
   std::sort(servers.begin(), servers.end(), by_order);
-  std::vector<bool> taken(options_.num_workers, false);
-  for (Node* n : workers) {
-    if (n->reg.requested_rank() >= 0) taken[n->reg.requested_rank()] = true;
-  }
-  int next = 0;
-  for (Node* n : workers) {
-    if (n->reg.requested_rank() >= 0) {
-      n->rank = n->reg.requested_rank();
-    } else {
+  // Requested ranks first, the others fill the gaps in order of registration.
+  auto assign = [](std::vector<Node*>& nodes) {
+    std::vector<bool> taken(nodes.size(), false);
+    for (Node* n : nodes) {
+      if (n->reg.requested_rank() >= 0) taken[n->reg.requested_rank()] = true;
+    }
+    size_t next = 0;
+    for (Node* n : nodes) {
+      if (n->reg.requested_rank() >= 0) {
+        n->rank = n->reg.requested_rank();
+        continue;
+      }
       while (taken[next]) ++next;
-      n->rank = next;
+      n->rank = static_cast<int>(next);
       taken[next] = true;
     }
-  }
-  for (size_t i = 0; i < servers.size(); ++i) servers[i]->rank = static_cast<int>(i);
+  };
+  assign(workers);
+  assign(servers);
   wire::Welcome w;
   w.set_num_workers(options_.num_workers);
   w.set_num_servers(options_.num_servers);

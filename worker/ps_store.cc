@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -96,6 +97,7 @@ absl::Status PsStore::Start() {
     ASSIGN_OR_RETURN(auto sock,
                      Socket::Create(*ctx_, SocketType::kDealer, options_.max_message_bytes));
     RETURN_IF_ERROR(sock->Connect(servers_[i].endpoint()));
+    inproc_.push_back(absl::StartsWith(servers_[i].endpoint(), "inproc://"));
     Message hello = Encode("", MakeHello(Role::kWorker, rank_));
     RETURN_IF_ERROR(sock->Send(hello));
     poller.Add(sock.get());
@@ -376,11 +378,16 @@ void PsStore::Dispatch() {
     req->set_name(op->name);
     std::optional<Frame> payload;
     if (op->kind == wire::OP_PUSHPULL || rank_ == op->root) {
-      auto it = active_.find(op->seq);
-      op->zc_pending.fetch_add(1, std::memory_order_acq_rel);
       char* base = static_cast<char*>(op->in.data) + part.offset * es;
-      payload.emplace(base, bytes, &PsStore::ReleaseFrame,
-                      new std::shared_ptr<Op>(it->second));
+      if (inproc_[part.server]) {
+        // inproc:// hands the receiver our very buffer; the server keeps and sums into
+        // what it receives, so it must get memory of its own.
+        payload.emplace(absl::string_view(base, bytes));
+      } else {
+        op->zc_pending.fetch_add(1, std::memory_order_acq_rel);
+        payload.emplace(base, bytes, &PsStore::ReleaseFrame,
+                        new std::shared_ptr<Op>(active_.at(op->seq)));
+      }
     }
     Socket* sock = data_[part.server].get();
     Message msg = Encode("", env, std::move(payload));

@@ -103,6 +103,7 @@ class PsStore : public KVStore {
   // I/O thread only.
   std::unique_ptr<ControlClient> control_;
   std::vector<std::unique_ptr<Socket>> data_;  // by server rank
+  std::vector<bool> inproc_;                   // by server rank: payloads are copied
   std::map<uint64_t, std::shared_ptr<Op>> active_;  // by seq: submission (= deadline) order
   absl::flat_hash_map<uint64_t, std::deque<std::shared_ptr<Op>>> per_key_;
   absl::flat_hash_map<uint64_t, uint64_t> rounds_;  // (key ^ part mix) -> next round

@@ -105,7 +105,8 @@ def build_plan(*, num_workers: int, num_servers: int, backend: str,
     if num_servers:
         assert server_bin is not None
         servers = [ProcessSpec("server", i, [str(server_bin)],
-                               {"HYBRIDPS_ROLE": "server", **others})
+                               {"HYBRIDPS_ROLE": "server", **others,
+                                "HYBRIDPS_RANK": str(i)})
                    for i in range(num_servers)]
     workers = []
     for rank in range(num_workers):

@@ -11,9 +11,8 @@
 namespace hybridps {
 namespace {
 
-constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
-                                DType::kBFloat16, DType::kInt32, DType::kInt64,
-                                DType::kUInt8};
+constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16,
+                                DType::kInt32,   DType::kInt64,   DType::kUInt8};
 
 uint32_t Bits(float f) {
   uint32_t u;
@@ -162,8 +161,8 @@ TEST(HalfTest, SpecialValues) {
   EXPECT_EQ(FloatToHalf(std::nextafter(0x1p-14f, 0.0f)), 0x0400);  // up into normals
   EXPECT_EQ(FloatToHalf(std::numeric_limits<float>::denorm_min()), 0x0000);
   EXPECT_EQ(FloatToHalf(-std::numeric_limits<float>::denorm_min()), 0x8000);
-  EXPECT_EQ(FloatToHalf(1.0f + 0x1p-11f), 0x3c00);      // tie to even
-  EXPECT_EQ(FloatToHalf(1.0f + 0x3p-11f), 0x3c02);      // tie to even
+  EXPECT_EQ(FloatToHalf(1.0f + 0x1p-11f), 0x3c00);  // tie to even
+  EXPECT_EQ(FloatToHalf(1.0f + 0x3p-11f), 0x3c02);  // tie to even
   EXPECT_TRUE(IsHalfNaN(FloatToHalf(std::nanf(""))));
   EXPECT_TRUE(IsHalfNaN(FloatToHalf(FromBits(0x7f800001))));  // payload below half's
   EXPECT_TRUE(IsHalfNaN(FloatToHalf(FromBits(0xff800001))));

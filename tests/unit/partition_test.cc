@@ -2,12 +2,123 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
 namespace hybridps {
 namespace {
-TEST(Partition, Empty) {
+
+// Partitions cover [0, count) contiguously, none is larger than partition_bytes (unless
+// one element is), they differ by at most one element, and placement is in range.
+void CheckCover(size_t count, DType dt, size_t partition_bytes, int servers) {
+  SCOPED_TRACE(absl::StrCat("count=", count, " dtype=", DTypeName(dt), " pb=", partition_bytes,
+                            " servers=", servers));
+  auto parts = PartitionTensor(TensorKey("t"), count, dt, partition_bytes, servers);
+  ASSERT_FALSE(parts.empty());
+  size_t offset = 0, lo = SIZE_MAX, hi = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    EXPECT_EQ(parts[i].index, i);
+    EXPECT_EQ(parts[i].offset, offset);
+    offset += parts[i].count;
+    lo = std::min(lo, parts[i].count);
+    hi = std::max(hi, parts[i].count);
+    EXPECT_LE(parts[i].count * DTypeSize(dt), std::max(partition_bytes, DTypeSize(dt)));
+    EXPECT_GE(parts[i].server, 0);
+    EXPECT_LT(parts[i].server, servers);
+  }
+  EXPECT_EQ(offset, count);
+  EXPECT_LE(hi - lo, 1u);
+  const size_t max_elems = std::max<size_t>(1, partition_bytes / DTypeSize(dt));
+  size_t want = std::max<size_t>(1, (count + max_elems - 1) / max_elems);
+  if (count * DTypeSize(dt) >= servers * kSplitBytesPerServer && count >= size_t(servers)) {
+    want = (want + servers - 1) / servers * servers;
+    EXPECT_EQ(parts.size() % servers, 0u);
+  }
+  EXPECT_EQ(parts.size(), want);
+}
+
+TEST(Partition, EmptyTensorHasOneEmptyPartition) {
   auto p = PartitionTensor(TensorKey("a"), 0, DType::kFloat32, 16, 3);
   ASSERT_EQ(p.size(), 1u);
   EXPECT_EQ(p[0].count, 0u);
+  EXPECT_EQ(p[0].offset, 0u);
 }
+
+TEST(Partition, SizesAroundBoundaries) {
+  for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kUInt8}) {
+    for (size_t pb : {size_t{1}, size_t{7}, size_t{16}, size_t{4096}}) {
+      const size_t per = std::max<size_t>(1, pb / DTypeSize(dt));
+      for (size_t count : {size_t{0}, size_t{1}, size_t{3}, per - 1, per, per + 1, 2 * per,
+                           2 * per + 1, 10 * per - 1, 1001 * per + 7, size_t{1} << 20}) {
+        for (int servers : {1, 2, 3, 5}) CheckCover(count, dt, pb, servers);
+      }
+    }
+  }
+}
+
+TEST(Partition, ExactlyOnBoundary) {
+  auto p = PartitionTensor(TensorKey("x"), 1 << 20, DType::kFloat32, 4 << 20, 1);
+  ASSERT_EQ(p.size(), 1u);
+  p = PartitionTensor(TensorKey("x"), (1 << 20) + 1, DType::kFloat32, 4 << 20, 1);
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0].count, (1u << 19) + 1);
+  EXPECT_EQ(p[1].count, 1u << 19);
+}
+
+TEST(Partition, KeysAreDeterministicAndDistinct) {
+  EXPECT_EQ(TensorKey("conv1.weight"), TensorKey("conv1.weight"));
+  std::vector<uint64_t> keys;
+  for (int i = 0; i < 10000; ++i) keys.push_back(TensorKey(absl::StrCat("layer", i, ".weight")));
+  std::sort(keys.begin(), keys.end());
+  EXPECT_EQ(std::unique(keys.begin(), keys.end()), keys.end());
+}
+
+TEST(Partition, ConsecutivePartitionsGoToConsecutiveServers) {
+  auto p = PartitionTensor(TensorKey("big"), 10 << 20, DType::kFloat32, 4 << 20, 3);
+  ASSERT_EQ(p.size(), 12u);  // 10 rounded up to a multiple of 3 servers
+  for (size_t i = 1; i < p.size(); ++i) EXPECT_EQ(p[i].server, (p[0].server + int(i)) % 3);
+}
+
+// Bytes per server for a ResNet-50-like list of tensors (161 tensors, 25.6 M float32
+// parameters) with 4 MiB partitions stay within 10% of the mean; many equal small
+// tensors spread by hash within 15%.
+TEST(Placement, BalancedForResNet50LikeModel) {
+  std::vector<size_t> sizes;
+  const size_t conv[] = {9408,   4096,   36864,  16384,  16384,  65536,  147456, 32768,
+                         131072, 589824, 262144, 524288, 2359296, 1048576, 2097152};
+  for (int i = 0; i < 53; ++i) sizes.push_back(conv[i % 15]);
+  for (int i = 0; i < 106; ++i) sizes.push_back(64 << (i % 5));
+  sizes.push_back(2048000);
+  sizes.push_back(1000);
+  const size_t total = std::accumulate(sizes.begin(), sizes.end(), size_t{0});
+  ASSERT_EQ(sizes.size(), 161u);
+  for (int servers : {2, 3, 4}) {
+    std::vector<double> load(servers, 0);
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      for (const auto& p : PartitionTensor(TensorKey(absl::StrCat("resnet.param", t)), sizes[t],
+                                           DType::kFloat32, 4 << 20, servers)) {
+        load[p.server] += p.count * 4.0;
+      }
+    }
+    const double mean = total * 4.0 / servers;
+    for (int s = 0; s < servers; ++s) {
+      EXPECT_LT(std::abs(load[s] - mean) / mean, 0.10) << "server " << s << " of " << servers;
+    }
+  }
+  for (int servers : {2, 3, 4, 8}) {
+    std::vector<int> load(servers, 0);
+    for (int t = 0; t < 4000; ++t) {
+      load[PartitionTensor(TensorKey(absl::StrCat("w", t)), 10, DType::kFloat32, 4 << 20,
+                           servers)[0].server]++;
+    }
+    for (int s = 0; s < servers; ++s) {
+      EXPECT_NEAR(load[s], 4000.0 / servers, 0.15 * 4000.0 / servers) << s;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hybridps

@@ -1,0 +1,943 @@
+// hybridps-bench: nccl-tests-style push_pull sweep of a running hybridps job, measured
+// against the transport it runs on. A worker program, started by hybridrun:
+//
+//   scripts/hybridrun -np 1 --servers 1 -- build/bench/hybridps-bench
+//       --min-bytes 4K --max-bytes 64M --iters 20      (one command line)
+//
+// For each size S every worker fills its input with small integers that depend on its
+// rank (so float sums are exact), runs warmup and then timed push_pulls (PushPullAsync +
+// Wait, --tensors K handles in flight at once), and checks every result, warmup included,
+// against the exact sum; any mismatch ends the program with status 1. The inputs alternate
+// between two patterns from one iteration to the next, and out-of-place outputs are
+// poisoned before each iteration, so a stale or missing result cannot pass.
+//
+// Rank 0 prints the table. Before the sweep it measures, in the same process, the
+// ceiling our push_pull is read against: a plain ZeroMQ DEALER<->ROUTER echo of S bytes
+// over loopback TCP between two threads (socket options as in common/transport.cc), and a
+// memcpy of S bytes. After the sweep every worker waits at a barrier while rank 0 samples
+// the CPU time of every process of the job for --idle-seconds (nothing is sent then: the
+// figure shows busy polling). The last line sums the figures up against the core issue's
+// targets.
+#include <dirent.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "common/dtype.h"
+#include "common/options.h"
+#include "common/status.h"
+#include "worker/kvstore.h"
+
+namespace hybridps {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kKiB = 1024, kMiB = 1024 * 1024;
+// Sizes of the issue's targets.
+constexpr size_t kGoodputSize = 4 * kMiB;
+constexpr size_t kLatencySize = 4 * kKiB;
+constexpr double kGoodputTargetGBps = 1.6;
+constexpr double kLatencyTargetUs = 80;
+constexpr double kIdleTargetPct = 1.0;  // "~0%": no process above 1% of a core
+// Each worker contributes 1..kMaxValue per element.
+constexpr int kMaxValue = 8;
+
+struct Flags {
+  std::string backend;  // empty: the job's HYBRIDPS_BACKEND
+  size_t min_bytes = 4 * kKiB;
+  size_t max_bytes = 64 * kMiB;
+  size_t factor = 2;
+  int iters = 20;
+  int warmup = 5;
+  // Sizes up to small_max_bytes run max(iters, small_iters) iterations, enough for a p99.
+  size_t small_max_bytes = 64 * kKiB;
+  int small_iters = 1000;
+  DType dtype = DType::kFloat32;
+  int tensors = 1;
+  bool inplace = false;
+  bool reference = true;
+  double idle_seconds = 3;
+  std::string csv;  // rank 0 writes the figures there too
+};
+
+constexpr char kUsage[] =
+    "usage: hybridps-bench [--backend dist_hybrid] [--min-bytes 4K] [--max-bytes 64M]\n"
+    "  [--factor 2] [--iters 20] [--warmup 5] [--small-max-bytes 64K] [--small-iters 1000]\n"
+    "  [--dtype float32|float64|float16|bfloat16|int32|int64|uint8] [--tensors 1]\n"
+    "  [--inplace 0|1] [--reference 0|1] [--idle-seconds 3] [--csv FILE]\n"
+    "Run it under hybridrun: scripts/hybridrun -np N --servers M -- hybridps-bench ...\n";
+
+// "4096", "4K", "64M", "1G", "4KiB" -> bytes (binary multiples).
+absl::StatusOr<size_t> ParseBytes(absl::string_view text) {
+  std::string s = absl::AsciiStrToUpper(text);
+  for (absl::string_view suffix : {"IB", "B"}) {
+    if (s.size() > suffix.size() && absl::EndsWith(s, suffix)) {
+      s.resize(s.size() - suffix.size());
+      break;
+    }
+  }
+  size_t mult = 1;
+  if (!s.empty()) {
+    switch (s.back()) {
+      case 'K':
+        mult = kKiB;
+        break;
+      case 'M':
+        mult = kMiB;
+        break;
+      case 'G':
+        mult = kMiB * kKiB;
+        break;
+      default:
+        break;
+    }
+    if (mult != 1) s.pop_back();
+  }
+  uint64_t v = 0;
+  if (!absl::SimpleAtoi(s, &v)) {
+    return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not a size"));
+  }
+  return static_cast<size_t>(v) * mult;
+}
+
+absl::StatusOr<int> ParseInt(absl::string_view name, absl::string_view v, int min) {
+  int out = 0;
+  if (!absl::SimpleAtoi(v, &out) || out < min) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, " wants an integer >= ", min, ", not '", v, "'"));
+  }
+  return out;
+}
+
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    std::string name = argv[i], value;
+    if (name == "-h" || name == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    }
+    if (auto eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(name, " needs a value"));
+    }
+    if (name == "--backend") {
+      f.backend = value;
+    } else if (name == "--min-bytes") {
+      ASSIGN_OR_RETURN(f.min_bytes, ParseBytes(value));
+    } else if (name == "--max-bytes") {
+      ASSIGN_OR_RETURN(f.max_bytes, ParseBytes(value));
+    } else if (name == "--small-max-bytes") {
+      ASSIGN_OR_RETURN(f.small_max_bytes, ParseBytes(value));
+    } else if (name == "--factor") {
+      ASSIGN_OR_RETURN(int v, ParseInt(name, value, 2));
+      f.factor = static_cast<size_t>(v);
+    } else if (name == "--iters") {
+      ASSIGN_OR_RETURN(f.iters, ParseInt(name, value, 1));
+    } else if (name == "--warmup") {
+      ASSIGN_OR_RETURN(f.warmup, ParseInt(name, value, 0));
+    } else if (name == "--small-iters") {
+      ASSIGN_OR_RETURN(f.small_iters, ParseInt(name, value, 1));
+    } else if (name == "--dtype") {
+      ASSIGN_OR_RETURN(f.dtype, ParseDType(value));
+    } else if (name == "--tensors") {
+      ASSIGN_OR_RETURN(f.tensors, ParseInt(name, value, 1));
+    } else if (name == "--inplace") {
+      ASSIGN_OR_RETURN(int v, ParseInt(name, value, 0));
+      f.inplace = v != 0;
+    } else if (name == "--reference") {
+      ASSIGN_OR_RETURN(int v, ParseInt(name, value, 0));
+      f.reference = v != 0;
+    } else if (name == "--idle-seconds") {
+      if (!absl::SimpleAtod(value, &f.idle_seconds) || f.idle_seconds < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("bad --idle-seconds '", value, "'"));
+      }
+    } else if (name == "--csv") {
+      f.csv = value;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag ", name));
+    }
+  }
+  if (f.min_bytes == 0 || f.min_bytes > f.max_bytes) {
+    return absl::InvalidArgumentError("need 0 < --min-bytes <= --max-bytes");
+  }
+  return f;
+}
+
+// ---- statistics ------------------------------------------------------------------------
+
+struct Timing {
+  double median_us = 0;
+  double p99_us = 0;  // nearest rank
+  double min_us = 0;
+  size_t samples = 0;
+};
+
+Timing Summarize(std::vector<double> us) {
+  Timing t;
+  if (us.empty()) return t;
+  std::sort(us.begin(), us.end());
+  const size_t n = us.size();
+  t.samples = n;
+  t.median_us = n % 2 ? us[n / 2] : (us[n / 2 - 1] + us[n / 2]) / 2;
+  t.p99_us = us[static_cast<size_t>(std::ceil(0.99 * static_cast<double>(n))) - 1];
+  t.min_us = us.front();
+  return t;
+}
+
+double Micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+
+// Bytes per microsecond are 1e6 bytes per second: / 1e3 gives GB/s (1 GB = 1e9 bytes).
+double GBps(size_t bytes, double us) { return us > 0 ? static_cast<double>(bytes) / us / 1e3 : 0; }
+
+// ---- data: exact sums -----------------------------------------------------------------
+
+// Owns `bytes` of 64-byte-aligned memory.
+class Buffer {
+ public:
+  explicit Buffer(size_t bytes)
+      : data_(static_cast<unsigned char*>(
+            std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64)))) {
+    std::memset(data_.get(), 0, bytes);  // fault the pages in before anything is timed
+  }
+  unsigned char* get() const { return data_.get(); }
+
+ private:
+  struct Free {
+    void operator()(unsigned char* p) const { std::free(p); }
+  };
+  std::unique_ptr<unsigned char, Free> data_;
+};
+
+// The value worker `rank` contributes at element `i` on iterations of parity `parity`:
+// 1..4 on even iterations and 5..8 on odd ones, varying with the element's position, so a
+// stale, misplaced or missing contribution changes the sum.
+int Contribution(int rank, size_t i, int parity) {
+  const uint64_t mix = (static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull) >> 62;
+  return 1 + static_cast<int>((mix + static_cast<uint64_t>(rank)) & 3) + 4 * parity;
+}
+
+// Largest sum of small integers the type holds exactly (and, for uint8, below the
+// poison byte 0xff).
+int64_t ExactLimit(DType t) {
+  switch (t) {
+    case DType::kFloat16:
+      return 2048;
+    case DType::kBFloat16:
+      return 256;
+    case DType::kUInt8:
+      return 254;
+    case DType::kFloat32:
+      return int64_t{1} << 24;
+    default:
+      return std::numeric_limits<int32_t>::max();
+  }
+}
+
+void Store(DType t, unsigned char* p, int64_t v) {
+  const float f = static_cast<float>(v);
+  switch (t) {
+    case DType::kFloat32:
+      std::memcpy(p, &f, 4);
+      break;
+    case DType::kFloat64: {
+      double d = static_cast<double>(v);
+      std::memcpy(p, &d, 8);
+      break;
+    }
+    case DType::kFloat16: {
+      uint16_t h = FloatToHalf(f);
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DType::kBFloat16: {
+      uint16_t h = FloatToBFloat16(f);
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DType::kInt32: {
+      int32_t x = static_cast<int32_t>(v);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    case DType::kInt64:
+      std::memcpy(p, &v, 8);
+      break;
+    case DType::kUInt8:
+      *p = static_cast<unsigned char>(v);
+      break;
+  }
+}
+
+double Load(DType t, const unsigned char* p) {
+  float f;
+  double d;
+  uint16_t h;
+  int32_t i32;
+  int64_t i64;
+  switch (t) {
+    case DType::kFloat32:
+      std::memcpy(&f, p, 4);
+      return f;
+    case DType::kFloat64:
+      std::memcpy(&d, p, 8);
+      return d;
+    case DType::kFloat16:
+      std::memcpy(&h, p, 2);
+      return HalfToFloat(h);
+    case DType::kBFloat16:
+      std::memcpy(&h, p, 2);
+      return BFloat16ToFloat(h);
+    case DType::kInt32:
+      std::memcpy(&i32, p, 4);
+      return i32;
+    case DType::kInt64:
+      std::memcpy(&i64, p, 8);
+      return static_cast<double>(i64);
+    case DType::kUInt8:
+      return *p;
+  }
+  return 0;
+}
+
+// This worker's inputs and the exact sums, for both parities, over the largest size;
+// every size uses a prefix.
+struct Patterns {
+  std::unique_ptr<Buffer> input[2], expected[2];
+};
+
+Patterns MakePatterns(DType t, size_t count, int rank, int num_workers) {
+  const size_t es = DTypeSize(t);
+  Patterns p;
+  for (int parity = 0; parity < 2; ++parity) {
+    p.input[parity] = std::make_unique<Buffer>(count * es);
+    p.expected[parity] = std::make_unique<Buffer>(count * es);
+    for (size_t i = 0; i < count; ++i) {
+      int64_t sum = 0;
+      for (int r = 0; r < num_workers; ++r) sum += Contribution(r, i, parity);
+      Store(t, p.input[parity]->get() + i * es, Contribution(rank, i, parity));
+      Store(t, p.expected[parity]->get() + i * es, sum);
+    }
+  }
+  return p;
+}
+
+// ---- the reference: ZeroMQ echo over loopback TCP and memcpy ----------------------------
+
+// A DEALER (this thread) and a ROUTER (the echo thread, which sends every message back)
+// over tcp://127.0.0.1, in a context and with socket options like common/transport.cc's:
+// 2 I/O threads, no high-water marks, 4 MiB kernel buffers, zero-copy sends.
+class ZmqEcho {
+ public:
+  static absl::StatusOr<std::unique_ptr<ZmqEcho>> Start() {
+    std::unique_ptr<ZmqEcho> e(new ZmqEcho());
+    void* router = zmq_socket(e->ctx_, ZMQ_ROUTER);
+    e->dealer_ = zmq_socket(e->ctx_, ZMQ_DEALER);
+    if (router == nullptr || e->dealer_ == nullptr) return Error("zmq_socket");
+    for (void* s : {router, e->dealer_}) {
+      int zero = 0, buf = 4 << 20, timeout_ms = 30000;
+      zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
+      zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero);
+      zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+      zmq_setsockopt(s, ZMQ_SNDBUF, &buf, sizeof buf);
+      zmq_setsockopt(s, ZMQ_RCVBUF, &buf, sizeof buf);
+      zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
+    }
+    char endpoint[256];
+    size_t len = sizeof endpoint;
+    if (zmq_bind(router, "tcp://127.0.0.1:*") != 0 ||
+        zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, endpoint, &len) != 0) {
+      zmq_close(router);
+      return Error("bind tcp://127.0.0.1:*");
+    }
+    if (zmq_connect(e->dealer_, endpoint) != 0) {
+      zmq_close(router);
+      return Error("connect");
+    }
+    // The ROUTER is handed to the echo thread here and used by it only.
+    e->echo_ = std::thread([router] { EchoLoop(router); });
+    return e;
+  }
+
+  ~ZmqEcho() {
+    if (dealer_ != nullptr) zmq_close(dealer_);
+    zmq_ctx_shutdown(ctx_);  // the echo thread's recv returns ETERM
+    if (echo_.joinable()) echo_.join();
+    zmq_ctx_term(ctx_);
+  }
+
+  // Sends `size` bytes from `data` (zero-copy) as messages of at most `chunk` bytes, all
+  // at once, and waits for every echo; returns the round trip time. The echoes are
+  // checked after the clock stopped.
+  absl::StatusOr<double> RoundTripUs(const unsigned char* data, size_t size, size_t chunk) {
+    const size_t n = std::max<size_t>(1, (size + chunk - 1) / chunk);
+    // Initialised in place and never moved: a zmq_msg_t must not be copied bitwise.
+    std::unique_ptr<zmq_msg_t[]> in(new zmq_msg_t[n]);
+    for (size_t i = 0; i < n; ++i) zmq_msg_init(&in[i]);
+    auto part = [&](size_t i) { return std::min(chunk, size - i * chunk); };
+    int rc = 0;
+    const Clock::time_point t0 = Clock::now();
+    for (size_t i = 0; i < n && rc >= 0; ++i) {
+      zmq_msg_t out;
+      zmq_msg_init_data(&out, const_cast<unsigned char*>(data) + i * chunk, part(i), &NoFree,
+                        nullptr);
+      rc = zmq_msg_send(&out, dealer_, 0);
+      zmq_msg_close(&out);  // empty once sent
+    }
+    for (size_t i = 0; i < n && rc >= 0; ++i) rc = zmq_msg_recv(&in[i], dealer_, 0);
+    const Clock::time_point t1 = Clock::now();
+    absl::Status s;
+    if (rc < 0) s = Error("echo send/recv");
+    for (size_t i = 0; i < n && s.ok(); ++i) {
+      if (zmq_msg_size(&in[i]) != part(i) ||
+          (part(i) > 0 && std::memcmp(zmq_msg_data(&in[i]), data + i * chunk, part(i)) != 0)) {
+        s = absl::DataLossError(absl::StrCat("the ZeroMQ echo of message ", i, " (", part(i),
+                                             " bytes) came back different"));
+      }
+    }
+    for (size_t i = 0; i < n; ++i) zmq_msg_close(&in[i]);
+    if (!s.ok()) return s;
+    return Micros(t1 - t0);
+  }
+
+ private:
+  ZmqEcho() : ctx_(zmq_ctx_new()) {
+    zmq_ctx_set(ctx_, ZMQ_IO_THREADS, 2);
+    zmq_ctx_set(ctx_, ZMQ_BLOCKY, 0);
+  }
+  // The sender keeps the bytes alive until the echo thread is joined.
+  static void NoFree(void*, void*) {}
+  static absl::Status Error(absl::string_view what) {
+    return absl::UnavailableError(
+        absl::StrCat("ZeroMQ reference: ", what, ": ", zmq_strerror(zmq_errno())));
+  }
+  // Runs on the echo thread until the context is shut down. Our DEALER sends one frame,
+  // so the ROUTER receives [routing id][body]; anything else is dropped.
+  static void EchoLoop(void* router) {
+    zmq_msg_t id, body;
+    zmq_msg_init(&id);
+    zmq_msg_init(&body);
+    while (true) {
+      if (zmq_msg_recv(&id, router, 0) < 0) {
+        if (zmq_errno() == EAGAIN || zmq_errno() == EINTR) continue;
+        break;  // ETERM
+      }
+      if (!zmq_msg_more(&id)) continue;
+      if (zmq_msg_recv(&body, router, 0) < 0) break;
+      if (zmq_msg_more(&body)) {
+        while (zmq_msg_more(&body) && zmq_msg_recv(&body, router, 0) >= 0) {
+        }
+        continue;
+      }
+      if (zmq_msg_send(&id, router, ZMQ_SNDMORE) < 0 || zmq_msg_send(&body, router, 0) < 0) {
+        break;
+      }
+    }
+    zmq_msg_close(&id);
+    zmq_msg_close(&body);
+    zmq_close(router);
+  }
+
+  void* ctx_;
+  void* dealer_ = nullptr;
+  std::thread echo_;
+};
+
+// ---- the sweep ------------------------------------------------------------------------
+
+struct Row {
+  size_t bytes = 0, count = 0;
+  Timing ours;
+  // The echo of S bytes as one message; as messages of the job's partition size (only
+  // when S is larger); a memcpy of S bytes.
+  std::optional<Timing> echo, echo_parts, memcpy;
+};
+
+std::vector<size_t> Sizes(const Flags& f) {
+  std::vector<size_t> out;
+  const size_t es = DTypeSize(f.dtype);
+  for (size_t s = f.min_bytes; s <= f.max_bytes; s *= f.factor) {
+    if (s >= es) out.push_back(s / es * es);
+    if (s > std::numeric_limits<size_t>::max() / f.factor) break;
+  }
+  return out;
+}
+
+int ItersFor(const Flags& f, size_t bytes) {
+  return bytes <= f.small_max_bytes ? std::max(f.iters, f.small_iters) : f.iters;
+}
+int WarmupFor(const Flags& f, size_t bytes) {
+  return bytes <= f.small_max_bytes ? std::max(f.warmup, f.small_iters / 10) : f.warmup;
+}
+
+// The reference figures of every size (rank 0, before the sweep).
+absl::Status MeasureReference(const Flags& f, const std::vector<size_t>& sizes,
+                              size_t partition_bytes, const Buffer& src, Buffer& dst,
+                              std::vector<Row>& rows) {
+  ASSIGN_OR_RETURN(auto echo, ZmqEcho::Start());
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const size_t s = sizes[k];
+    const int iters = ItersFor(f, s), warmup = WarmupFor(f, s);
+    std::vector<double> echo_us, parts_us, copy_us;
+    for (int i = 0; i < warmup + iters; ++i) {
+      ASSIGN_OR_RETURN(double us, echo->RoundTripUs(src.get(), s, s));
+      if (i >= warmup) echo_us.push_back(us);
+    }
+    if (s > partition_bytes) {
+      for (int i = 0; i < warmup + iters; ++i) {
+        ASSIGN_OR_RETURN(double us, echo->RoundTripUs(src.get(), s, partition_bytes));
+        if (i >= warmup) parts_us.push_back(us);
+      }
+      rows[k].echo_parts = Summarize(std::move(parts_us));
+    }
+    for (int i = 0; i < warmup + iters; ++i) {
+      const Clock::time_point t0 = Clock::now();
+      std::memcpy(dst.get(), src.get(), s);
+      const Clock::time_point t1 = Clock::now();
+      if (i >= warmup) copy_us.push_back(Micros(t1 - t0));
+    }
+    if (std::memcmp(dst.get(), src.get(), s) != 0) {
+      return absl::InternalError(absl::StrCat("memcpy of ", s, " bytes is wrong"));
+    }
+    rows[k].echo = Summarize(std::move(echo_us));
+    rows[k].memcpy = Summarize(std::move(copy_us));
+  }
+  return absl::OkStatus();
+}
+
+// The push_pull figures of one size; checks every iteration's result.
+absl::StatusOr<Timing> MeasurePushPull(const Flags& f, KVStore& kv, size_t bytes,
+                                       const Patterns& pat, Buffer& work) {
+  const size_t es = DTypeSize(f.dtype), count = bytes / es;
+  const size_t k = std::min<size_t>(static_cast<size_t>(f.tensors), count);
+  // Tensor j covers elements [first[j], first[j + 1]).
+  std::vector<size_t> first(k + 1);
+  for (size_t j = 0; j <= k; ++j) first[j] = count / k * j + std::min(j, count % k);
+  std::vector<std::string> names(k);
+  for (size_t j = 0; j < k; ++j) names[j] = absl::StrCat("bench/", bytes, "/", j);
+  auto view = [&](unsigned char* base, size_t j) {
+    return TensorView{base + first[j] * es, first[j + 1] - first[j], f.dtype};
+  };
+  const int iters = ItersFor(f, bytes), warmup = WarmupFor(f, bytes);
+  std::vector<double> us;
+  std::vector<Handle> handles;
+  handles.reserve(k);
+  for (int it = 0; it < warmup + iters; ++it) {
+    const int parity = it % 2;
+    unsigned char* in = pat.input[parity]->get();
+    if (f.inplace) {
+      std::memcpy(work.get(), in, bytes);
+      in = work.get();
+    } else {
+      std::memset(work.get(), 0xff, bytes);  // poison: NaN or -1, never a valid sum
+    }
+    handles.clear();
+    const Clock::time_point t0 = Clock::now();
+    for (size_t j = 0; j < k; ++j) {
+      ASSIGN_OR_RETURN(Handle h, kv.PushPullAsync(names[j], view(in, j), view(work.get(), j)));
+      handles.push_back(std::move(h));
+    }
+    for (const Handle& h : handles) RETURN_IF_ERROR(h.Wait());
+    const Clock::time_point t1 = Clock::now();
+    if (it >= warmup) us.push_back(Micros(t1 - t0));
+    const unsigned char* want = pat.expected[parity]->get();
+    if (std::memcmp(work.get(), want, bytes) != 0) {
+      size_t i = 0;
+      while (std::memcmp(work.get() + i * es, want + i * es, es) == 0) ++i;
+      size_t j = 0;
+      while (first[j + 1] <= i) ++j;
+      return absl::DataLossError(
+          absl::StrCat("MISMATCH in push_pull of ", bytes, " bytes (", count, " ",
+                       DTypeName(f.dtype), "), iteration ", it, ", tensor '", names[j],
+                       "' element ", i - first[j], ": got ", Load(f.dtype, work.get() + i * es),
+                       ", expected the exact sum ", Load(f.dtype, want + i * es)));
+    }
+  }
+  return Summarize(std::move(us));
+}
+
+// ---- idle CPU -------------------------------------------------------------------------
+
+struct JobProcess {
+  int pid = 0;
+  std::string label;  // "worker 0 (hybridps-bench)"
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Every process whose environment has our HYBRIDPS_SCHEDULER_PORT value: the workers and
+// servers of this job. The scheduler itself was started with port 0 (it picks one and
+// writes it to a file), so it is recognised by the job's token instead.
+std::vector<JobProcess> FindJobProcesses(const std::string& port, const std::string& token) {
+  std::vector<JobProcess> out;
+  std::unique_ptr<DIR, int (*)(DIR*)> proc(opendir("/proc"), &closedir);
+  if (!proc) return out;
+  while (dirent* e = readdir(proc.get())) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
+    const std::string dir = absl::StrCat("/proc/", pid);
+    std::string role, rank;
+    bool same_port = false, same_token = false;
+    for (absl::string_view var : absl::StrSplit(ReadFile(dir + "/environ"), '\0')) {
+      auto [key, value] = std::pair<absl::string_view, absl::string_view>(
+          absl::StrSplit(var, absl::MaxSplits('=', 1)));
+      if (key == "HYBRIDPS_SCHEDULER_PORT") same_port = !port.empty() && value == port;
+      if (key == "HYBRIDPS_JOB_TOKEN") same_token = !token.empty() && value == token;
+      if (key == "HYBRIDPS_ROLE") role = std::string(value);
+      if (key == "HYBRIDPS_RANK") rank = std::string(value);
+    }
+    if (!same_port && !(same_token && role == "scheduler")) continue;
+    // argv[0]'s base name (comm is cut at 15 characters).
+    std::string cmd = ReadFile(dir + "/cmdline");
+    cmd = cmd.substr(0, cmd.find('\0'));
+    std::string comm = cmd.substr(cmd.rfind('/') == std::string::npos ? 0 : cmd.rfind('/') + 1);
+    std::string label = role.empty() ? "?" : role;
+    if (role != "scheduler" && !rank.empty()) absl::StrAppend(&label, " ", rank);
+    out.push_back(JobProcess{pid, absl::StrCat(label, " (", comm, ")")});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const JobProcess& a, const JobProcess& b) { return a.label < b.label; });
+  return out;
+}
+
+struct CpuSample {
+  bool ok = false;
+  double stat_seconds = 0;  // utime + stime of /proc/PID/stat
+  double run_seconds = 0;   // sum over threads of /proc/PID/task/*/schedstat (ns clock)
+  int64_t switches = 0;     // context switches of every thread: wakeups
+};
+
+CpuSample SampleCpu(int pid) {
+  CpuSample s;
+  const std::string dir = absl::StrCat("/proc/", pid);
+  const std::string stat = ReadFile(dir + "/stat");
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return s;
+  // The fields after "(comm)" start at field 3 (state); utime and stime are 14 and 15.
+  std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
+  int64_t utime = 0, stime = 0;
+  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &utime) ||
+      !absl::SimpleAtoi(fields[12], &stime)) {
+    return s;
+  }
+  s.ok = true;
+  s.stat_seconds = static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+  std::unique_ptr<DIR, int (*)(DIR*)> tasks(opendir((dir + "/task").c_str()), &closedir);
+  while (dirent* e = tasks ? readdir(tasks.get()) : nullptr) {
+    if (e->d_name[0] == '.') continue;
+    const std::string t = absl::StrCat(dir, "/task/", e->d_name);
+    int64_t run_ns = 0;
+    std::vector<std::string> sched = absl::StrSplit(ReadFile(t + "/schedstat"), ' ');
+    if (!sched.empty() && absl::SimpleAtoi(sched[0], &run_ns)) {
+      s.run_seconds += static_cast<double>(run_ns) / 1e9;
+    }
+    for (absl::string_view line : absl::StrSplit(ReadFile(t + "/status"), '\n')) {
+      if (!absl::StrContains(line, "ctxt_switches:")) continue;
+      int64_t n = 0;
+      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(line.find(':') + 1)), &n)) {
+        s.switches += n;
+      }
+    }
+  }
+  return s;
+}
+
+struct IdleFigure {
+  JobProcess proc;
+  double cpu_pct = 0;  // from utime + stime (clock-tick resolution)
+  double run_pct = 0;  // from schedstat (ns resolution)
+  double wakeups_per_s = 0;
+};
+
+std::vector<IdleFigure> MeasureIdle(double seconds, const std::string& port,
+                                    const std::string& token) {
+  std::vector<JobProcess> procs = FindJobProcesses(port, token);
+  std::vector<CpuSample> before(procs.size());
+  for (size_t i = 0; i < procs.size(); ++i) before[i] = SampleCpu(procs[i].pid);
+  const Clock::time_point t0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  std::vector<CpuSample> after(procs.size());
+  for (size_t i = 0; i < procs.size(); ++i) after[i] = SampleCpu(procs[i].pid);
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::vector<IdleFigure> out;
+  for (size_t i = 0; i < procs.size(); ++i) {
+    if (!before[i].ok || !after[i].ok) continue;
+    IdleFigure fig;
+    fig.proc = procs[i];
+    fig.cpu_pct = 100 * (after[i].stat_seconds - before[i].stat_seconds) / wall;
+    fig.run_pct = 100 * (after[i].run_seconds - before[i].run_seconds) / wall;
+    fig.wakeups_per_s = static_cast<double>(after[i].switches - before[i].switches) / wall;
+    out.push_back(std::move(fig));
+  }
+  return out;
+}
+
+// ---- output ---------------------------------------------------------------------------
+
+void PrintHeader(const Flags& f, absl::string_view backend, int workers, int servers,
+                 const Options& o, double busbw_factor) {
+  std::printf(
+      "# hybridps-bench: %s push_pull, %d workers, %d servers, dtype %s, %d tensor(s) in "
+      "flight per size, %s\n"
+      "# partition %zu bytes, credit %zu bytes, %u hardware threads on this host\n"
+      "# iterations: %d timed after %d warmup (sizes <= %zu bytes: %d after %d); every "
+      "result checked against the exact sum\n"
+      "# time   = median per-iteration time (= p50); p99 (nearest rank) where >= 100 "
+      "iterations were timed (sizes <= %zu bytes)\n"
+      "# algbw  = S / time (GB/s, 1 GB = 1e9 bytes); busbw = algbw * %.3g (%s)\n"
+      "# goodput = bytes pushed per second per worker = S / time\n",
+      std::string(backend).c_str(), workers, servers, std::string(DTypeName(f.dtype)).c_str(),
+      f.tensors, f.inplace ? "in-place" : "out-of-place", o.partition_bytes, o.credit_bytes,
+      std::thread::hardware_concurrency(), f.iters, f.warmup, f.small_max_bytes,
+      std::max(f.iters, f.small_iters), std::max(f.warmup, f.small_iters / 10), f.small_max_bytes,
+      busbw_factor, backend == "dist_allreduce" ? "allreduce: 2(n-1)/n" : "push_pull: factor 1");
+  if (f.reference) {
+    std::printf(
+        "# reference (rank 0, before the sweep, same iterations and statistics), the "
+        "transport ceiling: a plain ZeroMQ DEALER->ROUTER->DEALER echo over loopback TCP "
+        "between two threads of this process\n"
+        "#   echo   = S bytes sent as one message, echoed back once whole; echo_bw = S / echo "
+        "time\n"
+        "#   echoP  = S bytes sent at once as messages of the partition size (%zu bytes), each "
+        "echoed as it arrives, like push_pull's partitions (only where S > partition)\n"
+        "#   %%ref   = best echo time / our time;  memcpy = S / median time of a memcpy of S "
+        "bytes\n",
+        o.partition_bytes);
+  }
+  std::printf("#\n# %11s %10s %8s %10s %9s %8s %8s %8s |%10s %9s %8s %10s %8s %6s %8s\n", "size(B)",
+              "count", "dtype", "time(us)", "p99(us)", "algbw", "busbw", "goodput", "echo(us)",
+              "echo_p99", "echo_bw", "echoP(us)", "echoP_bw", "%ref", "memcpy");
+  std::fflush(stdout);
+}
+
+std::string Fixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+void PrintRow(const Flags& f, const Row& r, double busbw_factor) {
+  const bool p99 = r.ours.samples >= 100;
+  const double bw = GBps(r.bytes, r.ours.median_us);
+  std::string ref =
+      absl::StrFormat("%10s %9s %8s %10s %8s %6s %8s", "-", "-", "-", "-", "-", "-", "-");
+  if (r.echo && r.memcpy) {
+    double best = r.echo->median_us;
+    std::string parts = absl::StrFormat("%10s %8s", "-", "-");
+    if (r.echo_parts) {
+      best = std::min(best, r.echo_parts->median_us);
+      parts = absl::StrFormat("%10.1f %8.3f", r.echo_parts->median_us,
+                              GBps(r.bytes, r.echo_parts->median_us));
+    }
+    ref = absl::StrFormat("%10.1f %9s %8.3f %s %6.1f %8.2f", r.echo->median_us,
+                          r.echo->samples >= 100 ? Fixed(r.echo->p99_us, 1) : "-",
+                          GBps(r.bytes, r.echo->median_us), parts, 100 * best / r.ours.median_us,
+                          GBps(r.bytes, r.memcpy->median_us));
+  }
+  std::printf("  %11zu %10zu %8s %10.1f %9s %8.3f %8.3f %8.3f |%s\n", r.bytes, r.count,
+              std::string(DTypeName(f.dtype)).c_str(), r.ours.median_us,
+              p99 ? Fixed(r.ours.p99_us, 1).c_str() : "-", bw, bw * busbw_factor, bw, ref.c_str());
+  std::fflush(stdout);
+}
+
+const Row* FindRow(const std::vector<Row>& rows, size_t bytes) {
+  for (const Row& r : rows) {
+    if (r.bytes == bytes) return &r;
+  }
+  return nullptr;
+}
+
+void PrintSummary(const std::vector<Row>& rows, const std::vector<IdleFigure>& idle,
+                  bool idle_measured) {
+  std::string goodput = "4 MiB goodput n/a (not in the sweep)";
+  if (const Row* r = FindRow(rows, kGoodputSize)) {
+    const double g = GBps(r->bytes, r->ours.median_us);
+    goodput = absl::StrFormat("4 MiB goodput %.3f GB/s (target >= %.1f: %s)", g, kGoodputTargetGBps,
+                              g >= kGoodputTargetGBps ? "met" : "NOT MET");
+  }
+  std::string latency = "4 KiB latency n/a (not in the sweep)";
+  if (const Row* r = FindRow(rows, kLatencySize)) {
+    latency = absl::StrFormat("4 KiB latency p50 %.1f us, p99 %.1f us (target p50 <= %.0f: %s)",
+                              r->ours.median_us, r->ours.p99_us, kLatencyTargetUs,
+                              r->ours.median_us <= kLatencyTargetUs ? "met" : "NOT MET");
+  }
+  std::string cpu = "idle CPU not measured";
+  if (idle_measured) {
+    double max_pct = 0, total = 0;
+    for (const IdleFigure& fig : idle) {
+      max_pct = std::max(max_pct, fig.cpu_pct);
+      total += fig.cpu_pct;
+    }
+    cpu = absl::StrFormat(
+        "idle CPU max %.2f%%, total %.2f%% over %zu processes (target ~0, "
+        "each <= %.0f%%: %s)",
+        max_pct, total, idle.size(), kIdleTargetPct,
+        !idle.empty() && max_pct <= kIdleTargetPct ? "met" : "NOT MET");
+  }
+  std::printf("# SUMMARY: %s | %s | %s\n", goodput.c_str(), latency.c_str(), cpu.c_str());
+  std::fflush(stdout);
+}
+
+absl::Status WriteCsv(const std::string& path, const std::vector<Row>& rows,
+                      const std::vector<IdleFigure>& idle) {
+  std::ofstream out(path);
+  out << "kind,bytes,count,time_us,p99_us,goodput_gbps,echo_us,echo_p99_us,echo_gbps,"
+         "echop_us,echop_gbps,memcpy_gbps\n";
+  for (const Row& r : rows) {
+    out << "pushpull," << r.bytes << "," << r.count << "," << r.ours.median_us << ","
+        << r.ours.p99_us << "," << GBps(r.bytes, r.ours.median_us) << ",";
+    if (r.echo && r.memcpy) {
+      out << r.echo->median_us << "," << r.echo->p99_us << "," << GBps(r.bytes, r.echo->median_us)
+          << ",";
+      if (r.echo_parts) {
+        out << r.echo_parts->median_us << "," << GBps(r.bytes, r.echo_parts->median_us);
+      } else {
+        out << ",";
+      }
+      out << "," << GBps(r.bytes, r.memcpy->median_us);
+    } else {
+      out << ",,,,,";
+    }
+    out << "\n";
+  }
+  out << "kind,process,pid,cpu_pct,run_pct,wakeups_per_s\n";
+  for (const IdleFigure& f : idle) {
+    out << "idle," << f.proc.label << "," << f.proc.pid << "," << f.cpu_pct << "," << f.run_pct
+        << "," << f.wakeups_per_s << "\n";
+  }
+  out.close();
+  if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+absl::Status Run(const Flags& f, const Options& options, absl::string_view backend, KVStore& kv) {
+  const int rank = kv.rank(), n = kv.num_workers();
+  if (static_cast<int64_t>(n) * kMaxValue > ExactLimit(f.dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("with ", n, " workers the sums exceed what ", DTypeName(f.dtype),
+                     " holds exactly (", ExactLimit(f.dtype), "); use fewer workers or float32"));
+  }
+  const std::vector<size_t> sizes = Sizes(f);
+  if (sizes.empty()) return absl::InvalidArgumentError("no size to measure");
+  const size_t max_bytes = sizes.back(), es = DTypeSize(f.dtype);
+  const Patterns pat = MakePatterns(f.dtype, max_bytes / es, rank, n);
+  Buffer work(max_bytes);
+  const double busbw_factor = backend == "dist_allreduce" ? 2.0 * (n - 1) / std::max(n, 1) : 1.0;
+
+  std::vector<Row> rows(sizes.size());
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    rows[k].bytes = sizes[k];
+    rows[k].count = sizes[k] / es;
+  }
+  if (rank == 0 && f.reference) {
+    std::printf("# measuring the ZeroMQ echo and memcpy reference...\n");
+    std::fflush(stdout);
+    RETURN_IF_ERROR(MeasureReference(f, sizes, options.partition_bytes, *pat.input[0], work, rows));
+  }
+  RETURN_IF_ERROR(kv.Barrier());
+  if (rank == 0) PrintHeader(f, backend, n, options.num_servers, options, busbw_factor);
+  for (Row& r : rows) {
+    ASSIGN_OR_RETURN(r.ours, MeasurePushPull(f, kv, r.bytes, pat, work));
+    if (rank == 0) PrintRow(f, r, busbw_factor);
+  }
+
+  // Idle: everyone waits at a barrier while rank 0 watches the job's processes.
+  std::vector<IdleFigure> idle;
+  const bool measure_idle = f.idle_seconds > 0;
+  if (measure_idle) {
+    RETURN_IF_ERROR(kv.Barrier());
+    if (rank == 0) {
+      const char* port = std::getenv("HYBRIDPS_SCHEDULER_PORT");
+      idle = MeasureIdle(f.idle_seconds, port ? port : "", options.job_token);
+      std::printf(
+          "#\n# idle CPU over %.1f s after a barrier, nothing sent (processes whose environment "
+          "has HYBRIDPS_SCHEDULER_PORT=%s, and the job's scheduler)\n"
+          "# cpu%% = utime+stime (/proc/PID/stat) / wall; run%% = same from "
+          "/proc/PID/task/*/schedstat (ns); wakeups/s = context switches of all threads\n"
+          "# %8s  %-36s %7s %7s %10s\n",
+          f.idle_seconds, port ? port : "(unset)", "pid", "process", "cpu%", "run%", "wakeups/s");
+      for (const IdleFigure& fig : idle) {
+        std::printf("  %8d  %-36s %7.2f %7.3f %10.1f\n", fig.proc.pid, fig.proc.label.c_str(),
+                    fig.cpu_pct, fig.run_pct, fig.wakeups_per_s);
+      }
+      if (idle.empty()) std::printf("  (no process of this job found under /proc)\n");
+    }
+    RETURN_IF_ERROR(kv.Barrier());
+  }
+  if (rank == 0) {
+    PrintSummary(rows, idle, measure_idle);
+    if (!f.csv.empty()) RETURN_IF_ERROR(WriteCsv(f.csv, rows, idle));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace hybridps
+
+int main(int argc, char** argv) {
+  auto flags = hybridps::ParseFlags(argc, argv);
+  if (!flags.ok()) {
+    std::fprintf(stderr, "hybridps-bench: %s\n%s", std::string(flags.status().message()).c_str(),
+                 hybridps::kUsage);
+    return 2;
+  }
+  auto options = hybridps::OptionsFromEnvironment();
+  if (!options.ok()) {
+    std::fprintf(stderr, "hybridps-bench: %s\n", options.status().ToString().c_str());
+    return 2;
+  }
+  const std::string backend = flags->backend.empty() ? options->backend : flags->backend;
+  auto kv = hybridps::KVStore::Create(backend, *options);
+  if (!kv.ok()) {
+    std::fprintf(stderr, "hybridps-bench: cannot join the job: %s\n",
+                 kv.status().ToString().c_str());
+    return 1;
+  }
+  absl::Status s = hybridps::Run(*flags, *options, backend, **kv);
+  if (!s.ok()) {
+    std::fprintf(stderr, "hybridps-bench: worker %d: %s\n", (*kv)->rank(), s.ToString().c_str());
+    return 1;
+  }
+  s = (*kv)->Shutdown();
+  if (!s.ok()) {
+    std::fprintf(stderr, "hybridps-bench: shutdown: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

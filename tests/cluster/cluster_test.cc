@@ -1,0 +1,159 @@
+// The parameter server as threads of one process: exact sums over many rounds, many keys
+// at once, mixed priorities, tiny partitions that make small tensors span servers.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/dtype.h"
+#include "tests/cluster/local_cluster.h"
+#include "tests/cluster/tensor_fill.h"
+#include "worker/ps_store.h"
+
+namespace hybridps::testing {
+namespace {
+
+struct Param {
+  std::string transport;
+  int workers;
+  int servers;
+};
+
+std::string Name(const ::testing::TestParamInfo<Param>& info) {
+  return absl::StrCat(info.param.transport, "_w", info.param.workers, "_s",
+                      info.param.servers);
+}
+
+class ClusterTest : public ::testing::TestWithParam<Param> {
+ protected:
+  std::unique_ptr<LocalCluster> StartCluster(size_t partition_bytes) {
+    ClusterConfig c;
+    c.transport = GetParam().transport;
+    c.workers = GetParam().workers;
+    c.servers = GetParam().servers;
+    c.partition_bytes = partition_bytes;
+    auto cl = LocalCluster::Start(c);
+    EXPECT_TRUE(cl.ok()) << cl.status();
+    return cl.ok() ? std::move(*cl) : nullptr;
+  }
+};
+
+constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                                DType::kBFloat16, DType::kInt32,   DType::kInt64,
+                                DType::kUInt8};
+
+TEST_P(ClusterTest, ExactSumsManyKeysRoundsAndPriorities) {
+  auto cluster = StartCluster(/*partition_bytes=*/256);
+  ASSERT_NE(cluster, nullptr);
+  const int n = cluster->num_workers();
+  const std::vector<size_t> sizes = {0, 1, 7, 64, 65, 1000, 4099};
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    struct T {
+      std::string name;
+      Buffer in, out;
+      bool inplace;
+    };
+    std::vector<T> tensors;
+    int salt = 0;
+    for (DType dt : kAllDTypes) {
+      for (size_t size : sizes) {
+        const bool inplace = (salt % 2) == 0;
+        tensors.push_back(T{absl::StrCat(DTypeName(dt), "/", size), Buffer(dt, size),
+                            Buffer(dt, size), inplace});
+        ++salt;
+      }
+    }
+    for (int round = 0; round < 3; ++round) {
+      std::vector<Handle> handles;
+      for (size_t t = 0; t < tensors.size(); ++t) {
+        T& x = tensors[t];
+        x.in.Fill(rank, round, static_cast<int>(t));
+        auto h = kv->PushPullAsync(x.name, x.in.view(), x.inplace ? x.in.view() : x.out.view(),
+                                   /*priority=*/static_cast<int>(t % 5) - 2);
+        ASSERT_TRUE(h.ok()) << h.status();
+        handles.push_back(*h);
+      }
+      for (auto& h : handles) ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+      for (size_t t = 0; t < tensors.size(); ++t) {
+        T& x = tensors[t];
+        const Buffer& result = x.inplace ? x.in : x.out;
+        for (size_t i = 0; i < x.in.count; ++i) {
+          double want = 0;
+          for (int r = 0; r < n; ++r) want += Value(i, r, round, static_cast<int>(t));
+          ASSERT_EQ(result.at(i), want) << x.name << " element " << i << " round " << round;
+        }
+        if (!x.inplace) {  // The input is left as it was.
+          for (size_t i = 0; i < x.in.count; ++i) {
+            ASSERT_EQ(x.in.at(i), Value(i, rank, round, static_cast<int>(t))) << x.name;
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST_P(ClusterTest, LargeTensorsWithDefaultPartitions) {
+  auto cluster = StartCluster(4 << 20);
+  ASSERT_NE(cluster, nullptr);
+  const int n = cluster->num_workers();
+  // 10 MiB + 3 elements: three partitions of the default 4 MiB, spread over the servers.
+  const size_t count = (10 << 20) / 4 + 3;
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    Buffer a(DType::kFloat32, count);
+    for (int round = 0; round < 2; ++round) {
+      a.Fill(rank, round, 1);
+      ASSERT_TRUE(kv->PushPull("big", a.view(), a.view()).ok());
+      for (size_t i = 0; i < count; i += 997) {
+        double want = 0;
+        for (int r = 0; r < n; ++r) want += Value(i, r, round, 1);
+        ASSERT_EQ(a.at(i), want) << i;
+      }
+    }
+    auto* ps = dynamic_cast<PsStore*>(kv);
+    ASSERT_NE(ps, nullptr);
+    uint64_t total = 0;
+    for (uint64_t c : ps->PushesPerServer()) total += c;
+    EXPECT_EQ(total, 2u * 3u);  // 2 rounds x 3 partitions, one push each
+  });
+}
+
+TEST_P(ClusterTest, BroadcastFromEveryRoot) {
+  auto cluster = StartCluster(256);
+  ASSERT_NE(cluster, nullptr);
+  const int n = cluster->num_workers();
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    for (int root = 0; root < n; ++root) {
+      Buffer w(DType::kFloat32, 1000), b(DType::kInt64, 3);
+      w.Fill(rank, 0, 0);
+      b.Fill(rank, 0, 9);
+      auto h1 = kv->BroadcastAsync("w", w.view(), root, 1);
+      auto h2 = kv->BroadcastAsync("b", b.view(), root, 0);
+      ASSERT_TRUE(h1.ok() && h2.ok());
+      ASSERT_TRUE(h1->Wait().ok()) << h1->Wait();
+      ASSERT_TRUE(h2->Wait().ok()) << h2->Wait();
+      for (size_t i = 0; i < w.count; ++i) ASSERT_EQ(w.at(i), Value(i, root, 0, 0));
+      for (size_t i = 0; i < b.count; ++i) ASSERT_EQ(b.at(i), Value(i, root, 0, 9));
+    }
+    // A broadcast and push_pulls on the same name keep their order.
+    Buffer x(DType::kFloat32, 100);
+    x.Fill(rank, 0, 3);
+    ASSERT_TRUE(kv->Broadcast("mixed", x.view(), n - 1).ok());
+    ASSERT_TRUE(kv->PushPull("mixed", x.view(), x.view()).ok());
+    for (size_t i = 0; i < x.count; ++i) ASSERT_EQ(x.at(i), n * Value(i, n - 1, 0, 3));
+    ASSERT_TRUE(kv->Barrier().ok());
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sizes, ClusterTest,
+    ::testing::Values(Param{"inproc", 1, 1}, Param{"inproc", 1, 3}, Param{"inproc", 2, 1},
+                      Param{"inproc", 2, 2}, Param{"inproc", 2, 3}, Param{"inproc", 4, 1},
+                      Param{"inproc", 4, 2}, Param{"inproc", 4, 3}, Param{"tcp", 1, 1},
+                      Param{"tcp", 2, 2}, Param{"tcp", 4, 3}, Param{"tcp", 2, 3},
+                      Param{"ipc", 2, 2}),
+    Name);
+
+}  // namespace
+}  // namespace hybridps::testing

@@ -1,0 +1,110 @@
+#include "tests/cluster/local_cluster.h"
+
+#include <atomic>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status.h"
+
+namespace hybridps::testing {
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterConfig& c) {
+  static std::atomic<int> counter{0};
+  std::unique_ptr<LocalCluster> cl(new LocalCluster());
+  cl->ctx_ = std::make_shared<Context>();
+  Options& o = cl->options_;
+  o.num_workers = c.workers;
+  o.num_servers = c.servers;
+  o.transport = c.transport;
+  o.partition_bytes = c.partition_bytes;
+  o.credit_bytes = c.credit_bytes;
+  o.server_threads = c.server_threads;
+  o.heartbeat_interval = c.heartbeat_interval;
+  o.heartbeat_timeout = c.heartbeat_timeout;
+  o.op_timeout = c.op_timeout;
+  o.start_timeout = c.start_timeout;
+  o.log_level = 1;
+  const int id = counter++;
+  if (c.transport == "inproc") {
+    o.scheduler_endpoint = absl::StrCat("inproc://scheduler-", id);
+  } else if (c.transport == "ipc") {
+    o.scheduler_endpoint = absl::StrCat("ipc:///tmp/hybridps-test-", getpid(), "-", id);
+  } else {
+    o.scheduler_endpoint = "tcp://127.0.0.1:0";
+  }
+  Options so = o;
+  so.role = Role::kScheduler;
+  ASSIGN_OR_RETURN(cl->scheduler_, Scheduler::Create(*cl->ctx_, so));
+  o.scheduler_endpoint = cl->scheduler_->endpoint();
+  Scheduler* sched = cl->scheduler_.get();
+  cl->scheduler_thread_ = std::thread([sched, done = cl->scheduler_done_] {
+    (void)sched->Run();
+    done->store(true);
+  });
+  for (int i = 0; i < c.servers; ++i) {
+    Options sv = o;
+    sv.role = Role::kServer;
+    ASSIGN_OR_RETURN(auto server, Server::Create(*cl->ctx_, sv));
+    Server* raw = server.get();
+    cl->servers_.push_back(std::move(server));
+    cl->server_threads_.emplace_back([raw] { (void)raw->Run(); });
+  }
+  cl->workers_.resize(c.workers);
+  std::vector<absl::Status> status(c.workers);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < c.workers; ++i) {
+    threads.emplace_back([&, i] {
+      Options wo = o;
+      wo.role = Role::kWorker;
+      wo.rank = i;
+      auto store = KVStore::Create("dist_hybrid", wo, cl->ctx_);
+      if (store.ok()) {
+        cl->workers_[i] = std::move(*store);
+      } else {
+        status[i] = store.status();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& s : status) RETURN_IF_ERROR(s);
+  return cl;
+}
+
+LocalCluster::~LocalCluster() {
+  std::vector<std::thread> threads;
+  for (auto& w : workers_) {
+    threads.emplace_back([&w] { w.reset(); });
+  }
+  for (auto& t : threads) t.join();
+  // With every worker gone the scheduler shuts the servers down (after declaring dead any
+  // worker that left without finalising); Stop() bounds it anyway.
+  const absl::Time deadline = absl::Now() + 3 * options_.heartbeat_timeout;
+  while (!scheduler_done_->load() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  scheduler_->Stop();
+  scheduler_thread_.join();
+  for (size_t i = 0; i < servers_.size(); ++i) {
+    if (server_threads_[i].joinable()) {
+      servers_[i]->Stop();
+      server_threads_[i].join();
+    }
+  }
+  servers_.clear();
+  scheduler_.reset();
+}
+
+void LocalCluster::RunOnWorkers(const std::function<void(int, KVStore*)>& fn) {
+  std::vector<std::thread> threads;
+  for (int i = 0; i < num_workers(); ++i) {
+    threads.emplace_back([&, i] { fn(i, workers_[i].get()); });
+  }
+  for (auto& t : threads) t.join();
+}
+
+void LocalCluster::KillServer(int i) {
+  servers_[i]->Stop();
+  server_threads_[i].join();
+}
+
+}  // namespace hybridps::testing

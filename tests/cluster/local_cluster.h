@@ -1,0 +1,66 @@
+// A whole job — scheduler, servers and workers — as threads of the test process, over
+// inproc://, ipc:// or tcp:// loopback.
+#ifndef HYBRIDPS_TESTS_CLUSTER_LOCAL_CLUSTER_H_
+#define HYBRIDPS_TESTS_CLUSTER_LOCAL_CLUSTER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/options.h"
+#include "common/transport.h"
+#include "scheduler/scheduler.h"
+#include "server/server.h"
+#include "worker/kvstore.h"
+
+namespace hybridps::testing {
+
+struct ClusterConfig {
+  int workers = 2;
+  int servers = 1;
+  std::string transport = "inproc";  // inproc | ipc | tcp
+  size_t partition_bytes = 4 << 20;
+  size_t credit_bytes = 64 << 20;
+  int server_threads = 2;
+  absl::Duration heartbeat_interval = absl::Milliseconds(100);
+  absl::Duration heartbeat_timeout = absl::Seconds(1);
+  absl::Duration op_timeout = absl::Seconds(30);
+  absl::Duration start_timeout = absl::Seconds(20);
+};
+
+class LocalCluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const ClusterConfig& config);
+  // Shuts the workers down, then waits for the servers and the scheduler to end.
+  ~LocalCluster();
+
+  KVStore* worker(int i) { return workers_[i].get(); }
+  Server* server(int i) { return servers_[i].get(); }
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+  // Runs fn(rank, store) on one thread per worker and joins them.
+  void RunOnWorkers(const std::function<void(int, KVStore*)>& fn);
+  // Stops server i as if it had crashed (it stops answering and heartbeating).
+  void KillServer(int i);
+  // Destroys worker i's store (leaving the job in order).
+  void CloseWorker(int i) { workers_[i].reset(); }
+  const Options& options() const { return options_; }
+
+ private:
+  LocalCluster() = default;
+  std::shared_ptr<Context> ctx_;
+  Options options_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::thread scheduler_thread_;
+  std::shared_ptr<std::atomic<bool>> scheduler_done_ = std::make_shared<std::atomic<bool>>();
+  std::vector<std::unique_ptr<Server>> servers_;
+  std::vector<std::thread> server_threads_;
+  std::vector<std::unique_ptr<KVStore>> workers_;
+};
+
+}  // namespace hybridps::testing
+
+#endif  // HYBRIDPS_TESTS_CLUSTER_LOCAL_CLUSTER_H_

@@ -1,0 +1,147 @@
+#include "server/key_store.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "common/dtype.h"
+
+namespace hybridps {
+namespace {
+
+class KeyStoreTest : public ::testing::Test {
+ protected:
+  KeyStoreTest() : store_(3, [this](KeyStore::Reply r) { replies_.push_back(std::move(r)); }) {}
+
+  static wire::DataRequest Req(const std::string& name, uint64_t round, uint64_t count,
+                               wire::DataOp op = wire::OP_PUSHPULL, int root = -1) {
+    wire::DataRequest r;
+    r.set_key(TensorKeyFor(name));
+    r.set_part(0);
+    r.set_round(round);
+    r.set_op(op);
+    r.set_dtype(static_cast<uint32_t>(DType::kFloat32));
+    r.set_count(count);
+    r.set_total_count(count);
+    r.set_root(root);
+    r.set_name(name);
+    return r;
+  }
+  static uint64_t TensorKeyFor(const std::string& name) { return std::hash<std::string>()(name); }
+  static std::optional<Frame> Floats(std::vector<float> v) {
+    return Frame(absl::string_view(reinterpret_cast<const char*>(v.data()), v.size() * 4));
+  }
+  static std::vector<float> AsFloats(const Frame& f) {
+    std::vector<float> v(f.size() / 4);
+    std::memcpy(v.data(), f.data(), f.size());
+    return v;
+  }
+
+  KeyStore store_;
+  std::vector<KeyStore::Reply> replies_;
+};
+
+TEST_F(KeyStoreTest, SumsARoundAndAnswersEveryoneWhenTheLastArrives) {
+  store_.Handle("a", 0, 1, Req("w", 0, 2), Floats({1, 2}));
+  store_.Handle("b", 1, 2, Req("w", 0, 2), Floats({10, 20}));
+  EXPECT_TRUE(replies_.empty());  // Pulls wait for the round.
+  store_.Handle("c", 2, 3, Req("w", 0, 2), Floats({100, 200}));
+  ASSERT_EQ(replies_.size(), 3u);
+  for (auto& r : replies_) {
+    ASSERT_TRUE(r.env.has_data_response()) << r.env.DebugString();
+    ASSERT_TRUE(r.payload.has_value());
+    EXPECT_EQ(AsFloats(*r.payload), (std::vector<float>{111, 222}));
+  }
+  EXPECT_EQ(replies_[0].peer, "a");
+  EXPECT_EQ(replies_[0].env.id(), 1u);
+  // The next round starts from scratch.
+  replies_.clear();
+  for (int r = 0; r < 3; ++r) store_.Handle("p", r, 10 + r, Req("w", 1, 2), Floats({1, 1}));
+  ASSERT_EQ(replies_.size(), 3u);
+  EXPECT_EQ(AsFloats(*replies_[2].payload), (std::vector<float>{3, 3}));
+}
+
+TEST_F(KeyStoreTest, MismatchedSizesFailTheRoundForEveryWorkerAndNameTheKey) {
+  store_.Handle("a", 0, 1, Req("w", 0, 10), Floats(std::vector<float>(10, 1)));
+  store_.Handle("b", 1, 2, Req("w", 0, 12), Floats(std::vector<float>(12, 1)));
+  ASSERT_EQ(replies_.size(), 2u);  // Both waiting workers hear at once.
+  for (auto& r : replies_) {
+    ASSERT_TRUE(r.env.has_error());
+    const std::string& m = r.env.error().message();
+    EXPECT_NE(m.find("'w'"), std::string::npos) << m;
+    EXPECT_NE(m.find("12 float32"), std::string::npos) << m;
+    EXPECT_NE(m.find("10 float32"), std::string::npos) << m;
+  }
+  store_.Handle("c", 2, 3, Req("w", 0, 10), Floats(std::vector<float>(10, 1)));
+  ASSERT_EQ(replies_.size(), 3u);  // A later arrival of the failed round hears too.
+  EXPECT_TRUE(replies_[2].env.has_error());
+  // Other keys, and the next round of this one, are unaffected.
+  replies_.clear();
+  for (int r = 0; r < 3; ++r) store_.Handle("p", r, 20 + r, Req("w", 1, 1), Floats({2}));
+  ASSERT_EQ(replies_.size(), 3u);
+  EXPECT_EQ(AsFloats(*replies_[0].payload), (std::vector<float>{6}));
+}
+
+TEST_F(KeyStoreTest, RejectsWrongRoundDuplicatesAndBadRanks) {
+  store_.Handle("a", 0, 1, Req("w", 5, 1), Floats({1}));
+  ASSERT_EQ(replies_.size(), 1u);
+  EXPECT_NE(replies_[0].env.error().message().find("round 5"), std::string::npos);
+  store_.Handle("a", 0, 2, Req("w", 0, 1), Floats({1}));
+  store_.Handle("a", 0, 3, Req("w", 0, 1), Floats({1}));
+  ASSERT_EQ(replies_.size(), 2u);
+  EXPECT_NE(replies_[1].env.error().message().find("twice"), std::string::npos);
+  store_.Handle("z", 7, 4, Req("w", 0, 1), Floats({1}));
+  ASSERT_EQ(replies_.size(), 3u);
+  EXPECT_NE(replies_[2].env.error().message().find("rank 7"), std::string::npos);
+}
+
+TEST_F(KeyStoreTest, BroadcastSendsTheRootsValueAndNothingBackToTheRoot) {
+  store_.Handle("a", 0, 1, Req("b", 0, 2, wire::OP_BROADCAST, 1), std::nullopt);
+  store_.Handle("b", 1, 2, Req("b", 0, 2, wire::OP_BROADCAST, 1), Floats({5, 6}));
+  store_.Handle("c", 2, 3, Req("b", 0, 2, wire::OP_BROADCAST, 1), std::nullopt);
+  ASSERT_EQ(replies_.size(), 3u);
+  for (auto& r : replies_) {
+    ASSERT_TRUE(r.env.has_data_response());
+    if (r.peer == "b") {
+      EXPECT_FALSE(r.payload.has_value());
+    } else {
+      EXPECT_EQ(AsFloats(*r.payload), (std::vector<float>{5, 6}));
+    }
+  }
+}
+
+TEST_F(KeyStoreTest, BroadcastRootsMustAgreeAndSendData) {
+  store_.Handle("a", 0, 1, Req("b", 0, 2, wire::OP_BROADCAST, 0), Floats({1, 2}));
+  store_.Handle("b", 1, 2, Req("b", 0, 2, wire::OP_BROADCAST, 2), std::nullopt);
+  ASSERT_EQ(replies_.size(), 2u);
+  EXPECT_NE(replies_[1].env.error().message().find("root"), std::string::npos);
+  replies_.clear();
+  store_.Handle("c", 2, 3, Req("b", 0, 2, wire::OP_BROADCAST, 0), std::nullopt);
+  ASSERT_EQ(replies_.size(), 1u);
+  // Next round: the root forgets its data.
+  replies_.clear();
+  store_.Handle("a", 0, 4, Req("b", 1, 2, wire::OP_BROADCAST, 0), std::nullopt);
+  ASSERT_EQ(replies_.size(), 1u);
+  EXPECT_NE(replies_[0].env.error().message().find("no data"), std::string::npos);
+}
+
+TEST_F(KeyStoreTest, MixedOpsInOneRoundAreAnError) {
+  store_.Handle("a", 0, 1, Req("m", 0, 1), Floats({1}));
+  store_.Handle("b", 1, 2, Req("m", 0, 1, wire::OP_BROADCAST, 0), std::nullopt);
+  ASSERT_EQ(replies_.size(), 2u);
+  EXPECT_NE(replies_[1].env.error().message().find("broadcast"), std::string::npos);
+}
+
+TEST_F(KeyStoreTest, FailAllAnswersWaitersAndLaterRequests) {
+  store_.Handle("a", 0, 1, Req("w", 0, 1), Floats({1}));
+  store_.FailAll(absl::UnavailableError("worker 2 died"));
+  ASSERT_EQ(replies_.size(), 1u);
+  EXPECT_NE(replies_[0].env.error().message().find("worker 2 died"), std::string::npos);
+  store_.Handle("b", 1, 2, Req("x", 0, 1), Floats({1}));
+  ASSERT_EQ(replies_.size(), 2u);
+  EXPECT_TRUE(replies_[1].env.has_error());
+}
+
+}  // namespace
+}  // namespace hybridps

@@ -1,0 +1,78 @@
+#include "common/options.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+namespace hybridps {
+namespace {
+
+class OptionsTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (const char* v : {"HYBRIDPS_ROLE", "HYBRIDPS_NUM_WORKERS", "HYBRIDPS_NUM_SERVERS",
+                          "HYBRIDPS_PARTITION_BYTES", "HYBRIDPS_TIMEOUT_MS", "HYBRIDPS_RANK",
+                          "HYBRIDPS_BACKEND", "HYBRIDPS_SCHEDULER_PORT",
+                          "HYBRIDPS_HEARTBEAT_TIMEOUT_MS"}) {
+      unsetenv(v);
+    }
+  }
+};
+
+TEST_F(OptionsTest, DefaultsWhenNothingIsSet) {
+  auto o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->partition_bytes, 4u << 20);
+  EXPECT_EQ(o->backend, "dist_hybrid");
+  EXPECT_EQ(o->rank, -1);
+}
+
+TEST_F(OptionsTest, ReadsVariables) {
+  setenv("HYBRIDPS_ROLE", "server", 1);
+  setenv("HYBRIDPS_NUM_WORKERS", "4", 1);
+  setenv("HYBRIDPS_NUM_SERVERS", "3", 1);
+  setenv("HYBRIDPS_PARTITION_BYTES", "1024", 1);
+  setenv("HYBRIDPS_TIMEOUT_MS", "2500", 1);
+  setenv("HYBRIDPS_RANK", "2", 1);
+  setenv("HYBRIDPS_SCHEDULER_PORT", "9000", 1);
+  auto o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->role, Role::kServer);
+  EXPECT_EQ(o->num_workers, 4);
+  EXPECT_EQ(o->num_servers, 3);
+  EXPECT_EQ(o->partition_bytes, 1024u);
+  EXPECT_EQ(o->op_timeout, absl::Milliseconds(2500));
+  EXPECT_EQ(o->rank, 2);
+  EXPECT_EQ(o->SchedulerEndpoint(), "tcp://127.0.0.1:9000");
+}
+
+TEST_F(OptionsTest, BadValuesNameTheVariable) {
+  setenv("HYBRIDPS_NUM_WORKERS", "two", 1);
+  auto o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("HYBRIDPS_NUM_WORKERS"), absl::string_view::npos);
+  unsetenv("HYBRIDPS_NUM_WORKERS");
+  setenv("HYBRIDPS_ROLE", "boss", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("boss"), absl::string_view::npos);
+  unsetenv("HYBRIDPS_ROLE");
+  setenv("HYBRIDPS_BACKEND", "dist_magic", 1);
+  EXPECT_FALSE(OptionsFromEnvironment().ok());
+  unsetenv("HYBRIDPS_BACKEND");
+  setenv("HYBRIDPS_HEARTBEAT_TIMEOUT_MS", "10", 1);  // below the interval
+  EXPECT_FALSE(OptionsFromEnvironment().ok());
+  unsetenv("HYBRIDPS_HEARTBEAT_TIMEOUT_MS");
+  setenv("HYBRIDPS_NUM_WORKERS", "2", 1);
+  setenv("HYBRIDPS_RANK", "2", 1);  // out of range
+  EXPECT_FALSE(OptionsFromEnvironment().ok());
+}
+
+TEST_F(OptionsTest, AllreduceBackendNeedsNoServers) {
+  setenv("HYBRIDPS_BACKEND", "dist_allreduce", 1);
+  auto o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->num_servers, 0);
+}
+
+}  // namespace
+}  // namespace hybridps

@@ -1,0 +1,121 @@
+#include "common/wire.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace hybridps {
+namespace {
+
+wire::Envelope DataEnv(uint64_t count, uint32_t dtype = 0) {
+  wire::Envelope env;
+  env.set_id(7);
+  auto* r = env.mutable_data_request();
+  r->set_key(42);
+  r->set_part(1);
+  r->set_round(3);
+  r->set_op(wire::OP_PUSHPULL);
+  r->set_dtype(dtype);
+  r->set_count(count);
+  r->set_total_count(count);
+  r->set_name("w");
+  return env;
+}
+
+TEST(Wire, RoundTripWithPayload) {
+  std::vector<float> data = {1, 2, 3};
+  Message m = Encode("peer", DataEnv(3), Frame(absl::string_view(
+                                             reinterpret_cast<char*>(data.data()), 12)));
+  ASSERT_EQ(m.size(), 3u);
+  auto d = Decode(std::move(m), /*from_router=*/true);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->peer, "peer");
+  EXPECT_EQ(d->env.id(), 7u);
+  EXPECT_EQ(d->env.data_request().key(), 42u);
+  ASSERT_TRUE(d->payload.has_value());
+  EXPECT_EQ(d->payload->size(), 12u);
+  EXPECT_TRUE(ValidateDataRequest(d->env.data_request(), d->payload).ok());
+}
+
+TEST(Wire, RejectsMalformedMessages) {
+  {  // No frames at all after the routing id.
+    Message m;
+    m.emplace_back("peer");
+    EXPECT_FALSE(Decode(std::move(m), true).ok());
+  }
+  {  // Garbage instead of an envelope.
+    Message m;
+    m.emplace_back("\xff\xff\xff\xff garbage");
+    auto d = Decode(std::move(m), false);
+    ASSERT_FALSE(d.ok());
+    EXPECT_NE(d.status().message().find("malformed"), absl::string_view::npos);
+  }
+  {  // Too many frames.
+    Message m = Encode("", DataEnv(0));
+    m.emplace_back("a");
+    m.emplace_back("b");
+    EXPECT_FALSE(Decode(std::move(m), false).ok());
+  }
+  {  // A valid protobuf with no body.
+    wire::Envelope env;
+    env.set_id(1);
+    EXPECT_FALSE(Decode(Encode("", env), false).ok());
+  }
+  {  // Truncated envelope.
+    Message m = Encode("", DataEnv(5));
+    std::string bytes(m[0].view());
+    Message t;
+    t.emplace_back(absl::string_view(bytes.data(), bytes.size() / 2));
+    EXPECT_FALSE(Decode(std::move(t), false).ok());
+  }
+  {  // Empty message.
+    EXPECT_FALSE(Decode(Message{}, true).ok());
+  }
+}
+
+TEST(Wire, ValidatesPayloadAgainstHeader) {
+  auto env = DataEnv(4);
+  std::optional<Frame> none;
+  EXPECT_FALSE(ValidateDataRequest(env.data_request(), none).ok());  // push without data
+  std::optional<Frame> shortp(Frame(std::string(15, 'x')));
+  auto s = ValidateDataRequest(env.data_request(), shortp);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("15 bytes"), absl::string_view::npos) << s;
+  std::optional<Frame> ok(Frame(std::string(16, 'x')));
+  EXPECT_TRUE(ValidateDataRequest(env.data_request(), ok).ok());
+  auto bad_dtype = DataEnv(4, 99);
+  EXPECT_FALSE(ValidateDataRequest(bad_dtype.data_request(), ok).ok());
+  auto overflow = DataEnv(~0ull);
+  EXPECT_FALSE(ValidateDataRequest(overflow.data_request(), ok).ok());
+  auto bad_op = DataEnv(4);
+  bad_op.mutable_data_request()->set_op(static_cast<wire::DataOp>(17));
+  EXPECT_FALSE(ValidateDataRequest(bad_op.data_request(), ok).ok());
+  auto bcast = DataEnv(4);
+  bcast.mutable_data_request()->set_op(wire::OP_BROADCAST);
+  EXPECT_TRUE(ValidateDataRequest(bcast.data_request(), none).ok());  // non-root: no data
+}
+
+TEST(Wire, HelloChecksMagicAndVersion) {
+  auto hello = MakeHello(Role::kWorker, 3);
+  EXPECT_TRUE(CheckHello(hello.hello()).ok());
+  EXPECT_EQ(hello.hello().rank(), 3);
+  auto bad = hello;
+  bad.mutable_hello()->set_magic(0x12345678);
+  EXPECT_NE(CheckHello(bad.hello()).message().find("magic"), absl::string_view::npos);
+  bad = hello;
+  bad.mutable_hello()->set_version(kProtocolVersion + 1);
+  EXPECT_NE(CheckHello(bad.hello()).message().find("version"), absl::string_view::npos);
+}
+
+TEST(Wire, ErrorsRoundTrip) {
+  auto env = MakeError(9, absl::InvalidArgumentError("tensor 'w' mismatched"));
+  EXPECT_EQ(env.id(), 9u);
+  absl::Status s = FromWire(env.error());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "tensor 'w' mismatched");
+  wire::Error ok_code;  // An error that claims OK is still an error.
+  EXPECT_FALSE(FromWire(ok_code).ok());
+}
+
+}  // namespace
+}  // namespace hybridps
