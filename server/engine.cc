@@ -3,11 +3,11 @@
 #include <pthread.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/reduce.h"
 
 namespace hybridps {
 
-Engine::Engine(int index, int num_workers, KeyStore::Emit emit)
-    : store_(num_workers, std::move(emit)) {
+Engine::Engine(int index, Done done) : done_(std::move(done)) {
   thread_ = std::thread([this, index] {
     std::string name = absl::StrCat("hps-engine-", index);
     pthread_setname_np(pthread_self(), name.c_str());
@@ -23,21 +23,13 @@ Engine::~Engine() {
   thread_.join();
 }
 
-void Engine::Post(std::string peer, int rank, uint64_t id, wire::DataRequest req,
-                  std::optional<Frame> payload) {
+void Engine::Post(KeyStore::SumTask task) {
   absl::MutexLock lock(&mu_);
-  queue_.push_back(Work{std::move(peer), rank, id, std::move(req), std::move(payload), {}});
-}
-
-void Engine::PostFailAll(absl::Status status) {
-  absl::MutexLock lock(&mu_);
-  Work w;
-  w.fail = std::move(status);
-  queue_.push_back(std::move(w));
+  queue_.push_back(std::move(task));
 }
 
 void Engine::Loop() {
-  std::deque<Work> batch;
+  std::deque<KeyStore::SumTask> batch;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -49,14 +41,15 @@ void Engine::Loop() {
       if (stop_) return;
       batch.swap(queue_);
     }
-    for (Work& w : batch) {
-      if (!w.fail.ok()) {
-        store_.FailAll(w.fail);
-      } else {
-        store_.Handle(w.peer, w.rank, w.id, w.req, std::move(w.payload));
-      }
+    while (!batch.empty()) {
+      KeyStore::SumTask t = std::move(batch.front());
+      batch.pop_front();
+      SumInto(t.dtype, t.dst, t.src.data(), t.count);
+      const uint64_t key = t.key, round = t.round;
+      const uint32_t part = t.part;
+      { KeyStore::SumTask release = std::move(t); }
+      done_(key, part, round);
     }
-    batch.clear();
   }
 }
 

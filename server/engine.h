@@ -1,44 +1,34 @@
-// An engine thread: a queue of requests for the partitions it owns, and their KeyStore.
+// An engine thread: runs the large summations the I/O thread hands it (KeyStore offload),
+// in the order given. A partition always maps to the same engine, so its sums keep their
+// order while different partitions are summed in parallel.
 #ifndef HYBRIDPS_SERVER_ENGINE_H_
 #define HYBRIDPS_SERVER_ENGINE_H_
 
 #include <deque>
-#include <optional>
-#include <string>
+#include <functional>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
-#include "common/hybridps.pb.h"
-#include "common/transport.h"
 #include "server/key_store.h"
 
 namespace hybridps {
 
 class Engine {
  public:
-  // `emit` is called on the engine thread for every reply.
-  Engine(int index, int num_workers, KeyStore::Emit emit);
-  ~Engine();  // Stops and joins the thread; queued work is dropped.
+  // `done` is called on the engine thread after each task (with the task's identity; the
+  // frames are released first).
+  using Done = std::function<void(uint64_t key, uint32_t part, uint64_t round)>;
+  Engine(int index, Done done);
+  ~Engine();  // Stops and joins the thread; queued tasks are dropped.
 
-  // Any thread.
-  void Post(std::string peer, int rank, uint64_t id, wire::DataRequest req,
-            std::optional<Frame> payload);
-  void PostFailAll(absl::Status status);
+  void Post(KeyStore::SumTask task);  // any thread
 
  private:
-  struct Work {
-    std::string peer;
-    int rank = -1;
-    uint64_t id = 0;
-    wire::DataRequest req;
-    std::optional<Frame> payload;
-    absl::Status fail;  // non-OK: a FailAll order
-  };
   void Loop();
 
-  KeyStore store_;  // engine thread only
+  Done done_;
   absl::Mutex mu_;
-  std::deque<Work> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<KeyStore::SumTask> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

@@ -100,35 +100,55 @@ void KeyStore::Handle(const std::string& peer, int rank, uint64_t id,
   } else {
     p.waiters.push_back(Waiter{peer, id, rank});
     if (p.op == wire::OP_PUSHPULL) {
+      const DType dt = static_cast<DType>(p.dtype);
       if (!p.acc) {
-        p.acc = std::move(payload);
+        p.acc = std::move(payload);  // The first push is the accumulator: no copy.
+      } else if (offload_ && (p.pending_sums > 0 || payload->size() >= kInlineSumBytes)) {
+        ++p.pending_sums;
+        offload_(SumTask{req.key(), req.part(), p.round, dt, p.count, p.acc->data(),
+                         p.acc->Share(), std::move(*payload)});
       } else {
-        SumInto(static_cast<DType>(p.dtype), p.acc->data(), payload->data(), p.count);
+        SumInto(dt, p.acc->data(), payload->data(), p.count);
       }
     } else if (rank == p.root) {
       p.acc = std::move(payload);
     }
   }
-  if (p.num_arrived == num_workers_) {
-    if (p.error.ok()) CloseRound(p, req);
-    p.arrived.assign(num_workers_, false);
-    p.num_arrived = 0;
-    p.waiters.clear();
-    p.acc.reset();
-    p.error = absl::OkStatus();
-    p.op = wire::OP_NONE;
-    ++p.round;
-  }
+  MaybeEndRound(p, req.key(), req.part());
 }
 
-void KeyStore::CloseRound(Part& p, const wire::DataRequest& req) {
+void KeyStore::SumDone(uint64_t key, uint32_t part, uint64_t round) {
+  auto it = parts_.find(PartKey{key, part});
+  if (it == parts_.end() || it->second.round != round) return;  // a failed round's sum
+  Part& p = it->second;
+  --p.pending_sums;
+  MaybeEndRound(p, key, part);
+}
+
+void KeyStore::MaybeEndRound(Part& p, uint64_t key, uint32_t part) {
+  if (p.num_arrived < num_workers_) return;
+  if (p.error.ok()) {
+    if (p.pending_sums > 0) return;  // SumDone ends it.
+    CloseRound(p, key, part);
+  }
+  p.arrived.assign(num_workers_, false);
+  p.num_arrived = 0;
+  p.pending_sums = 0;
+  p.waiters.clear();
+  p.acc.reset();
+  p.error = absl::OkStatus();
+  p.op = wire::OP_NONE;
+  ++p.round;
+}
+
+void KeyStore::CloseRound(Part& p, uint64_t key, uint32_t part) {
   for (Waiter& w : p.waiters) {
     Reply r;
     r.peer = std::move(w.peer);
     r.env.set_id(w.id);
     auto* resp = r.env.mutable_data_response();
-    resp->set_key(req.key());
-    resp->set_part(req.part());
+    resp->set_key(key);
+    resp->set_part(part);
     resp->set_round(p.round);
     resp->set_count(p.count);
     resp->set_dtype(p.dtype);

@@ -7,7 +7,12 @@
 // root) fail the round for every node with an error naming the key and both shapes; the
 // other partitions are unaffected.
 //
-// Threading: not thread-safe; owned by one engine thread.
+// Summation: payloads below kInlineSumBytes are summed on the calling thread; larger ones
+// are handed to `offload` (the server's engine threads), which must run the sums of one
+// partition in order on one thread and report each with SumDone(). A round closes once
+// every node arrived and its sums are done.
+//
+// Threading: not thread-safe; owned by the server's I/O thread.
 #ifndef HYBRIDPS_SERVER_KEY_STORE_H_
 #define HYBRIDPS_SERVER_KEY_STORE_H_
 
@@ -19,6 +24,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "common/dtype.h"
 #include "common/hybridps.pb.h"
 #include "common/transport.h"
 
@@ -32,13 +38,30 @@ class KeyStore {
     std::optional<Frame> payload;
   };
   using Emit = std::function<void(Reply)>;
+  // A summation handed to an engine thread: dst += src. `keep` holds dst's buffer alive.
+  struct SumTask {
+    uint64_t key;
+    uint32_t part;
+    uint64_t round;
+    DType dtype;
+    uint64_t count;
+    void* dst;
+    Frame keep;
+    Frame src;
+  };
+  using Offload = std::function<void(SumTask)>;
+  static constexpr size_t kInlineSumBytes = 64 << 10;
 
-  // `emit` sends a reply (called on the owning thread).
-  KeyStore(int num_workers, Emit emit) : num_workers_(num_workers), emit_(std::move(emit)) {}
+  // `emit` sends a reply (called on the owning thread). Without `offload` every sum runs
+  // inline.
+  KeyStore(int num_workers, Emit emit, Offload offload = nullptr)
+      : num_workers_(num_workers), emit_(std::move(emit)), offload_(std::move(offload)) {}
 
   // A validated request (ValidateDataRequest passed) from worker `rank` via `peer`.
   void Handle(const std::string& peer, int rank, uint64_t id, const wire::DataRequest& req,
               std::optional<Frame> payload);
+  // An offloaded sum finished (the owning thread, after the engine reported it).
+  void SumDone(uint64_t key, uint32_t part, uint64_t round);
   // Answers every waiting request with `status` and every later one too: the job failed.
   void FailAll(const absl::Status& status);
 
@@ -63,6 +86,7 @@ class KeyStore {
     int root = -1;
     int first_rank = -1;
     std::optional<Frame> acc;
+    int pending_sums = 0;  // offloaded sums into acc not yet done
     std::vector<Waiter> waiters;
     absl::Status error;
     // The value of the last closed round.
@@ -81,10 +105,12 @@ class KeyStore {
   void ReplyError(const std::string& peer, uint64_t id, const wire::DataRequest& req,
                   const absl::Status& status);
   void FailRound(Part& p, const absl::Status& status);
-  void CloseRound(Part& p, const wire::DataRequest& req);
+  void MaybeEndRound(Part& p, uint64_t key, uint32_t part);
+  void CloseRound(Part& p, uint64_t key, uint32_t part);
 
   const int num_workers_;
   Emit emit_;
+  Offload offload_;
   absl::flat_hash_map<PartKey, Part> parts_;
   absl::Status failed_;
 };

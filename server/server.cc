@@ -33,8 +33,8 @@ std::string DataBindEndpoint(const Options& o) {
 }
 
 // Engine thread of a partition: a hash of (key, part). Uses the low bits of the key.
-size_t EngineOf(const wire::DataRequest& req, size_t engines) {
-  uint64_t h = req.key() ^ (static_cast<uint64_t>(req.part()) * 0x9e3779b97f4a7c15ull);
+size_t EngineOf(uint64_t key, uint32_t part, size_t engines) {
+  uint64_t h = key ^ (static_cast<uint64_t>(part) * 0x9e3779b97f4a7c15ull);
   return static_cast<size_t>(h % engines);
 }
 
@@ -56,9 +56,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const Context& ctx,
   Server* self = s.get();
   cb.node_failed = [self](const wire::NodeFailed& f) {
     HPS_LOG(WARNING) << "told: " << f.reason();
-    for (auto& e : self->engines_) {
-      e->PostFailAll(absl::UnavailableError(f.reason()));
-    }
+    if (self->store_) self->store_->FailAll(absl::UnavailableError(f.reason()));
   };
   cb.shutdown = [self](const wire::Shutdown& sd) {
     HPS_LOG(INFO) << "shutting down: " << sd.reason();
@@ -73,7 +71,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const Context& ctx,
   return s;
 }
 
-Server::~Server() { engines_.clear(); }
+Server::~Server() {
+  engines_.clear();
+  store_.reset();
+}
 
 void Server::Stop() {
   stop_.store(true);
@@ -89,15 +90,26 @@ absl::Status Server::Run() {
     threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 4);
   }
   for (int i = 0; i < threads; ++i) {
-    engines_.push_back(std::make_unique<Engine>(i, welcome.num_workers(),
-                                                [this](KeyStore::Reply r) {
-                                                  {
-                                                    absl::MutexLock lock(&outbox_mu_);
-                                                    outbox_.push_back(std::move(r));
-                                                  }
-                                                  waker_.Wake();
-                                                }));
+    engines_.push_back(std::make_unique<Engine>(i, [this](uint64_t key, uint32_t part,
+                                                          uint64_t round) {
+      {
+        absl::MutexLock lock(&done_mu_);
+        sums_done_.push_back(SumDone{key, part, round});
+      }
+      waker_.Wake();
+    }));
   }
+  store_ = std::make_unique<KeyStore>(
+      welcome.num_workers(),
+      [this](KeyStore::Reply r) {
+        Message msg = Encode(r.peer, r.env, std::move(r.payload));
+        if (auto s = data_->Send(msg); !s.ok()) {
+          HPS_LOG(WARNING) << "reply to a departed worker dropped: " << s.message();
+        }
+      },
+      [this](KeyStore::SumTask t) {
+        engines_[EngineOf(t.key, t.part, engines_.size())]->Post(std::move(t));
+      });
   HPS_LOG(INFO) << "serving on " << endpoint_ << " with " << threads << " engine threads";
   Poller poller;
   const int data_idx = poller.Add(data_.get());
@@ -112,7 +124,7 @@ absl::Status Server::Run() {
     ASSIGN_OR_RETURN(int n, poller.Poll(control_->NextTick() - now));
     (void)n;
     if (poller.Readable(wake_idx)) waker_.Drain();
-    SendOutbox();
+    TakeSumsDone();
     if (poller.Readable(data_idx)) {
       // Bounded batch so the control link and replies are never starved.
       for (int i = 0; i < 256; ++i) {
@@ -124,25 +136,19 @@ absl::Status Server::Run() {
     }
     if (poller.Readable(ctl_idx)) control_->OnReadable();
     control_->Tick(absl::Now());
-    SendOutbox();
   }
   engines_.clear();  // Joins the engine threads.
-  SendOutbox();
+  store_.reset();
   return exit_status_;
 }
 
-void Server::SendOutbox() {
-  std::vector<KeyStore::Reply> out;
+void Server::TakeSumsDone() {
+  std::vector<SumDone> done;
   {
-    absl::MutexLock lock(&outbox_mu_);
-    out.swap(outbox_);
+    absl::MutexLock lock(&done_mu_);
+    done.swap(sums_done_);
   }
-  for (KeyStore::Reply& r : out) {
-    Message msg = Encode(r.peer, r.env, std::move(r.payload));
-    if (auto s = data_->Send(msg); !s.ok()) {
-      HPS_LOG(WARNING) << "reply to a departed worker dropped: " << s.message();
-    }
-  }
+  for (const SumDone& d : done) store_->SumDone(d.key, d.part, d.round);
 }
 
 void Server::Reject(const std::string& peer, uint64_t id, const absl::Status& why) {
@@ -189,8 +195,7 @@ void Server::HandleData(Message raw) {
     return Reject(d->peer, env.id(), absl::InvalidArgumentError(absl::StrCat(
         "tensor '", req.name(), "' partition ", req.part(), ": ", s.message())));
   }
-  engines_[EngineOf(req, engines_.size())]->Post(std::move(d->peer), it->second.rank,
-                                                 env.id(), req, std::move(d->payload));
+  store_->Handle(d->peer, it->second.rank, env.id(), req, std::move(d->payload));
 }
 
 }  // namespace hybridps

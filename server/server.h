@@ -1,7 +1,8 @@
 // A server: owns the partitions placed on it, sums each round's pushes and answers with
-// the result. One I/O thread (Run) owns the data socket and the scheduler link; several
-// engine threads each own a fixed subset of the partitions (by hash), so one partition's
-// requests keep their order while different partitions are summed in parallel.
+// the result. One I/O thread (Run) owns the data socket, the scheduler link and the round
+// bookkeeping (KeyStore), and sums small payloads itself, so a small push_pull costs no
+// thread hand-off; large sums go to engine threads, each partition always to the same
+// one, so its sums keep their order while different partitions are summed in parallel.
 #ifndef HYBRIDPS_SERVER_SERVER_H_
 #define HYBRIDPS_SERVER_SERVER_H_
 
@@ -49,7 +50,7 @@ class Server {
   };
   explicit Server(const Options& options) : options_(options) {}
   void HandleData(Message msg);
-  void SendOutbox();
+  void TakeSumsDone();
   void Reject(const std::string& peer, uint64_t id, const absl::Status& why);
 
   Options options_;
@@ -58,15 +59,21 @@ class Server {
   std::string endpoint_;
   int rank_ = -1;
   std::vector<std::unique_ptr<Engine>> engines_;
+  std::unique_ptr<KeyStore> store_;  // I/O thread
   absl::flat_hash_map<std::string, Peer> peers_;
-  Waker waker_;  // engines' replies and Stop()
+  Waker waker_;  // engines' completions and Stop()
   std::atomic<bool> stop_{false};
   absl::Status exit_status_;
   bool done_ = false;
   Stats stats_;
-  // Replies produced by engine threads, sent by the I/O thread.
-  absl::Mutex outbox_mu_;
-  std::vector<KeyStore::Reply> outbox_ ABSL_GUARDED_BY(outbox_mu_);
+  struct SumDone {
+    uint64_t key;
+    uint32_t part;
+    uint64_t round;
+  };
+  // Sums finished by engine threads, taken by the I/O thread.
+  absl::Mutex done_mu_;
+  std::vector<SumDone> sums_done_ ABSL_GUARDED_BY(done_mu_);
 };
 
 }  // namespace hybridps

@@ -23,6 +23,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterC
   o.heartbeat_timeout = c.heartbeat_timeout;
   o.op_timeout = c.op_timeout;
   o.start_timeout = c.start_timeout;
+  o.max_message_bytes = c.max_message_bytes;
   o.log_level = 1;
   const int id = counter++;
   if (c.transport == "inproc") {

@@ -30,6 +30,8 @@ struct ClusterConfig {
   absl::Duration heartbeat_timeout = absl::Seconds(1);
   absl::Duration op_timeout = absl::Seconds(30);
   absl::Duration start_timeout = absl::Seconds(20);
+  // Inbound messages larger than this are refused by ZeroMQ on every data socket.
+  size_t max_message_bytes = Options().max_message_bytes;
 };
 
 class LocalCluster {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/reduce.h"
 
 namespace hybridps {
 namespace {
@@ -141,6 +142,51 @@ TEST_F(KeyStoreTest, FailAllAnswersWaitersAndLaterRequests) {
   store_.Handle("b", 1, 2, Req("x", 0, 1), Floats({1}));
   ASSERT_EQ(replies_.size(), 2u);
   EXPECT_TRUE(replies_[1].env.has_error());
+}
+
+}  // namespace
+}  // namespace hybridps
+
+namespace hybridps {
+namespace {
+
+// Large sums go to the offload hook; the round closes only after every sum is done, and
+// a late SumDone of a failed round is ignored.
+TEST(KeyStoreOffload, RoundClosesAfterOffloadedSums) {
+  std::vector<KeyStore::Reply> replies;
+  std::vector<KeyStore::SumTask> tasks;
+  KeyStore store(
+      3, [&](KeyStore::Reply r) { replies.push_back(std::move(r)); },
+      [&](KeyStore::SumTask t) { tasks.push_back(std::move(t)); });
+  const size_t n = KeyStore::kInlineSumBytes / 4 + 1;  // just above the inline limit
+  wire::DataRequest req;
+  req.set_key(1);
+  req.set_op(wire::OP_PUSHPULL);
+  req.set_dtype(static_cast<uint32_t>(DType::kFloat32));
+  req.set_count(n);
+  req.set_total_count(n);
+  req.set_name("big");
+  auto payload = [&](float v) {
+    std::vector<float> x(n, v);
+    return std::optional<Frame>(
+        Frame(absl::string_view(reinterpret_cast<const char*>(x.data()), n * 4)));
+  };
+  store.Handle("a", 0, 1, req, payload(1));  // becomes the accumulator
+  store.Handle("b", 1, 2, req, payload(2));  // offloaded
+  store.Handle("c", 2, 3, req, payload(4));  // queued behind it (offloaded too)
+  ASSERT_EQ(tasks.size(), 2u);
+  EXPECT_TRUE(replies.empty());  // everyone arrived, sums still pending
+  for (auto& t : tasks) {
+    SumInto(t.dtype, t.dst, t.src.data(), t.count);
+    store.SumDone(t.key, t.part, t.round);
+  }
+  ASSERT_EQ(replies.size(), 3u);
+  std::vector<float> got(n);
+  std::memcpy(got.data(), replies[0].payload->data(), n * 4);
+  EXPECT_EQ(got[0], 7.f);
+  EXPECT_EQ(got[n - 1], 7.f);
+  store.SumDone(1, 0, 0);  // stale: ignored
+  EXPECT_EQ(replies.size(), 3u);
 }
 
 }  // namespace
