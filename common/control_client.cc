@@ -27,7 +27,10 @@ void ControlClient::Send(const wire::Envelope& env) {
 }
 
 absl::StatusOr<wire::Welcome> ControlClient::Register(const std::string& data_endpoint) {
-  const absl::Time deadline = absl::Now() + options_.start_timeout;
+  // A little longer than the scheduler's own start timeout, so that when the job does not
+  // come together, its explanation (who is missing) arrives before we give up.
+  const absl::Time deadline =
+      absl::Now() + options_.start_timeout + options_.heartbeat_timeout;
   Send(MakeHello(options_.role, options_.rank));
   wire::Envelope env;
   env.set_id(next_id_++);

@@ -1,0 +1,202 @@
+// The scheduler through its client: the rendezvous store, registration errors, the start
+// timeout, barriers and orderly shutdown.
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/control_client.h"
+#include "common/transport.h"
+#include "scheduler/scheduler.h"
+
+namespace hybridps {
+namespace {
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  // A job of `workers` workers and no servers (the allreduce shape) over inproc.
+  void StartScheduler(int workers, absl::Duration start_timeout = absl::Seconds(10)) {
+    static int counter = 0;
+    options_.backend = "dist_allreduce";
+    options_.num_workers = workers;
+    options_.num_servers = 0;
+    options_.scheduler_endpoint = absl::StrCat("inproc://sched-test-", counter++);
+    options_.start_timeout = start_timeout;
+    options_.heartbeat_interval = absl::Milliseconds(50);
+    options_.heartbeat_timeout = absl::Milliseconds(1000);
+    options_.log_level = 1;
+    Options so = options_;
+    so.role = Role::kScheduler;
+    auto s = Scheduler::Create(ctx_, so);
+    ASSERT_TRUE(s.ok()) << s.status();
+    scheduler_ = std::move(*s);
+    thread_ = std::thread([this] { run_status_ = scheduler_->Run(); });
+  }
+  void TearDown() override {
+    if (scheduler_) scheduler_->Stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  std::unique_ptr<ControlClient> Client(int rank) {
+    Options o = options_;
+    o.role = Role::kWorker;
+    o.rank = rank;
+    auto c = ControlClient::Connect(ctx_, o, {});
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+  // Sends a request and pumps the client until its reply (bounded).
+  absl::StatusOr<wire::Envelope> Call(ControlClient* c, wire::Envelope env,
+                                      absl::Duration deadline = absl::Seconds(5)) {
+    std::optional<absl::StatusOr<wire::Envelope>> result;
+    c->Request(std::move(env), absl::Now() + deadline,
+               [&](absl::StatusOr<wire::Envelope> r) { result = std::move(r); });
+    Poller poller;
+    poller.Add(c->socket());
+    const absl::Time stop = absl::Now() + deadline + absl::Seconds(2);
+    while (!result && absl::Now() < stop) {
+      (void)poller.Poll(absl::Milliseconds(10));
+      c->OnReadable();
+      c->Tick(absl::Now());
+    }
+    if (!result) return absl::InternalError("no callback");
+    return *result;
+  }
+
+  Context ctx_;
+  Options options_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::thread thread_;
+  absl::Status run_status_;
+};
+
+TEST_F(SchedulerTest, RendezvousStoreSetGetWait) {
+  StartScheduler(1);
+  auto c = Client(0);
+  auto welcome = c->Register("");
+  ASSERT_TRUE(welcome.ok()) << welcome.status();
+  EXPECT_EQ(welcome->rank(), 0);
+
+  wire::Envelope get;
+  get.mutable_kv_get()->set_key("nccl-id");
+  auto r = Call(c.get(), get);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->kv_reply().found());
+
+  wire::Envelope set;
+  set.mutable_kv_set()->set_key("nccl-id");
+  set.mutable_kv_set()->set_value(std::string("\x00\x01\x02", 3));
+  ASSERT_TRUE(Call(c.get(), set).ok());
+  r = Call(c.get(), get);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(r->kv_reply().found());
+  EXPECT_EQ(r->kv_reply().values(0), std::string("\x00\x01\x02", 3));
+
+  // Wait for a key that is never set: an error naming it, at its deadline.
+  wire::Envelope wait;
+  wait.mutable_kv_wait()->add_keys("nccl-id");
+  wait.mutable_kv_wait()->add_keys("never");
+  wait.mutable_kv_wait()->set_timeout_ms(300);
+  const absl::Time t0 = absl::Now();
+  r = Call(c.get(), wait);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(r.status().message().find("never"), absl::string_view::npos) << r.status();
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
+}
+
+TEST_F(SchedulerTest, WaitIsAnsweredWhenAnotherNodeSetsTheKey) {
+  StartScheduler(2);
+  auto a = Client(0), b = Client(1);
+  std::thread tb([&] { ASSERT_TRUE(b->Register("").ok()); });
+  ASSERT_TRUE(a->Register("").ok());
+  tb.join();
+  wire::Envelope wait;
+  wait.mutable_kv_wait()->add_keys("gloo/rank1");
+  wait.mutable_kv_wait()->set_timeout_ms(5000);
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    wire::Envelope set;
+    set.mutable_kv_set()->set_key("gloo/rank1");
+    set.mutable_kv_set()->set_value("addr");
+    EXPECT_TRUE(Call(b.get(), set).ok());
+  });
+  auto r = Call(a.get(), wait);
+  setter.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->kv_reply().values(0), "addr");
+}
+
+TEST_F(SchedulerTest, DuplicateAndOutOfRangeRanksAreRefused) {
+  StartScheduler(2, absl::Seconds(2));
+  auto a = Client(1);
+  std::thread ta([&] { (void)a->Register(""); });  // waits for the job; ends at the timeout
+  absl::SleepFor(absl::Milliseconds(100));
+  auto dup = Client(1);
+  auto r = dup->Register("");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("rank 1 is already taken"), absl::string_view::npos)
+      << r.status();
+  auto out = Client(5);
+  r = out->Register("");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("out of range"), absl::string_view::npos) << r.status();
+  ta.join();
+}
+
+TEST_F(SchedulerTest, StartTimeoutSaysWhoIsMissing) {
+  StartScheduler(2, absl::Milliseconds(500));
+  auto a = Client(0);
+  auto r = a->Register("");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("1 of 2 workers"), absl::string_view::npos)
+      << r.status();
+  thread_.join();
+  EXPECT_EQ(run_status_.code(), absl::StatusCode::kDeadlineExceeded) << run_status_;
+}
+
+TEST_F(SchedulerTest, BarrierAndOrderlyShutdown) {
+  StartScheduler(2);
+  auto a = Client(0), b = Client(1);
+  std::thread tb([&] { ASSERT_TRUE(b->Register("").ok()); });
+  ASSERT_TRUE(a->Register("").ok());
+  tb.join();
+  wire::Envelope barrier;
+  barrier.mutable_barrier()->set_group(wire::GROUP_WORKERS);
+  std::optional<absl::StatusOr<wire::Envelope>> ra;
+  std::thread tbar([&] { ra = Call(a.get(), barrier); });
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(ra.has_value());  // a waits for b
+  auto rb = Call(b.get(), barrier);
+  tbar.join();
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  ASSERT_TRUE(ra.has_value() && ra->ok());
+  wire::Envelope fin;
+  fin.mutable_finalize();
+  ASSERT_TRUE(Call(a.get(), fin).ok());
+  ASSERT_TRUE(Call(b.get(), fin).ok());
+  thread_.join();  // Run ends by itself once every worker finished.
+  EXPECT_TRUE(run_status_.ok()) << run_status_;
+}
+
+TEST_F(SchedulerTest, SilentWorkerIsDeclaredDeadAndOthersAreTold) {
+  StartScheduler(2);
+  auto a = Client(0), b = Client(1);
+  std::thread tb([&] { ASSERT_TRUE(b->Register("").ok()); });
+  ASSERT_TRUE(a->Register("").ok());
+  tb.join();
+  b.reset();  // b goes silent
+  // A barrier cannot complete without b: it fails, naming b, within the heartbeat timeout.
+  const absl::Time stop = absl::Now() + absl::Seconds(5);
+  wire::Envelope barrier;
+  barrier.mutable_barrier()->set_group(wire::GROUP_WORKERS);
+  auto r = Call(a.get(), barrier, absl::Seconds(4));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("worker 1"), absl::string_view::npos) << r.status();
+  EXPECT_NE(r.status().message().find("died"), absl::string_view::npos) << r.status();
+  EXPECT_LT(absl::Now(), stop);
+}
+
+}  // namespace
+}  // namespace hybridps
