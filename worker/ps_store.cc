@@ -283,15 +283,15 @@ void PsStore::IoLoop() {
     Dispatch();
     if (finalize_ && active_.empty() && !finalize_sent_) {
       finalize_sent_ = true;
-      if (!broken_.ok()) {
-        finalize_->Complete(broken_);
-      } else {
-        wire::Envelope env;
-        env.mutable_finalize();
-        auto fin = finalize_;
-        control_->Request(std::move(env), absl::Now() + options_.op_timeout,
-                          [fin](absl::StatusOr<wire::Envelope> r) { fin->Complete(r.status()); });
-      }
+      // Even after a failure the scheduler hears that we are done, so the job ends now
+      // rather than a heartbeat timeout later (a lost scheduler answers at once).
+      wire::Envelope env;
+      env.mutable_finalize();
+      auto fin = finalize_;
+      control_->Request(std::move(env), absl::Now() + options_.heartbeat_timeout,
+                        [fin, broken = broken_](absl::StatusOr<wire::Envelope> r) {
+                          fin->Complete(broken.ok() ? r.status() : broken);
+                        });
     }
   }
   control_->FailAll(absl::CancelledError("the store was shut down"));
