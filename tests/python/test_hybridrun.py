@@ -234,7 +234,8 @@ def test_success_prefixes_and_environment(standins: Standins) -> None:
         assert "HYBRIDPS_PORT_FILE" not in e
     for e in servers:
         assert e["HYBRIDPS_ROLE"] == "server"
-        assert "HYBRIDPS_RANK" not in e
+    # Each server asks for the rank of its launch index, so "[server 1]" is server rank 1.
+    assert sorted(e["HYBRIDPS_RANK"] for e in servers) == ["0", "1"]
     assert sorted(e["HYBRIDPS_RANK"] for e in workers.values()) == ["0", "1", "2"]
     for name, e in workers.items():
         assert name == f"worker.{e['HYBRIDPS_RANK']}"
