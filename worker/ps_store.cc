@@ -199,7 +199,7 @@ absl::StatusOr<Handle> PsStore::Submit(std::shared_ptr<Op> op) {
     op->seq = next_seq_++;
     commands_.push_back(Command{std::move(op), nullptr, nullptr});
   }
-  waker_.Wake();
+  credits_->waker.Wake();
   return h;
 }
 
@@ -210,7 +210,7 @@ absl::Status PsStore::Barrier() {
     if (!closed_.ok()) return closed_;
     commands_.push_back(Command{nullptr, state, nullptr});
   }
-  waker_.Wake();
+  credits_->waker.Wake();
   return state->Wait();
 }
 
@@ -225,10 +225,10 @@ absl::Status PsStore::Shutdown() {
   }
   absl::Status s;
   if (io_thread_.joinable()) {
-    waker_.Wake();
+    credits_->waker.Wake();
     s = state->Wait();
     io_exit_.store(true);
-    waker_.Wake();
+    credits_->waker.Wake();
     io_thread_.join();
   }
   data_.clear();
@@ -250,7 +250,7 @@ void PsStore::IoLoop() {
       if (data_[i]) data_idx[i] = poller.Add(data_[i].get());
     }
     const int ctl_idx = poller.Add(control_->socket());
-    poller.AddFd(waker_.fd());
+    poller.AddFd(credits_->waker.fd());
     absl::Time now = absl::Now();
     absl::Time until = control_->NextTick();
     if (!active_.empty()) until = std::min(until, active_.begin()->second->deadline);
@@ -260,7 +260,7 @@ void PsStore::IoLoop() {
       Break(polled.status());
       absl::SleepFor(absl::Milliseconds(1));
     }
-    waker_.Drain();
+    credits_->waker.Drain();
     TakeCommands();
     for (size_t i = 0; i < data_.size(); ++i) {
       if (data_idx[i] < 0 || !poller.Readable(data_idx[i])) continue;
@@ -343,10 +343,22 @@ void PsStore::Activate(Op* op) {
   }
 }
 
+namespace {
+struct SendHint {
+  std::shared_ptr<PsStore::Op> op;
+  std::shared_ptr<PsStore::Credits> credits;
+  size_t bytes;
+};
+}  // namespace
+
 void PsStore::ReleaseFrame(void* /*data*/, void* hint) {
-  auto* op = static_cast<std::shared_ptr<Op>*>(hint);
-  (*op)->zc_pending.fetch_sub(1, std::memory_order_acq_rel);
-  delete op;  // ZeroMQ's thread; the I/O thread polls failing ops for the release.
+  // ZeroMQ's I/O thread: it has written the payload out. The I/O thread polls failing ops
+  // for zc_pending; credit waiters are woken.
+  auto* h = static_cast<SendHint*>(hint);
+  h->credits->queued.fetch_sub(h->bytes);
+  h->op->zc_pending.fetch_sub(1, std::memory_order_acq_rel);
+  if (h->credits->blocked.exchange(false)) h->credits->waker.Wake();
+  delete h;
 }
 
 void PsStore::Dispatch() {
@@ -361,7 +373,7 @@ void PsStore::Dispatch() {
     const Partition& part = op->parts[t.part];
     const size_t es = DTypeSize(op->in.dtype);
     const size_t bytes = part.count * es;
-    if (bytes_in_flight_ > 0 && bytes_in_flight_ + bytes > options_.credit_bytes) break;
+    if (!HasCredit(bytes)) break;
     ready_.pop();
     wire::Envelope env;
     const uint64_t id = next_request_id_++;
@@ -385,8 +397,9 @@ void PsStore::Dispatch() {
         payload.emplace(absl::string_view(base, bytes));
       } else {
         op->zc_pending.fetch_add(1, std::memory_order_acq_rel);
+        credits_->queued.fetch_add(bytes);
         payload.emplace(base, bytes, &PsStore::ReleaseFrame,
-                        new std::shared_ptr<Op>(active_.at(op->seq)));
+                        new SendHint{active_.at(op->seq), credits_, bytes});
       }
     }
     Socket* sock = data_[part.server].get();
@@ -399,8 +412,17 @@ void PsStore::Dispatch() {
     }
     pushes_per_server_[part.server].fetch_add(1, std::memory_order_relaxed);
     in_flight_.emplace(id, InFlight{active_.at(op->seq), part.index, op->rounds[part.index]});
-    bytes_in_flight_ += bytes;
   }
+}
+
+bool PsStore::HasCredit(size_t bytes) {
+  size_t queued = credits_->queued.load();
+  if (queued == 0 || queued + bytes <= options_.credit_bytes) return true;
+  // Ask ZeroMQ's thread to wake us when it releases some, then look again so a release
+  // that happened meanwhile is not missed.
+  credits_->blocked.store(true);
+  queued = credits_->queued.load();
+  return queued == 0 || queued + bytes <= options_.credit_bytes;
 }
 
 void PsStore::HandleReply(int server, Message raw) {
@@ -425,7 +447,6 @@ void PsStore::HandleReply(int server, Message raw) {
   in_flight_.erase(it);
   const Partition& part = op->parts[pi];
   const size_t es = DTypeSize(op->in.dtype);
-  bytes_in_flight_ -= part.count * es;
   if (env.body_case() == wire::Envelope::kError) {
     return FinishPart(op.get(), FromWire(env.error()));
   }
@@ -476,10 +497,9 @@ void PsStore::MaybeComplete(Op* op) {
       }
       return;
     }
-    // Its partitions still out are abandoned: release their credits, drop late replies.
+    // Its partitions still out are abandoned: their late replies are dropped.
     for (auto it = in_flight_.begin(); it != in_flight_.end();) {
       if (it->second.op.get() == op) {
-        bytes_in_flight_ -= op->parts[it->second.part].count * DTypeSize(op->in.dtype);
         in_flight_.erase(it++);
       } else {
         ++it;

@@ -52,8 +52,18 @@ class PsStore : public KVStore {
   // Partitions per server dispatched so far (tests check placement and one push per node).
   std::vector<uint64_t> PushesPerServer() const;
 
+  struct Op;  // An operation in progress (ps_store.cc).
+  // Payload bytes handed to ZeroMQ and not yet written out: the credit in use. Released by
+  // ZeroMQ's I/O thread when it is done with a payload — not when the round completes, so
+  // a worker never stops sending while it waits for the others: two workers that issue
+  // tensors in different orders cannot deadlock on full credit windows.
+  struct Credits {  // (public for ps_store.cc's ZeroMQ free callback)
+    std::atomic<size_t> queued{0};
+    std::atomic<bool> blocked{false};  // Dispatch stopped for lack of credit
+    Waker waker;                       // wakes the I/O thread (commands, credit)
+  };
+
  private:
-  struct Op;
   struct PartTask {
     int priority;
     uint64_t seq;  // op sequence number
@@ -86,6 +96,7 @@ class PsStore : public KVStore {
   void StartOp(std::shared_ptr<Op> op);
   void Activate(Op* op);
   void Dispatch();
+  bool HasCredit(size_t bytes);
   void HandleReply(int server, Message msg);
   void FinishPart(Op* op, const absl::Status& status);
   void MaybeComplete(Op* op);
@@ -109,7 +120,6 @@ class PsStore : public KVStore {
   absl::flat_hash_map<uint64_t, uint64_t> rounds_;  // (key ^ part mix) -> next round
   std::priority_queue<PartTask> ready_;
   absl::flat_hash_map<uint64_t, InFlight> in_flight_;
-  size_t bytes_in_flight_ = 0;
   uint64_t next_request_id_ = 1;
   std::shared_ptr<HandleState> finalize_;
   bool finalize_sent_ = false;
@@ -119,7 +129,7 @@ class PsStore : public KVStore {
   std::unique_ptr<std::atomic<uint64_t>[]> pushes_per_server_;
 
   // Shared with user threads and ZeroMQ's threads.
-  Waker waker_;
+  std::shared_ptr<Credits> credits_ = std::make_shared<Credits>();
   absl::Mutex mu_;
   std::vector<Command> commands_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

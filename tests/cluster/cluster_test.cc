@@ -161,3 +161,43 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace hybridps::testing
+
+namespace hybridps::testing {
+namespace {
+
+// Credit is released when a payload has left, not when its round completes: with room for
+// one partition, two workers that issue the same tensors in opposite orders must not
+// deadlock (each holding the credit for a tensor the other has not sent yet).
+TEST(Pipeline, OppositeIssueOrdersUnderTightCreditsDoNotDeadlock) {
+  ClusterConfig c;
+  c.workers = 2;
+  c.servers = 2;
+  c.transport = "tcp";  // zero-copy sends: credit is tracked (inproc copies)
+  c.credit_bytes = 4096;
+  c.op_timeout = absl::Seconds(10);
+  auto cluster = LocalCluster::Start(c);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  constexpr int kTensors = 24;
+  (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
+    std::vector<Buffer> bufs;
+    for (int i = 0; i < kTensors; ++i) bufs.emplace_back(DType::kFloat32, 1024);
+    std::vector<std::pair<int, Handle>> handles;
+    for (int j = 0; j < kTensors; ++j) {
+      const int i = rank == 0 ? j : kTensors - 1 - j;
+      bufs[i].Fill(rank, 0, i);
+      auto h = kv->PushPullAsync(absl::StrCat("t", i), bufs[i].view(), bufs[i].view(),
+                                 /*priority=*/0);
+      ASSERT_TRUE(h.ok());
+      handles.emplace_back(i, *h);
+    }
+    for (auto& [i, h] : handles) {
+      ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+      for (size_t k = 0; k < 1024; k += 101) {
+        ASSERT_EQ(bufs[i].at(k), Value(k, 0, 0, i) + Value(k, 1, 0, i));
+      }
+    }
+  });
+}
+
+}  // namespace
+}  // namespace hybridps::testing
