@@ -212,8 +212,11 @@ void Scheduler::HandleRegister(Node& node, uint64_t id, const wire::Register& re
   auto fail = [&](absl::Status s) {
     HPS_LOG(WARNING) << "refused a registration: " << s.message();
     ReplyError(node.peer, id, s);
-    nodes_.erase(node.peer);
+    if (!node.registered) nodes_.erase(node.peer);  // a registered node stays registered
   };
+  if (node.registered) {
+    return fail(absl::FailedPreconditionError("this node has already registered"));
+  }
   if (welcomed_) {
     return fail(absl::FailedPreconditionError(
         "the job has already started; a node cannot join it now"));

@@ -48,10 +48,22 @@ void KeyStore::Handle(const std::string& peer, int rank, uint64_t id,
         "tensor names '", req.name(), "' and '", p.name,
         "' hash to the same key; rename one of them")));
   }
-  if (req.round() != p.round) {
+  if (req.round() < p.round) {
     return ReplyError(peer, id, req, absl::FailedPreconditionError(absl::StrCat(
         Where(req), ": worker ", rank, " is at round ", req.round(), " but the server is at "
         "round ", p.round, "; the workers issued different sequences of operations on it")));
+  }
+  if (req.round() > p.round) {
+    // Round numbers are per tensor, so a partition may skip some (a tensor whose size
+    // changed). An open round with arrivals that a later round overtakes was left behind
+    // by a failure (a worker gave up on it): abandon it rather than mix its data in.
+    if (p.num_arrived > 0) {
+      FailRound(p, absl::AbortedError(absl::StrCat(
+          Where(req), " was abandoned: worker ", rank, " moved on to round ", req.round(),
+          " after an earlier failure")));
+      ResetRound(p);
+    }
+    p.round = req.round();
   }
   if (p.arrived[rank]) {
     return ReplyError(peer, id, req, absl::FailedPreconditionError(absl::StrCat(
@@ -131,6 +143,11 @@ void KeyStore::MaybeEndRound(Part& p, uint64_t key, uint32_t part) {
     if (p.pending_sums > 0) return;  // SumDone ends it.
     CloseRound(p, key, part);
   }
+  ResetRound(p);
+  ++p.round;
+}
+
+void KeyStore::ResetRound(Part& p) {
   p.arrived.assign(num_workers_, false);
   p.num_arrived = 0;
   p.pending_sums = 0;
@@ -138,7 +155,6 @@ void KeyStore::MaybeEndRound(Part& p, uint64_t key, uint32_t part) {
   p.acc.reset();
   p.error = absl::OkStatus();
   p.op = wire::OP_NONE;
-  ++p.round;
 }
 
 void KeyStore::CloseRound(Part& p, uint64_t key, uint32_t part) {

@@ -106,6 +106,7 @@ class KeyStore {
                   const absl::Status& status);
   void FailRound(Part& p, const absl::Status& status);
   void MaybeEndRound(Part& p, uint64_t key, uint32_t part);
+  void ResetRound(Part& p);
   void CloseRound(Part& p, uint64_t key, uint32_t part);
 
   const int num_workers_;

@@ -41,10 +41,6 @@ struct PsStore::Op {
 
 namespace {
 
-uint64_t RoundKey(uint64_t key, uint32_t part) {
-  return key ^ (static_cast<uint64_t>(part) * 0x9e3779b97f4a7c15ull);
-}
-
 absl::Status CheckTensor(absl::string_view name, const TensorView& t, absl::string_view what) {
   if (t.device != Device::kCPU) {
     return absl::UnimplementedError(absl::StrCat(
@@ -336,9 +332,12 @@ void PsStore::StartOp(std::shared_ptr<Op> op) {
 
 void PsStore::Activate(Op* op) {
   op->activated = true;
-  op->rounds.resize(op->parts.size());
+  // One round number per operation on a name, shared by all its partitions: after a
+  // failed round that some partitions never closed, the next operation's requests carry a
+  // later round and the server abandons the stale ones instead of mixing their data in.
+  const uint64_t round = rounds_[op->key]++;
+  op->rounds.assign(op->parts.size(), round);
   for (const Partition& p : op->parts) {
-    op->rounds[p.index] = rounds_[RoundKey(op->key, p.index)]++;
     ready_.push(PartTask{op->priority, op->seq, p.index, active_.at(op->seq)});
   }
 }
@@ -561,8 +560,11 @@ void PsStore::Break(const absl::Status& status) {
   for (auto& [seq, op] : active_) ops.push_back(op.get());
   for (Op* op : ops) {
     if (op->status.ok()) {
-      op->status = absl::Status(status.code(),
-                                absl::StrCat(op->Describe(), " failed: ", status.message()));
+      // The operation that timed out is already named at the head of the message.
+      op->status = absl::StartsWith(status.message(), op->Describe())
+                       ? status
+                       : absl::Status(status.code(), absl::StrCat(op->Describe(), " failed: ",
+                                                                  status.message()));
     }
     if (!op->activated) op->remaining = 0;
     MaybeComplete(op);

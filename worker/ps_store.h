@@ -117,7 +117,7 @@ class PsStore : public KVStore {
   std::vector<bool> inproc_;                   // by server rank: payloads are copied
   std::map<uint64_t, std::shared_ptr<Op>> active_;  // by seq: submission (= deadline) order
   absl::flat_hash_map<uint64_t, std::deque<std::shared_ptr<Op>>> per_key_;
-  absl::flat_hash_map<uint64_t, uint64_t> rounds_;  // (key ^ part mix) -> next round
+  absl::flat_hash_map<uint64_t, uint64_t> rounds_;  // key -> next round
   std::priority_queue<PartTask> ready_;
   absl::flat_hash_map<uint64_t, InFlight> in_flight_;
   uint64_t next_request_id_ = 1;

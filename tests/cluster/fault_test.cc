@@ -1,1 +1,638 @@
+// Failures of an in-process job: operations that disagree between workers, a server that
+// dies, a rank that never submits, and malformed or hostile messages on the servers' and
+// the scheduler's ports. Every failure must be reported well before op_timeout, name its
+// cause, and leave the rest of the job working where it can.
 #include <gtest/gtest.h>
+#include <zmq.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/dtype.h"
+#include "common/hybridps.pb.h"
+#include "common/partition.h"
+#include "common/transport.h"
+#include "common/wire.h"
+#include "scheduler/scheduler.h"
+#include "tests/cluster/local_cluster.h"
+#include "tests/cluster/tensor_fill.h"
+
+namespace hybridps::testing {
+namespace {
+
+// Failures must come long before this (op_timeout is 30 s unless a test lowers it).
+constexpr absl::Duration kQuick = absl::Seconds(5);
+// A dead peer is noticed after heartbeat_timeout (1 s) plus a heartbeat interval or two.
+constexpr absl::Duration kDeathBound = absl::Seconds(6);
+
+std::unique_ptr<LocalCluster> StartCluster(const ClusterConfig& config) {
+  auto cluster = LocalCluster::Start(config);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  return cluster.ok() ? std::move(*cluster) : nullptr;
+}
+
+::testing::AssertionResult Mentions(absl::string_view text, absl::string_view what) {
+  if (absl::StrContains(text, what)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << what << "' not in: " << text;
+}
+
+// Prints an error a test provoked, so the log shows what users would see.
+void Show(absl::string_view who, const absl::Status& status, absl::Duration after) {
+  std::printf("  [observed after %s] %s: %s\n", absl::FormatDuration(after).c_str(),
+              std::string(who).c_str(), status.ToString().c_str());
+}
+
+// `number` as a whole word of `text` (so "10" is not found in "1000").
+::testing::AssertionResult MentionsNumber(absl::string_view text, uint64_t number) {
+  const std::regex word(absl::StrCat("\\b", number, "\\b"));
+  if (std::regex_search(text.begin(), text.end(), word)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << number << " not in: " << text;
+}
+
+// Every worker push_pulls `name` (count elements of dtype) twice; both sums must be exact.
+void ExpectExactSums(LocalCluster& cluster, const std::string& name, DType dtype, size_t count) {
+  const int n = cluster.num_workers();
+  cluster.RunOnWorkers([&](int rank, KVStore* kv) {
+    Buffer b(dtype, count);
+    for (int round = 0; round < 2; ++round) {
+      b.Fill(rank, round, 7);
+      absl::Status s = kv->PushPull(name, b.view(), b.view());
+      ASSERT_TRUE(s.ok()) << "worker " << rank << ": " << s;
+      for (size_t i = 0; i < count; ++i) {
+        double want = 0;
+        for (int r = 0; r < n; ++r) want += Value(i, r, round, 7);
+        ASSERT_EQ(b.at(i), want) << name << " element " << i << " round " << round;
+      }
+    }
+  });
+}
+
+// Index (for LocalCluster::server/KillServer) of the server the scheduler gave `rank`.
+// Safe to read once Start returned: every worker completed a handshake with every
+// server, which each server only answers after it learnt its rank.
+int ServerIndex(LocalCluster& cluster, int rank, int num_servers) {
+  for (int i = 0; i < num_servers; ++i) {
+    if (cluster.server(i)->rank() == rank) return i;
+  }
+  ADD_FAILURE() << "no server has rank " << rank;
+  return 0;
+}
+
+// ---- operations that disagree between workers -------------------------------------------
+
+struct Outcome {
+  absl::Status status;
+  absl::Duration took;
+};
+
+// Worker 0 push_pulls `name` as (count0, dtype0), worker 1 as (count1, dtype1).
+std::vector<Outcome> MismatchedPushPull(LocalCluster& cluster, const std::string& name,
+                                        size_t count0, DType dtype0, size_t count1, DType dtype1) {
+  std::vector<Outcome> out(2);
+  cluster.RunOnWorkers([&](int rank, KVStore* kv) {
+    Buffer b(rank == 0 ? dtype0 : dtype1, rank == 0 ? count0 : count1);
+    b.Fill(rank, 0, 0);
+    const absl::Time start = absl::Now();
+    out[rank].status = kv->PushPull(name, b.view(), b.view());
+    out[rank].took = absl::Now() - start;
+  });
+  return out;
+}
+
+class MismatchTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    ClusterConfig c;
+    c.transport = GetParam();
+    c.workers = 2;
+    c.servers = 2;
+    c.partition_bytes = 64;  // 1000 float32 = 63 partitions over both servers
+    cluster_ = StartCluster(c);
+    ASSERT_NE(cluster_, nullptr);
+  }
+  std::unique_ptr<LocalCluster> cluster_;
+};
+
+TEST_P(MismatchTest, SizeFailsBothWorkersNamingBothSizesAndServersKeepServing) {
+  auto out = MismatchedPushPull(*cluster_, "bad", 10, DType::kFloat32, 1000, DType::kFloat32);
+  for (int rank = 0; rank < 2; ++rank) {
+    const absl::Status& s = out[rank].status;
+    Show(absl::StrCat("worker ", rank), s, out[rank].took);
+    ASSERT_FALSE(s.ok()) << "worker " << rank;
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(Mentions(s.message(), "'bad'"));
+    EXPECT_TRUE(MentionsNumber(s.message(), 10));
+    EXPECT_TRUE(MentionsNumber(s.message(), 1000));
+    EXPECT_LT(out[rank].took, kQuick) << "worker " << rank << ": " << s;
+  }
+  ExpectExactSums(*cluster_, "good", DType::kFloat32, 1000);
+  ExpectExactSums(*cluster_, "good.small", DType::kInt32, 5);
+}
+
+TEST_P(MismatchTest, DTypeFailsBothWorkersNamingBothDTypesAndServersKeepServing) {
+  auto out = MismatchedPushPull(*cluster_, "bad", 100, DType::kFloat32, 100, DType::kInt32);
+  for (int rank = 0; rank < 2; ++rank) {
+    const absl::Status& s = out[rank].status;
+    Show(absl::StrCat("worker ", rank), s, out[rank].took);
+    ASSERT_FALSE(s.ok()) << "worker " << rank;
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(Mentions(s.message(), "'bad'"));
+    EXPECT_TRUE(Mentions(s.message(), "float32"));
+    EXPECT_TRUE(Mentions(s.message(), "int32"));
+    EXPECT_LT(out[rank].took, kQuick) << "worker " << rank << ": " << s;
+  }
+  ExpectExactSums(*cluster_, "good", DType::kFloat32, 1000);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, MismatchTest, ::testing::Values("inproc", "tcp"),
+                         [](const auto& info) { return info.param; });
+
+// A name whose operation failed on a mismatch must never return a wrong sum later: the
+// partitions only one worker pushed are abandoned by the server when the retry's later
+// round arrives, and the matched retry sums exactly on every worker.
+TEST(MismatchRetryTest, MatchedRetryAfterAMismatchIsExactOrFails) {
+  ClusterConfig c;
+  c.workers = 2;
+  c.servers = 2;
+  c.partition_bytes = 64;
+  c.op_timeout = absl::Seconds(3);
+  auto cluster = StartCluster(c);
+  ASSERT_NE(cluster, nullptr);
+  auto out = MismatchedPushPull(*cluster, "bad", 10, DType::kFloat32, 1000, DType::kFloat32);
+  ASSERT_FALSE(out[0].status.ok());
+  ASSERT_FALSE(out[1].status.ok());
+  std::vector<absl::Status> status(2);
+  std::vector<Buffer> result;
+  for (int r = 0; r < 2; ++r) result.emplace_back(DType::kFloat32, 1000);
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    result[rank].Fill(rank, 1, 5);  // not the failed operation's data
+    status[rank] = kv->PushPull("bad", result[rank].view(), result[rank].view());
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    Show(absl::StrCat("worker ", rank), status[rank], absl::ZeroDuration());
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(status[rank].ok()) << "worker " << rank << ": " << status[rank];
+    for (size_t i = 0; i < 1000; ++i) {
+      ASSERT_EQ(result[rank].at(i), Value(i, 0, 1, 5) + Value(i, 1, 1, 5))
+          << "worker " << rank << " got a wrong sum without an error, element " << i;
+    }
+  }
+}
+
+// ---- a server that dies -----------------------------------------------------------------
+
+class DeadServerTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    ClusterConfig c;
+    c.transport = GetParam();
+    c.workers = 2;
+    c.servers = 2;
+    c.partition_bytes = 64;
+    cluster_ = StartCluster(c);
+    ASSERT_NE(cluster_, nullptr);
+    // The tensor used below has partitions on both servers.
+    std::set<int> servers;
+    for (const Partition& p : PartitionTensor(TensorKey("x"), kCount, DType::kFloat32, 64, 2)) {
+      servers.insert(p.server);
+    }
+    ASSERT_EQ(servers.size(), 2u);
+  }
+
+  static constexpr size_t kCount = 1000;
+  std::unique_ptr<LocalCluster> cluster_;
+};
+
+TEST_P(DeadServerTest, PushPullAfterTheDeathFailsNamingTheServer) {
+  const absl::Time killed = absl::Now();
+  cluster_->KillServer(ServerIndex(*cluster_, 1, 2));
+  std::vector<Outcome> out(2);
+  cluster_->RunOnWorkers([&](int rank, KVStore* kv) {
+    Buffer b(DType::kFloat32, kCount);
+    b.Fill(rank, 0, 0);
+    out[rank].status = kv->PushPull("x", b.view(), b.view());
+    out[rank].took = absl::Now() - killed;
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    const absl::Status& s = out[rank].status;
+    Show(absl::StrCat("worker ", rank), s, out[rank].took);
+    ASSERT_FALSE(s.ok()) << "worker " << rank;
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_TRUE(Mentions(s.message(), "server 1"));
+    EXPECT_TRUE(Mentions(s.message(), "'x'"));
+    EXPECT_LT(out[rank].took, kDeathBound) << "worker " << rank << ": " << s;
+  }
+}
+
+TEST_P(DeadServerTest, PushPullInFlightFailsWhenTheServerDies) {
+  // Only worker 0 pushes, so its operation waits for worker 1 on both servers.
+  Buffer b(DType::kFloat32, kCount);
+  b.Fill(0, 0, 0);
+  auto h = cluster_->worker(0)->PushPullAsync("x", b.view(), b.view());
+  ASSERT_TRUE(h.ok()) << h.status();
+  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_FALSE(h->Done()) << h->Wait();
+  const absl::Time killed = absl::Now();
+  cluster_->KillServer(ServerIndex(*cluster_, 1, 2));
+  absl::Status s = h->Wait();
+  const absl::Duration took = absl::Now() - killed;
+  Show("worker 0", s, took);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(Mentions(s.message(), "server 1"));
+  EXPECT_TRUE(Mentions(s.message(), "'x'"));
+  EXPECT_LT(took, kDeathBound) << s;
+  // Worker 1, which had nothing in flight, fails its next operation with the same cause.
+  Buffer c(DType::kFloat32, kCount);
+  absl::Status s1 = cluster_->worker(1)->PushPull("x", c.view(), c.view());
+  ASSERT_FALSE(s1.ok());
+  EXPECT_TRUE(Mentions(s1.message(), "server 1"));
+  EXPECT_LT(absl::Now() - killed, kDeathBound) << s1;
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, DeadServerTest, ::testing::Values("inproc", "tcp"),
+                         [](const auto& info) { return info.param; });
+
+// ---- a rank that never submits ----------------------------------------------------------
+
+TEST(DeadlineTest, RankThatNeverSubmitsFailsTheOthersAtTheDeadline) {
+  ClusterConfig c;
+  c.workers = 2;
+  c.servers = 2;
+  c.op_timeout = absl::Seconds(1);
+  auto cluster = StartCluster(c);
+  ASSERT_NE(cluster, nullptr);
+  Buffer b(DType::kFloat32, 10);
+  b.Fill(0, 0, 0);
+  const absl::Time start = absl::Now();
+  absl::Status s = cluster->worker(0)->PushPull("lonely", b.view(), b.view());
+  const absl::Duration took = absl::Now() - start;
+  Show("worker 0", s, took);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_TRUE(Mentions(s.message(), "'lonely'"));
+  EXPECT_GE(took, absl::Milliseconds(900)) << s;  // not before its deadline
+  EXPECT_LT(took, absl::Seconds(3)) << s;
+  // The store stays broken: later operations fail at once with the same cause.
+  absl::Status later = cluster->worker(0)->PushPull("other", b.view(), b.view());
+  ASSERT_FALSE(later.ok());
+  EXPECT_TRUE(Mentions(later.message(), "'lonely'"));
+}
+
+// ---- malformed and hostile messages ------------------------------------------------------
+
+// A hand-driven DEALER connected to a node's tcp endpoint, with a ZeroMQ monitor that
+// reports when the connection is dropped.
+class RawPeer {
+ public:
+  RawPeer(const Context& ctx, const std::string& endpoint) {
+    static std::atomic<int> counter{0};
+    auto sock = Socket::Create(ctx, SocketType::kDealer, size_t{1} << 30, absl::ZeroDuration());
+    EXPECT_TRUE(sock.ok()) << sock.status();
+    sock_ = std::move(*sock);
+    const std::string monitor_endpoint = absl::StrCat("inproc://raw-peer-monitor-", counter++);
+    EXPECT_EQ(zmq_socket_monitor(sock_->raw(), monitor_endpoint.c_str(),
+                                 ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED),
+              0);
+    monitor_ = zmq_socket(ctx.raw(), ZMQ_PAIR);
+    int zero = 0;
+    zmq_setsockopt(monitor_, ZMQ_LINGER, &zero, sizeof zero);
+    EXPECT_EQ(zmq_connect(monitor_, monitor_endpoint.c_str()), 0);
+    EXPECT_TRUE(sock_->Connect(endpoint).ok());
+  }
+  ~RawPeer() {
+    zmq_socket_monitor(sock_->raw(), nullptr, 0);
+    zmq_close(monitor_);
+    sock_.reset();
+  }
+  RawPeer(const RawPeer&) = delete;
+  RawPeer& operator=(const RawPeer&) = delete;
+
+  void SendFrames(const std::vector<std::string>& frames) {
+    Message msg;
+    for (const std::string& f : frames) msg.emplace_back(f);
+    ASSERT_TRUE(sock_->Send(msg).ok());
+  }
+  void SendEnvelope(const wire::Envelope& env, std::optional<std::string> payload = {}) {
+    std::vector<std::string> frames = {env.SerializeAsString()};
+    if (payload) frames.push_back(*payload);
+    SendFrames(frames);
+  }
+  // The next message as an envelope, or nullopt if none came within `timeout`.
+  std::optional<wire::Envelope> Receive(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      Poller poller;
+      poller.Add(sock_.get());
+      auto n = poller.Poll(deadline - absl::Now());
+      if (!n.ok() || *n == 0) continue;
+      auto msg = sock_->TryRecv();
+      if (!msg.ok() || !*msg) continue;
+      auto d = Decode(std::move(**msg), /*from_router=*/false);
+      EXPECT_TRUE(d.ok()) << d.status();
+      if (d.ok()) return d->env;
+    }
+    return std::nullopt;
+  }
+  // Waits for the monitor to report ZeroMQ event `event` on the connection.
+  bool WaitForEvent(int event, absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      zmq_pollitem_t item{monitor_, 0, ZMQ_POLLIN, 0};
+      if (zmq_poll(&item, 1, 50) <= 0) continue;
+      Frame head, address;
+      if (zmq_msg_recv(head.raw(), monitor_, 0) < 0) continue;
+      if (zmq_msg_more(head.raw())) zmq_msg_recv(address.raw(), monitor_, 0);
+      uint16_t id = 0;
+      if (head.size() >= sizeof id) std::memcpy(&id, head.data(), sizeof id);
+      if (id == event) return true;
+    }
+    return false;
+  }
+
+ private:
+  std::unique_ptr<Socket> sock_;
+  void* monitor_ = nullptr;
+};
+
+wire::Envelope Hello(uint32_t magic, uint32_t version, Role role = Role::kWorker) {
+  wire::Envelope env = MakeHello(role, 0);
+  env.mutable_hello()->set_magic(magic);
+  env.mutable_hello()->set_version(version);
+  return env;
+}
+
+// A push_pull request of `count` float32 elements of a tensor no real worker uses.
+wire::Envelope DataRequest(uint64_t id, uint64_t count, uint32_t dtype = 0) {
+  wire::Envelope env;
+  env.set_id(id);
+  auto* req = env.mutable_data_request();
+  req->set_name("rogue");
+  req->set_key(TensorKey("rogue"));
+  req->set_op(wire::OP_PUSHPULL);
+  req->set_dtype(dtype);
+  req->set_count(count);
+  req->set_total_count(count);
+  return env;
+}
+
+bool WaitForCount(const std::atomic<uint64_t>& counter, uint64_t want, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (counter.load() < want) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+class ProtocolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ClusterConfig c;
+    c.transport = "tcp";
+    c.workers = 2;
+    c.servers = 2;
+    c.partition_bytes = 64;
+    c.max_message_bytes = kMaxMessageBytes;
+    cluster_ = StartCluster(c);
+    ASSERT_NE(cluster_, nullptr);
+    server_ = cluster_->server(0);
+    ASSERT_TRUE(absl::StartsWith(server_->endpoint(), "tcp://")) << server_->endpoint();
+  }
+
+  // Sends `frames` from `peer` and expects the server to count one more rejected message
+  // and to answer with an Error (request id `id`) whose message mentions `reason`.
+  void ExpectRejected(RawPeer& peer, const std::vector<std::string>& frames,
+                      absl::string_view reason, uint64_t id = 0) {
+    const uint64_t before = server_->stats().rejected.load();
+    peer.SendFrames(frames);
+    EXPECT_TRUE(WaitForCount(server_->stats().rejected, before + 1, kQuick))
+        << "the server did not reject a message that should fail with '" << reason << "'";
+    auto reply = peer.Receive(kQuick);
+    ASSERT_TRUE(reply.has_value()) << "no reply to a message rejected for '" << reason << "'";
+    ASSERT_EQ(reply->body_case(), wire::Envelope::kError) << reply->DebugString();
+    EXPECT_EQ(reply->id(), id);
+    EXPECT_TRUE(Mentions(reply->error().message(), reason));
+  }
+
+  static constexpr size_t kMaxMessageBytes = 1 << 20;
+  Context ctx_;  // the raw peers' (declared first: destroyed after them)
+  std::unique_ptr<LocalCluster> cluster_;
+  Server* server_ = nullptr;
+};
+
+TEST_F(ProtocolTest, ServerRejectsMalformedMessagesAndKeepsServing) {
+  {
+    RawPeer peer(ctx_, server_->endpoint());
+    ExpectRejected(peer, {"\x07garbage"}, "malformed");
+    ExpectRejected(peer, {""}, "without a body");
+    ExpectRejected(peer, {"a", "b", "c", "d"}, "frames");
+    ExpectRejected(peer, {Hello(0xdeadbeef, kProtocolVersion).SerializeAsString()}, "magic");
+    ExpectRejected(peer, {Hello(kMagic, 99).SerializeAsString()}, "version");
+    ExpectRejected(peer, {Hello(kMagic, kProtocolVersion, Role::kServer).SerializeAsString()},
+                   "only workers");
+    // Nothing above counted as a handshake.
+    ExpectRejected(peer, {DataRequest(5, 4).SerializeAsString(), std::string(16, '\0')},
+                   "handshake", 5);
+  }
+  {
+    RawPeer peer(ctx_, server_->endpoint());
+    peer.SendEnvelope(MakeHello(Role::kWorker, 0));
+    auto ack = peer.Receive(kQuick);
+    ASSERT_TRUE(ack.has_value());
+    ASSERT_EQ(ack->body_case(), wire::Envelope::kHelloAck) << ack->DebugString();
+    // Truncated: 4 float32 elements announced, 12 bytes sent.
+    ExpectRejected(peer, {DataRequest(6, 4).SerializeAsString(), std::string(12, '\0')}, "bytes",
+                   6);
+    ExpectRejected(peer,
+                   {DataRequest(7, 4, /*dtype=*/99).SerializeAsString(), std::string(16, '\0')},
+                   "dtype", 7);
+    ExpectRejected(peer, {DataRequest(8, 4).SerializeAsString()}, "payload", 8);
+    wire::Envelope heartbeat;
+    heartbeat.set_id(9);
+    heartbeat.mutable_heartbeat();
+    ExpectRejected(peer, {heartbeat.SerializeAsString()}, "unexpected", 9);
+  }
+  {
+    // Larger than max_message_bytes: ZeroMQ refuses it and drops the connection, so the
+    // server never sees it (no reply, nothing counted).
+    RawPeer peer(ctx_, server_->endpoint());
+    ASSERT_TRUE(peer.WaitForEvent(ZMQ_EVENT_CONNECTED, kQuick));
+    peer.SendEnvelope(MakeHello(Role::kWorker, 0));
+    auto ack = peer.Receive(kQuick);
+    ASSERT_TRUE(ack.has_value());
+    ASSERT_EQ(ack->body_case(), wire::Envelope::kHelloAck) << ack->DebugString();
+    const uint64_t requests = server_->stats().requests.load();
+    const uint64_t count = 2 * kMaxMessageBytes / 4;
+    peer.SendEnvelope(DataRequest(10, count), std::string(count * 4, '\1'));
+    EXPECT_TRUE(peer.WaitForEvent(ZMQ_EVENT_DISCONNECTED, kQuick))
+        << "ZeroMQ kept a connection that sent a message over max_message_bytes";
+    EXPECT_FALSE(peer.Receive(absl::Milliseconds(300)).has_value());
+    EXPECT_EQ(server_->stats().requests.load(), requests);
+  }
+  // Both servers still serve the real workers.
+  ExpectExactSums(*cluster_, "good", DType::kFloat32, 1000);
+  cluster_->RunOnWorkers(
+      [](int rank, KVStore* kv) { EXPECT_TRUE(kv->Barrier().ok()) << "worker " << rank; });
+}
+
+TEST_F(ProtocolTest, SchedulerRejectsMalformedMessagesAndKeepsRunning) {
+  const std::string endpoint = cluster_->options().scheduler_endpoint;
+  ASSERT_TRUE(absl::StartsWith(endpoint, "tcp://")) << endpoint;
+  {
+    RawPeer peer(ctx_, endpoint);
+    // Undecodable: dropped without a reply; the scheduler goes on (it answers the Hello
+    // that follows, which ZeroMQ delivers after them).
+    peer.SendFrames({"\x07garbage"});
+    peer.SendFrames({"a", "b", "c", "d"});
+    peer.SendEnvelope(Hello(kMagic, 99));
+    auto reply = peer.Receive(kQuick);
+    // (Should the scheduler ever answer undecodable messages too, skip those answers.)
+    for (int i = 0; i < 2 && reply && reply->body_case() == wire::Envelope::kError &&
+                    !absl::StrContains(reply->error().message(), "version");
+         ++i) {
+      reply = peer.Receive(kQuick);
+    }
+    ASSERT_TRUE(reply.has_value());
+    ASSERT_EQ(reply->body_case(), wire::Envelope::kError) << reply->DebugString();
+    EXPECT_TRUE(Mentions(reply->error().message(), "version"));
+    peer.SendEnvelope(Hello(0xdeadbeef, kProtocolVersion));
+    reply = peer.Receive(kQuick);
+    ASSERT_TRUE(reply.has_value());
+    ASSERT_EQ(reply->body_case(), wire::Envelope::kError) << reply->DebugString();
+    EXPECT_TRUE(Mentions(reply->error().message(), "magic"));
+    wire::Envelope barrier;
+    barrier.set_id(3);
+    barrier.mutable_barrier()->set_group(wire::GROUP_WORKERS);
+    peer.SendEnvelope(barrier);
+    reply = peer.Receive(kQuick);
+    ASSERT_TRUE(reply.has_value());
+    ASSERT_EQ(reply->body_case(), wire::Envelope::kError) << reply->DebugString();
+    EXPECT_EQ(reply->id(), 3u);
+    EXPECT_TRUE(Mentions(reply->error().message(), "handshake"));
+  }
+  {
+    // A node that turns up after the job started cannot join it.
+    RawPeer peer(ctx_, endpoint);
+    peer.SendEnvelope(MakeHello(Role::kWorker, -1));
+    auto ack = peer.Receive(kQuick);
+    ASSERT_TRUE(ack.has_value());
+    ASSERT_EQ(ack->body_case(), wire::Envelope::kHelloAck) << ack->DebugString();
+    wire::Envelope reg;
+    reg.set_id(4);
+    reg.mutable_register_()->set_role(wire::ROLE_WORKER);
+    reg.mutable_register_()->set_requested_rank(-1);
+    peer.SendEnvelope(reg);
+    auto reply = peer.Receive(kQuick);
+    ASSERT_TRUE(reply.has_value());
+    ASSERT_EQ(reply->body_case(), wire::Envelope::kError) << reply->DebugString();
+    EXPECT_EQ(reply->id(), 4u);
+    EXPECT_TRUE(Mentions(reply->error().message(), "already started"));
+  }
+  // The scheduler still runs the job: barriers go through it, and a scheduler that had
+  // stopped would fail them within the heartbeat timeout.
+  cluster_->RunOnWorkers(
+      [](int rank, KVStore* kv) { EXPECT_TRUE(kv->Barrier().ok()) << "worker " << rank; });
+  ExpectExactSums(*cluster_, "good", DType::kFloat32, 1000);
+}
+
+// ---- registration errors -----------------------------------------------------------------
+
+// A bare scheduler for one worker and one server: registrations that must be refused.
+TEST(RegistrationTest, SchedulerRefusesBadRegistrations) {
+  Context ctx;
+  Options o;
+  o.role = Role::kScheduler;
+  o.num_workers = 1;
+  o.num_servers = 1;
+  o.scheduler_endpoint = "tcp://127.0.0.1:0";
+  o.log_level = 1;
+  auto scheduler = Scheduler::Create(ctx, o);
+  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  std::thread run([s = scheduler->get()] { (void)s->Run(); });
+  const std::string endpoint = (*scheduler)->endpoint();
+
+  auto registration = [](wire::NodeRole role, int rank, absl::string_view endpoint) {
+    wire::Envelope env;
+    env.set_id(1);
+    auto* r = env.mutable_register_();
+    r->set_role(role);
+    r->set_requested_rank(rank);
+    r->set_data_endpoint(std::string(endpoint));
+    r->set_host("test");
+    r->set_pid(1);
+    return env;
+  };
+  // Registers through `peer`; the scheduler's Error message, or "" if no reply came
+  // within `wait`.
+  auto try_register = [&](RawPeer& peer, const wire::Envelope& reg,
+                          absl::Duration wait = kQuick) -> std::string {
+    peer.SendEnvelope(MakeHello(Role::kWorker, -1));
+    auto ack = peer.Receive(kQuick);
+    EXPECT_TRUE(ack.has_value() && ack->body_case() == wire::Envelope::kHelloAck);
+    peer.SendEnvelope(reg);
+    auto reply = peer.Receive(wait);
+    if (!reply) return "";
+    EXPECT_EQ(reply->body_case(), wire::Envelope::kError) << reply->DebugString();
+    return reply->error().message();
+  };
+
+  // The job's one worker: accepted, so it waits for the Welcome (no reply yet).
+  RawPeer worker(ctx, endpoint);
+  EXPECT_EQ(try_register(worker, registration(wire::ROLE_WORKER, 0, ""), absl::Milliseconds(300)),
+            "");
+  {
+    RawPeer peer(ctx, endpoint);
+    EXPECT_TRUE(Mentions(try_register(peer, registration(wire::ROLE_WORKER, -1, "")),
+                         "already have 1 workers"));
+  }
+  {
+    RawPeer peer(ctx, endpoint);
+    EXPECT_TRUE(Mentions(try_register(peer, registration(wire::ROLE_SERVER, 3, "tcp://x:1")),
+                         "out of range"));
+  }
+  {
+    RawPeer peer(ctx, endpoint);
+    EXPECT_TRUE(
+        Mentions(try_register(peer, registration(wire::ROLE_SERVER, 0, "")), "data endpoint"));
+  }
+  {
+    RawPeer peer(ctx, endpoint);
+    EXPECT_TRUE(Mentions(try_register(peer, registration(wire::ROLE_SCHEDULER, -1, "")),
+                         "only workers and servers"));
+  }
+  // The job can still start: a valid server completes it and both get their Welcome.
+  RawPeer server(ctx, endpoint);
+  server.SendEnvelope(MakeHello(Role::kServer, 0));
+  server.SendEnvelope(registration(wire::ROLE_SERVER, 0, "tcp://127.0.0.1:1"));
+  bool server_welcomed = false;
+  for (int i = 0; i < 2 && !server_welcomed; ++i) {
+    auto reply = server.Receive(kQuick);
+    ASSERT_TRUE(reply.has_value());
+    server_welcomed = reply->body_case() == wire::Envelope::kWelcome;
+  }
+  EXPECT_TRUE(server_welcomed);
+  auto welcome = worker.Receive(kQuick);
+  ASSERT_TRUE(welcome.has_value());
+  ASSERT_EQ(welcome->body_case(), wire::Envelope::kWelcome) << welcome->DebugString();
+  EXPECT_EQ(welcome->welcome().rank(), 0);
+  EXPECT_EQ(welcome->welcome().servers(0).endpoint(), "tcp://127.0.0.1:1");
+
+  (*scheduler)->Stop();
+  run.join();
+}
+
+}  // namespace
+}  // namespace hybridps::testing

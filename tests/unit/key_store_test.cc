@@ -84,17 +84,37 @@ TEST_F(KeyStoreTest, MismatchedSizesFailTheRoundForEveryWorkerAndNameTheKey) {
   EXPECT_EQ(AsFloats(*replies_[0].payload), (std::vector<float>{6}));
 }
 
-TEST_F(KeyStoreTest, RejectsWrongRoundDuplicatesAndBadRanks) {
-  store_.Handle("a", 0, 1, Req("w", 5, 1), Floats({1}));
+TEST_F(KeyStoreTest, RejectsEarlierRoundsDuplicatesAndBadRanks) {
+  for (int r = 0; r < 3; ++r) store_.Handle("p", r, r, Req("w", 0, 1), Floats({1}));
+  ASSERT_EQ(replies_.size(), 3u);  // round 0 done; the server is at round 1
+  replies_.clear();
+  store_.Handle("a", 0, 1, Req("w", 0, 1), Floats({1}));
   ASSERT_EQ(replies_.size(), 1u);
-  EXPECT_NE(replies_[0].env.error().message().find("round 5"), std::string::npos);
-  store_.Handle("a", 0, 2, Req("w", 0, 1), Floats({1}));
-  store_.Handle("a", 0, 3, Req("w", 0, 1), Floats({1}));
+  EXPECT_NE(replies_[0].env.error().message().find("round 0 but the server is at round 1"),
+            std::string::npos)
+      << replies_[0].env.error().message();
+  store_.Handle("a", 0, 2, Req("w", 1, 1), Floats({1}));
+  store_.Handle("a", 0, 3, Req("w", 1, 1), Floats({1}));
   ASSERT_EQ(replies_.size(), 2u);
   EXPECT_NE(replies_[1].env.error().message().find("twice"), std::string::npos);
-  store_.Handle("z", 7, 4, Req("w", 0, 1), Floats({1}));
+  store_.Handle("z", 7, 4, Req("w", 1, 1), Floats({1}));
   ASSERT_EQ(replies_.size(), 3u);
   EXPECT_NE(replies_[2].env.error().message().find("rank 7"), std::string::npos);
+}
+
+TEST_F(KeyStoreTest, ALaterRoundAbandonsAStaleOpenOne) {
+  // Worker 0 pushed round 0 and gave up on it (say, a mismatch elsewhere in the tensor);
+  // the others moved on to round 3. Round 0's data must not be mixed into round 3.
+  store_.Handle("a", 0, 1, Req("w", 0, 1), Floats({100}));
+  store_.Handle("b", 1, 2, Req("w", 3, 1), Floats({1}));
+  ASSERT_EQ(replies_.size(), 1u);
+  EXPECT_EQ(replies_[0].peer, "a");
+  EXPECT_NE(replies_[0].env.error().message().find("abandoned"), std::string::npos);
+  replies_.clear();
+  store_.Handle("a", 0, 3, Req("w", 3, 1), Floats({2}));
+  store_.Handle("c", 2, 4, Req("w", 3, 1), Floats({4}));
+  ASSERT_EQ(replies_.size(), 3u);
+  for (auto& r : replies_) EXPECT_EQ(AsFloats(*r.payload), (std::vector<float>{7}));
 }
 
 TEST_F(KeyStoreTest, BroadcastSendsTheRootsValueAndNothingBackToTheRoot) {

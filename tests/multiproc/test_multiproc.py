@@ -1,0 +1,411 @@
+"""Multi-process tests: a real scheduler, servers and workers on loopback.
+
+Jobs run through scripts/hybridrun, with hybridps-test-worker (test_worker.cc) as the
+worker: it checks exact sums every round and prints "round K ok". hybridrun stops the
+whole job as soon as one process dies, before the survivors could notice the death
+themselves; so the tests of what the survivors report start the processes directly
+(DirectJob) and let the job end by itself.
+
+Every process of a job carries HYBRIDPS_TEST_MARKER=<unique id> in its environment; the
+tests find a job's processes (and prove none is left) by scanning /proc for it.
+
+Binaries come from $HYBRIDPS_BUILD_DIR (CTest sets it), else <repo>/build.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HYBRIDRUN = REPO / "scripts" / "hybridrun"
+BUILD = Path(os.environ.get("HYBRIDPS_BUILD_DIR") or REPO / "build")
+TEST_WORKER = BUILD / "tests" / "multiproc" / "hybridps-test-worker"
+SCHEDULER = BUILD / "scheduler" / "hybridps-scheduler"
+SERVER = BUILD / "server" / "hybridps-server"
+LOGREG = BUILD / "examples" / "hybridps-train-logreg"
+
+MARKER_VAR = "HYBRIDPS_TEST_MARKER"
+RUN_TIMEOUT = 30.0    # s: the most any one job may take
+FAILURE_BOUND = 20.0  # s: from a death to hybridrun's exit
+# s: from a death to the survivors' error. The heartbeat timeout is 1 s (below); the
+# operation deadline (30 s) must not be what ends them.
+DETECTION_BOUND = 6.0
+ERROR_PREFIX = "hybridps-test-worker: error: "
+
+# Fast failure detection; small partitions so the test tensors span every server.
+JOB_ENV = {
+    "HYBRIDPS_HEARTBEAT_INTERVAL_MS": "100",
+    "HYBRIDPS_HEARTBEAT_TIMEOUT_MS": "1000",
+    "HYBRIDPS_PARTITION_BYTES": "4096",
+    "HYBRIDPS_TIMEOUT_MS": "30000",
+    "HYBRIDPS_START_TIMEOUT_MS": "20000",
+}
+
+
+# ---- finding a job's processes ---------------------------------------------------------
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def job_processes(marker: str) -> dict[int, dict[str, str]]:
+    """Live (not zombie) processes whose environment has this job's marker: pid -> the
+    HYBRIDPS_* variables it started with."""
+    needle = f"{MARKER_VAR}={marker}".encode()
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            items = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if needle not in items or _state(int(entry)) in (None, "Z", "X"):
+            continue
+        env = {}
+        for item in items:
+            key, sep, value = item.decode(errors="replace").partition("=")
+            if sep and key.startswith("HYBRIDPS_"):
+                env[key] = value
+        found[int(entry)] = env
+    return found
+
+
+def find_process(marker: str, role: str, rank: int, timeout: float = 5.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid, env in job_processes(marker).items():
+            if env.get("HYBRIDPS_ROLE") == role and env.get("HYBRIDPS_RANK") == str(rank):
+                return pid
+        time.sleep(0.05)
+    raise AssertionError(f"no {role} {rank} among {job_processes(marker)}")
+
+
+def assert_nothing_left(marker: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while job_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = job_processes(marker)
+    assert not left, f"processes of the job are still running: {left}"
+
+
+def kill_leftovers(marker: str) -> None:
+    for pid in job_processes(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+# ---- output ------------------------------------------------------------------------------
+
+class Lines:
+    """The lines a stream produced, collected by a thread, each with its arrival time."""
+
+    def __init__(self, stream) -> None:  # noqa: ANN001 (a text pipe)
+        self.lines: list[tuple[float, str]] = []
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:  # noqa: ANN001
+        for line in stream:
+            with self._cond:
+                self.lines.append((time.monotonic(), line.rstrip("\n")))
+                self._cond.notify_all()
+        stream.close()
+
+    def wait_for(self, pattern: str, timeout: float) -> float:
+        """Waits for a line matching ``pattern``; returns when it came."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for when, line in self.lines:
+                    if regex.search(line):
+                        return when
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    raise AssertionError(f"no line matching {pattern!r} in:\n{self.text()}")
+                self._cond.wait(min(left, 0.1))
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+
+def worker_lines(out: str, rank: int) -> list[str]:
+    prefix = f"[worker {rank}] "
+    return [line[len(prefix):] for line in out.splitlines() if line.startswith(prefix)]
+
+
+def error_lines(lines: list[str]) -> list[str]:
+    return [line[line.index(ERROR_PREFIX):] for line in lines if ERROR_PREFIX in line]
+
+
+# ---- jobs --------------------------------------------------------------------------------
+
+@dataclass
+class JobEnv:
+    marker: str
+    env: dict[str, str]
+
+
+@pytest.fixture
+def job() -> Iterator[JobEnv]:
+    missing = [p for p in (TEST_WORKER, SCHEDULER, SERVER, LOGREG) if not os.access(p, os.X_OK)]
+    if missing:
+        pytest.fail(f"not built: {', '.join(map(str, missing))} (build everything first, "
+                    "or set HYBRIDPS_BUILD_DIR)")
+    marker = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYBRIDPS_")}
+    env.update(JOB_ENV)
+    env[MARKER_VAR] = marker
+    try:
+        yield JobEnv(marker, env)
+    finally:
+        kill_leftovers(marker)
+
+
+@dataclass
+class HybridRun:
+    """A running hybridrun, its output collected as it comes."""
+
+    proc: subprocess.Popen[str]
+    out: Lines
+    err: Lines
+    started: float = field(default_factory=time.monotonic)
+
+    def finish(self, timeout: float) -> tuple[int, str, str, float]:
+        """Waits for the exit: (code, stdout, stderr, time of the exit)."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"hybridrun still running after {timeout:g} s:\n"
+                                 f"{self.out.text()}\n{self.err.text()}") from None
+        ended = time.monotonic()
+        self.out.join(5.0)
+        self.err.join(5.0)
+        return code, self.out.text(), self.err.text(), ended
+
+
+def hybridrun(job: JobEnv, np: int, servers: int, command: list[str]) -> HybridRun:
+    proc = subprocess.Popen(
+        [sys.executable, str(HYBRIDRUN), "-np", str(np), "--servers", str(servers),
+         "--bin-dir", str(BUILD), "--", *command],
+        env=job.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, errors="replace")
+    assert proc.stdout is not None and proc.stderr is not None
+    return HybridRun(proc, Lines(proc.stdout), Lines(proc.stderr))
+
+
+class DirectJob:
+    """Scheduler, servers and workers started by the test, each in its own process
+    group, left to end by themselves after a failure."""
+
+    def __init__(self, job: JobEnv, tmp: Path, workers: int, servers: int,
+                 worker_args: list[str]) -> None:
+        self.job = job
+        self.procs: dict[str, subprocess.Popen[str]] = {}
+        self.output: dict[str, Lines] = {}
+        self.exited: dict[str, float] = {}
+        common = {"HYBRIDPS_SCHEDULER_ADDR": "127.0.0.1",
+                  "HYBRIDPS_NUM_WORKERS": str(workers),
+                  "HYBRIDPS_NUM_SERVERS": str(servers),
+                  "HYBRIDPS_JOB_TOKEN": job.marker}
+        port_file = tmp / "scheduler.port"
+        self._start("scheduler", [str(SCHEDULER)], {
+            **common, "HYBRIDPS_ROLE": "scheduler", "HYBRIDPS_SCHEDULER_PORT": "0",
+            "HYBRIDPS_PORT_FILE": str(port_file)})
+        deadline = time.monotonic() + 10.0
+        while not (port_file.exists() and port_file.read_text().endswith("\n")):
+            assert time.monotonic() < deadline, "the scheduler wrote no port file"
+            assert self.procs["scheduler"].poll() is None, self.output["scheduler"].text()
+            time.sleep(0.02)
+        common["HYBRIDPS_SCHEDULER_PORT"] = port_file.read_text().strip()
+        for i in range(servers):
+            self._start(f"server {i}", [str(SERVER)],
+                        {**common, "HYBRIDPS_ROLE": "server", "HYBRIDPS_RANK": str(i)})
+        for r in range(workers):
+            self._start(f"worker {r}", [str(TEST_WORKER), *worker_args],
+                        {**common, "HYBRIDPS_ROLE": "worker", "HYBRIDPS_RANK": str(r)})
+
+    def _start(self, label: str, argv: list[str], env: dict[str, str]) -> None:
+        proc = subprocess.Popen(argv, env={**self.job.env, **env}, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", start_new_session=True)
+        assert proc.stdout is not None
+        self.procs[label] = proc
+        self.output[label] = Lines(proc.stdout)
+
+    def wait(self, label: str, timeout: float) -> int:
+        """Waits for one process's exit (recording when it came); its return code."""
+        proc = self.procs[label]
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{label} still running after {timeout:g} s:\n"
+                                 f"{self.text()}") from None
+        self.exited.setdefault(label, time.monotonic())
+        return code
+
+    def wait_all(self, timeout: float) -> dict[str, int]:
+        deadline = time.monotonic() + timeout
+        codes = {}
+        while len(codes) < len(self.procs):
+            for label, proc in self.procs.items():
+                if label not in codes and proc.poll() is not None:
+                    codes[label] = self.wait(label, 0)
+            if len(codes) < len(self.procs):
+                if time.monotonic() >= deadline:
+                    running = sorted(set(self.procs) - set(codes))
+                    raise AssertionError(f"{running} still running {timeout:g} s on:\n"
+                                         f"{self.text()}")
+                time.sleep(0.02)
+        for lines in self.output.values():
+            lines.join(5.0)
+        return codes
+
+    def lines(self, label: str) -> list[str]:
+        return [line for _, line in self.output[label].lines]
+
+    def text(self) -> str:
+        return "\n".join(f"[{label}] {line}" for label, out in self.output.items()
+                         for _, line in out.lines)
+
+    def kill(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+                proc.wait(timeout=5.0)
+
+
+@pytest.fixture
+def direct(job: JobEnv, tmp_path: Path) -> Iterator[list[DirectJob]]:
+    jobs: list[DirectJob] = []
+    try:
+        yield jobs
+    finally:
+        for j in jobs:
+            j.kill()
+
+
+# ---- tests -------------------------------------------------------------------------------
+
+def test_two_workers_two_servers_exact_sums(job: JobEnv) -> None:
+    rounds = 5
+    run = hybridrun(job, 2, 2, [str(TEST_WORKER), "--rounds", str(rounds)])
+    code, out, err, _ = run.finish(RUN_TIMEOUT)
+    assert code == 0, f"{out}\n{err}"
+    assert "warning" not in err, err
+    for rank in range(2):
+        lines = worker_lines(out, rank)
+        assert [line for line in lines if line.startswith("round ")] == [
+            f"round {k} ok" for k in range(rounds)], out
+        assert f"worker {rank}: all {rounds} rounds ok" in lines, out
+    assert_nothing_left(job.marker)
+
+
+def test_killed_worker_stops_the_job(job: JobEnv) -> None:
+    # The pause after each round lets the others print "round 1 ok" before worker 1 dies
+    # (hybridrun then stops them at once).
+    run = hybridrun(job, 3, 2, [str(TEST_WORKER), "--rounds", "200", "--sleep-ms", "300",
+                                "--die-rank", "1", "--die-round", "2", "--expect-failure"])
+    died = run.out.wait_for(r"^\[worker 1\] worker 1: dying at round 2$", RUN_TIMEOUT)
+    code, out, err, ended = run.finish(FAILURE_BOUND)
+    assert ended - died < FAILURE_BOUND
+    assert code == 128 + signal.SIGKILL, f"{out}\n{err}"
+    assert re.search(r"worker 1 .*(SIGKILL|signal 9)", err), err
+    for rank in (0, 2):
+        lines = worker_lines(out, rank)
+        assert "round 1 ok" in lines, out
+        # Round 2 cannot complete without worker 1.
+        assert "round 2 ok" not in lines, out
+    assert_nothing_left(job.marker)
+
+
+def test_killed_server_stops_the_job(job: JobEnv) -> None:
+    run = hybridrun(job, 2, 2, [str(TEST_WORKER), "--rounds", "400", "--sleep-ms", "20",
+                                "--expect-failure"])
+    run.out.wait_for(r"^\[worker 0\] round 3 ok$", RUN_TIMEOUT)
+    os.kill(find_process(job.marker, "server", 1), signal.SIGKILL)
+    killed = time.monotonic()
+    code, out, err, ended = run.finish(FAILURE_BOUND)
+    assert ended - killed < FAILURE_BOUND
+    assert code != 0, f"{out}\n{err}"
+    worker_errors = error_lines(worker_lines(out, 0) + worker_lines(out, 1))
+    assert "server 1" in err or any("server 1" in e for e in worker_errors), f"{out}\n{err}"
+    assert_nothing_left(job.marker)
+
+
+def test_survivors_name_the_killed_worker(job: JobEnv, tmp_path: Path,
+                                          direct: list[DirectJob]) -> None:
+    j = DirectJob(job, tmp_path, workers=3, servers=2,
+                  worker_args=["--rounds", "200", "--sleep-ms", "20", "--die-rank", "1",
+                               "--die-round", "2", "--expect-failure"])
+    direct.append(j)
+    assert j.wait("worker 1", RUN_TIMEOUT) == -signal.SIGKILL, j.text()
+    died = j.exited["worker 1"]
+    codes = j.wait_all(RUN_TIMEOUT)  # the job must end by itself
+    for rank in (0, 2):
+        label = f"worker {rank}"
+        assert codes[label] == 3, j.text()
+        assert j.exited[label] - died < DETECTION_BOUND, j.text()
+        errors = error_lines(j.lines(label))
+        assert len(errors) == 1 and "worker 1" in errors[0], j.text()
+        assert "round 2 ok" not in j.lines(label), j.text()
+    assert codes["scheduler"] == 1, j.text()
+    assert any(re.search(r"worker 1 .*died", line) for line in j.lines("scheduler")), j.text()
+    assert max(j.exited.values()) - died < 2 * DETECTION_BOUND, j.text()
+    assert_nothing_left(job.marker)
+
+
+def test_survivors_name_the_killed_server(job: JobEnv, tmp_path: Path,
+                                          direct: list[DirectJob]) -> None:
+    j = DirectJob(job, tmp_path, workers=2, servers=2,
+                  worker_args=["--rounds", "400", "--sleep-ms", "20", "--expect-failure"])
+    direct.append(j)
+    j.output["worker 0"].wait_for(r"^round 3 ok$", RUN_TIMEOUT)
+    os.kill(j.procs["server 1"].pid, signal.SIGKILL)
+    killed = time.monotonic()
+    codes = j.wait_all(RUN_TIMEOUT)  # the job must end by itself
+    for rank in (0, 1):
+        label = f"worker {rank}"
+        assert codes[label] == 3, j.text()
+        assert j.exited[label] - killed < DETECTION_BOUND, j.text()
+        errors = error_lines(j.lines(label))
+        assert len(errors) == 1 and "server 1" in errors[0], j.text()
+    assert codes["server 1"] == -signal.SIGKILL
+    assert codes["scheduler"] == 1, j.text()
+    assert any(re.search(r"server 1 .*died", line) for line in j.lines("scheduler")), j.text()
+    assert max(j.exited.values()) - killed < 2 * DETECTION_BOUND, j.text()
+    assert_nothing_left(job.marker)
+
+
+def test_logistic_regression_demo(job: JobEnv) -> None:
+    run = hybridrun(job, 2, 2, [str(LOGREG)])
+    code, out, err, _ = run.finish(RUN_TIMEOUT)
+    assert code == 0, f"{out}\n{err}"
+    assert re.search(r"^\[worker 0\] final loss \d", out, re.MULTILINE), out
+    assert_nothing_left(job.marker)

@@ -1,0 +1,185 @@
+// hybridps-test-worker: the worker of the multi-process tests (test_multiproc.py), started
+// by hybridrun or by the test itself with the usual HYBRIDPS_* variables. Each round it
+// push_pulls a few tensors at once (with a small HYBRIDPS_PARTITION_BYTES the larger ones
+// span several partitions and every server), checks every element of every sum exactly,
+// and prints "round K ok".
+//
+//   --rounds N                   rounds to run (default 5)
+//   --sleep-ms MS                pause after each round (default 0)
+//   --die-rank R --die-round K   worker R kills itself with SIGKILL at the start of
+//                                round K, before pushing anything
+//   --expect-failure             an operation is expected to fail (a peer is killed)
+//
+// Exit status: 0 when every round was right; 3 when an operation failed and
+// --expect-failure was given, 1 when it was not (the error is printed on one line,
+// "hybridps-test-worker: error: MESSAGE"); 1 for a wrong sum; 2 for bad flags.
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
+#include "common/dtype.h"
+#include "common/options.h"
+#include "worker/kvstore.h"
+
+namespace {
+
+constexpr char kProgram[] = "hybridps-test-worker";
+
+struct Flags {
+  int rounds = 5;
+  int sleep_ms = 0;
+  int die_rank = -1;
+  int die_round = -1;
+  bool expect_failure = false;
+};
+
+bool ParseFlags(int argc, char** argv, Flags* f) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--expect-failure") {
+      f->expect_failure = true;
+      continue;
+    }
+    int* target = k == "--rounds"      ? &f->rounds
+                  : k == "--sleep-ms"  ? &f->sleep_ms
+                  : k == "--die-rank"  ? &f->die_rank
+                  : k == "--die-round" ? &f->die_round
+                                       : nullptr;
+    if (target == nullptr || i + 1 >= argc || !absl::SimpleAtoi(argv[i + 1], target)) {
+      std::fprintf(stderr, "%s: bad flag %s\n", kProgram, k.c_str());
+      return false;
+    }
+    ++i;
+  }
+  return true;
+}
+
+// Worker `rank`'s element i of tensor `salt` in round `round`: a small integer, so the
+// sum over the workers is exact in every dtype.
+int64_t Value(size_t i, int rank, int round, int salt) {
+  return static_cast<int64_t>((i * 7 + static_cast<size_t>(rank) * 3 +
+                               static_cast<size_t>(round) * 5 + static_cast<size_t>(salt)) %
+                              13);
+}
+
+struct Tensor {
+  std::string name;
+  hybridps::DType dtype;
+  size_t count;
+  std::vector<char> bytes;
+
+  hybridps::TensorView view() { return hybridps::TensorView{bytes.data(), count, dtype}; }
+  void Set(size_t i, int64_t v) {
+    switch (dtype) {
+      case hybridps::DType::kFloat32:
+        reinterpret_cast<float*>(bytes.data())[i] = static_cast<float>(v);
+        break;
+      case hybridps::DType::kInt64:
+        reinterpret_cast<int64_t*>(bytes.data())[i] = v;
+        break;
+      default:
+        std::abort();  // only the dtypes made below
+    }
+  }
+  int64_t Get(size_t i) const {
+    switch (dtype) {
+      case hybridps::DType::kFloat32:
+        return static_cast<int64_t>(reinterpret_cast<const float*>(bytes.data())[i]);
+      case hybridps::DType::kInt64:
+        return reinterpret_cast<const int64_t*>(bytes.data())[i];
+      default:
+        std::abort();
+    }
+  }
+};
+
+Tensor MakeTensor(std::string name, hybridps::DType dtype, size_t count) {
+  return Tensor{std::move(name), dtype, count,
+                std::vector<char>(count * hybridps::DTypeSize(dtype))};
+}
+
+// Prints `status` as the one error line the tests look for; returns the exit status.
+int Fail(const Flags& flags, const absl::Status& status) {
+  const std::string one_line = absl::StrReplaceAll(status.ToString(), {{"\r", " "}, {"\n", " "}});
+  std::fprintf(stderr, "%s: error: %s\n", kProgram, one_line.c_str());
+  std::fflush(stderr);
+  return flags.expect_failure ? 3 : 1;
+}
+
+int Run(const Flags& flags) {
+  auto options = hybridps::OptionsFromEnvironment();
+  if (!options.ok()) return Fail(flags, options.status());
+  // Declared before the store, so they outlive any operation its destructor finishes.
+  std::vector<Tensor> tensors;
+  tensors.push_back(MakeTensor("t.small", hybridps::DType::kFloat32, 7));
+  tensors.push_back(MakeTensor("t.multi", hybridps::DType::kFloat32, 10000));
+  tensors.push_back(MakeTensor("t.int64", hybridps::DType::kInt64, 3001));
+  tensors.push_back(MakeTensor("t.empty", hybridps::DType::kFloat32, 0));
+
+  auto created = hybridps::KVStore::Create("dist_hybrid", *options);
+  if (!created.ok()) return Fail(flags, created.status());
+  std::unique_ptr<hybridps::KVStore> kv = std::move(*created);
+  const int rank = kv->rank();
+  const int size = kv->num_workers();
+
+  for (int round = 0; round < flags.rounds; ++round) {
+    if (rank == flags.die_rank && round == flags.die_round) {
+      std::printf("worker %d: dying at round %d\n", rank, round);
+      std::fflush(stdout);
+      std::raise(SIGKILL);
+    }
+    std::vector<hybridps::Handle> handles;
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      Tensor& x = tensors[t];
+      for (size_t i = 0; i < x.count; ++i) x.Set(i, Value(i, rank, round, static_cast<int>(t)));
+      auto h = kv->PushPullAsync(x.name, x.view(), x.view(), static_cast<int>(t % 2));
+      if (!h.ok()) return Fail(flags, h.status());
+      handles.push_back(*h);
+    }
+    absl::Status first_error;
+    for (auto& h : handles) {
+      absl::Status s = h.Wait();
+      if (!s.ok() && first_error.ok()) first_error = s;
+    }
+    if (!first_error.ok()) return Fail(flags, first_error);
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const Tensor& x = tensors[t];
+      for (size_t i = 0; i < x.count; ++i) {
+        int64_t want = 0;
+        for (int r = 0; r < size; ++r) want += Value(i, r, round, static_cast<int>(t));
+        if (x.Get(i) != want) {
+          std::fprintf(stderr,
+                       "%s: wrong result: '%s' element %zu in round %d is %lld, "
+                       "expected %lld\n",
+                       kProgram, x.name.c_str(), i, round, static_cast<long long>(x.Get(i)),
+                       static_cast<long long>(want));
+          return 1;
+        }
+      }
+    }
+    std::printf("round %d ok\n", round);
+    std::fflush(stdout);
+    if (flags.sleep_ms > 0) absl::SleepFor(absl::Milliseconds(flags.sleep_ms));
+  }
+  if (absl::Status s = kv->Barrier(); !s.ok()) return Fail(flags, s);
+  if (absl::Status s = kv->Shutdown(); !s.ok()) return Fail(flags, s);
+  std::printf("worker %d: all %d rounds ok\n", rank, flags.rounds);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  if (!ParseFlags(argc, argv, &flags)) return 2;
+  return Run(flags);
+}
