@@ -52,8 +52,21 @@ base_flags=(--min-bytes 4K --max-bytes 64M --iters 20)
   echo "git: $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
 } | tee "$out/machine.txt"
 
+# Raw loopback TCP, one stream, one direction (iperf3, when installed): the ceiling the
+# machine puts under everything above. push_pull moves S each way at once.
+tcp_ref() {
+  command -v iperf3 >/dev/null || return 0
+  local port=$((20000 + RANDOM % 20000))
+  iperf3 -s -1 -p "$port" >/dev/null 2>&1 &
+  sleep 0.3
+  iperf3 -c 127.0.0.1 -p "$port" -t 2 -f g 2>/dev/null |
+    awk '/receiver/ {print "loopback TCP (iperf3, one stream): " $(NF-2) " Gbit/s = " $(NF-2)/8 " GB/s"}'
+  wait 2>/dev/null || true
+}
+
 failed=0
 for ((i = 1; i <= runs; i++)); do
+  tcp_ref | tee -a "$out/tcp_ref.txt"
   for cfg in "${configs[@]}"; do
     read -r nw ns <<<"$cfg"
     name="${nw}w${ns}s"

@@ -12,7 +12,7 @@ venv=${HYBRIDPS_VENV:-$root/.venv}
 debs=(build-essential cmake pkg-config git
       libzmq3-dev cppzmq-dev libprotobuf-dev protobuf-compiler libabsl-dev
       libgtest-dev libgmock-dev googletest libbenchmark-dev libgloo-dev pybind11-dev
-      python3-venv libquadmath0 iproute2 procps)
+      python3-venv libquadmath0 iproute2 procps iperf3)
 
 missing=()
 for p in "${debs[@]}"; do
