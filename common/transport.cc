@@ -19,7 +19,9 @@ absl::Status ZmqError(absl::string_view what) {
 }  // namespace
 
 Context::Context() : ctx_(zmq_ctx_new()) {
-  // Two I/O threads: one is enough below ~1 GB/s; two keep push and pull flowing at once.
+  // Two I/O threads: ZeroMQ binds each connection to one of them, so a worker talking to
+  // several servers (or a server to several workers) moves their traffic in parallel. A
+  // single connection's push and pull share one thread either way.
   zmq_ctx_set(ctx_, ZMQ_IO_THREADS, 2);
   zmq_ctx_set(ctx_, ZMQ_BLOCKY, 0);
 }
