@@ -56,6 +56,10 @@ absl::Status Options::Validate() const {
   }
   if (op_timeout <= absl::ZeroDuration()) return bad("timeout_ms", op_timeout);
   if (start_timeout <= absl::ZeroDuration()) return bad("start_timeout_ms", start_timeout);
+  if (cycle_time < absl::ZeroDuration() || cycle_time > absl::Seconds(10)) {
+    return bad("cycle_time_ms", cycle_time);
+  }
+  if (stall_warning <= absl::ZeroDuration()) return bad("stall_warning_ms", stall_warning);
   return absl::OkStatus();
 }
 
@@ -130,6 +134,9 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_HEARTBEAT_TIMEOUT_MS", &o.heartbeat_timeout));
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_TIMEOUT_MS", &o.op_timeout));
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_START_TIMEOUT_MS", &o.start_timeout));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_FUSION_BYTES", &o.fusion_bytes));
+  RETURN_IF_ERROR(GetMillis("HYBRIDPS_CYCLE_TIME_MS", &o.cycle_time));
+  RETURN_IF_ERROR(GetMillis("HYBRIDPS_STALL_WARNING_MS", &o.stall_warning));
   if (o.backend == "dist_allreduce" && !Get("HYBRIDPS_NUM_SERVERS")) o.num_servers = 0;
   RETURN_IF_ERROR(o.Validate());
   return o;

@@ -44,7 +44,8 @@ struct Options {
   std::string interface;
   // HYBRIDPS_TRANSPORT: tcp | ipc | inproc — how servers bind their data endpoint.
   std::string transport = "tcp";
-  // HYBRIDPS_JOB_TOKEN: shared secret of the job (checked in the handshake).
+  // HYBRIDPS_JOB_TOKEN: shared secret of the job (carried, not yet checked: the
+  // challenge/HMAC handshake is future work).
   std::string job_token;
   // HYBRIDPS_PARTITION_BYTES: a tensor is split into partitions of at most this size.
   size_t partition_bytes = 4 << 20;
@@ -64,6 +65,17 @@ struct Options {
   absl::Duration start_timeout = absl::Seconds(60);
   // HYBRIDPS_LOG_LEVEL: 0 errors, 1 warnings, 2 info (default), 3 debug.
   int log_level = 2;
+  // dist_allreduce only. HYBRIDPS_FUSION_BYTES: push_pulls smaller than this that are
+  // ready in the same cycle are packed (per dtype) into fusion buffers of at most this
+  // size and reduced together; 0 turns fusion off.
+  size_t fusion_bytes = 64 << 20;
+  // HYBRIDPS_CYCLE_TIME_MS: while operations are pending, workers agree on what to run
+  // at most once per cycle (tensors submitted within one cycle can be fused). No cycles
+  // run while the job is idle.
+  absl::Duration cycle_time = absl::Milliseconds(1);
+  // HYBRIDPS_STALL_WARNING_MS: an operation that some workers submitted and others have
+  // not for this long is logged, naming the missing ranks (it fails at op_timeout).
+  absl::Duration stall_warning = absl::Seconds(60);
 
   // InvalidArgument naming the field if a value is out of range.
   absl::Status Validate() const;

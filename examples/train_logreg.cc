@@ -1,9 +1,11 @@
 // The first main job: data-parallel logistic regression on generated data.
 // Every worker generates the same data set (fixed seed), trains on its shard, and sums
-// its gradients with every other worker's through dist_hybrid each step; rank 0's initial
-// weights are broadcast first. Exits non-zero unless the loss falls below --target.
+// its gradients with every other worker's each step, through the job's store
+// (HYBRIDPS_BACKEND: dist_hybrid or dist_allreduce); rank 0's initial weights are
+// broadcast first. Exits non-zero unless the loss falls below --target.
 //
 //   hybridrun -np 2 --servers 2 -- build/examples/hybridps-train-logreg --steps 200
+//   hybridrun -np 2 --backend dist_allreduce -- build/examples/hybridps-train-logreg
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -57,7 +59,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", options.status().ToString().c_str());
     return 2;
   }
-  auto kv = hybridps::KVStore::Create("dist_hybrid", *options);
+  auto kv = hybridps::KVStore::Create(options->backend, *options);
   if (!kv.ok()) {
     std::fprintf(stderr, "cannot join the job: %s\n", kv.status().ToString().c_str());
     return 1;

@@ -4,6 +4,9 @@
 #include "common/status.h"
 #include "common/transport.h"
 #include "worker/ps_store.h"
+#if HYBRIDPS_HAVE_GLOO
+#include "worker/allreduce_store.h"
+#endif
 
 namespace hybridps {
 
@@ -16,7 +19,14 @@ absl::StatusOr<std::unique_ptr<KVStore>> KVStore::Create(absl::string_view type,
     return std::unique_ptr<KVStore>(std::move(store));
   }
   if (type == "dist_allreduce") {
-    return absl::UnimplementedError("the dist_allreduce store is not built yet");
+#if HYBRIDPS_HAVE_GLOO
+    ASSIGN_OR_RETURN(auto store, AllreduceStore::Create(std::move(ctx), options));
+    return std::unique_ptr<KVStore>(std::move(store));
+#else
+    return absl::UnimplementedError(
+        "this build has no dist_allreduce store: it needs Gloo (install libgloo-dev and "
+        "re-run cmake; HYBRIDPS_WITH_GLOO=ON makes its absence an error)");
+#endif
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown KVStore type '", type, "' (known: dist_hybrid, dist_allreduce)"));

@@ -13,8 +13,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterC
   std::unique_ptr<LocalCluster> cl(new LocalCluster());
   cl->ctx_ = std::make_shared<Context>();
   Options& o = cl->options_;
+  const bool allreduce = c.backend == "dist_allreduce";
+  o.backend = c.backend;
   o.num_workers = c.workers;
-  o.num_servers = c.servers;
+  o.num_servers = allreduce ? 0 : c.servers;
   o.transport = c.transport;
   o.partition_bytes = c.partition_bytes;
   o.credit_bytes = c.credit_bytes;
@@ -24,6 +26,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterC
   o.op_timeout = c.op_timeout;
   o.start_timeout = c.start_timeout;
   o.max_message_bytes = c.max_message_bytes;
+  o.fusion_bytes = c.fusion_bytes;
+  o.cycle_time = c.cycle_time;
+  o.stall_warning = c.stall_warning;
   o.log_level = 1;
   const int id = counter++;
   if (c.transport == "inproc") {
@@ -42,7 +47,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterC
     (void)sched->Run();
     done->store(true);
   });
-  for (int i = 0; i < c.servers; ++i) {
+  for (int i = 0; i < o.num_servers; ++i) {
     Options sv = o;
     sv.role = Role::kServer;
     ASSIGN_OR_RETURN(auto server, Server::Create(*cl->ctx_, sv));
@@ -58,7 +63,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterC
       Options wo = o;
       wo.role = Role::kWorker;
       wo.rank = i;
-      auto store = KVStore::Create("dist_hybrid", wo, cl->ctx_);
+      auto store = KVStore::Create(c.backend, wo, cl->ctx_);
       if (store.ok()) {
         cl->workers_[i] = std::move(*store);
       } else {

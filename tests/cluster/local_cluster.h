@@ -1,5 +1,6 @@
 // A whole job — scheduler, servers and workers — as threads of the test process, over
-// inproc://, ipc:// or tcp:// loopback.
+// inproc://, ipc:// or tcp:// loopback; for dist_allreduce the workers reach each other
+// through Gloo over tcp loopback.
 #ifndef HYBRIDPS_TESTS_CLUSTER_LOCAL_CLUSTER_H_
 #define HYBRIDPS_TESTS_CLUSTER_LOCAL_CLUSTER_H_
 
@@ -20,6 +21,9 @@
 namespace hybridps::testing {
 
 struct ClusterConfig {
+  // "dist_hybrid", or "dist_allreduce": no servers are started (the scheduler expects
+  // none, whatever `servers` says); its Gloo traffic is tcp loopback whatever `transport`.
+  std::string backend = "dist_hybrid";
   int workers = 2;
   int servers = 1;
   std::string transport = "inproc";  // inproc | ipc | tcp
@@ -32,6 +36,10 @@ struct ClusterConfig {
   absl::Duration start_timeout = absl::Seconds(20);
   // Inbound messages larger than this are refused by ZeroMQ on every data socket.
   size_t max_message_bytes = Options().max_message_bytes;
+  // dist_allreduce: fusion threshold, cycle time and stall warning.
+  size_t fusion_bytes = Options().fusion_bytes;
+  absl::Duration cycle_time = Options().cycle_time;
+  absl::Duration stall_warning = Options().stall_warning;
 };
 
 class LocalCluster {

@@ -12,7 +12,8 @@ class OptionsTest : public ::testing::Test {
     for (const char* v : {"HYBRIDPS_ROLE", "HYBRIDPS_NUM_WORKERS", "HYBRIDPS_NUM_SERVERS",
                           "HYBRIDPS_PARTITION_BYTES", "HYBRIDPS_TIMEOUT_MS", "HYBRIDPS_RANK",
                           "HYBRIDPS_BACKEND", "HYBRIDPS_SCHEDULER_PORT",
-                          "HYBRIDPS_HEARTBEAT_TIMEOUT_MS"}) {
+                          "HYBRIDPS_HEARTBEAT_TIMEOUT_MS", "HYBRIDPS_FUSION_BYTES",
+                          "HYBRIDPS_CYCLE_TIME_MS", "HYBRIDPS_STALL_WARNING_MS"}) {
       unsetenv(v);
     }
   }
@@ -72,6 +73,28 @@ TEST_F(OptionsTest, AllreduceBackendNeedsNoServers) {
   auto o = OptionsFromEnvironment();
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->num_servers, 0);
+}
+
+TEST_F(OptionsTest, AllreduceFusionCycleAndStallSettings) {
+  auto d = OptionsFromEnvironment();
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->fusion_bytes, size_t{64} << 20);
+  EXPECT_EQ(d->cycle_time, absl::Milliseconds(1));
+  EXPECT_EQ(d->stall_warning, absl::Seconds(60));
+  setenv("HYBRIDPS_FUSION_BYTES", "0", 1);
+  setenv("HYBRIDPS_CYCLE_TIME_MS", "5", 1);
+  setenv("HYBRIDPS_STALL_WARNING_MS", "2000", 1);
+  auto o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->fusion_bytes, 0u);
+  EXPECT_EQ(o->cycle_time, absl::Milliseconds(5));
+  EXPECT_EQ(o->stall_warning, absl::Seconds(2));
+  setenv("HYBRIDPS_STALL_WARNING_MS", "0", 1);
+  EXPECT_FALSE(OptionsFromEnvironment().ok());
+  setenv("HYBRIDPS_STALL_WARNING_MS", "x", 1);
+  auto bad = OptionsFromEnvironment();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("HYBRIDPS_STALL_WARNING_MS"), absl::string_view::npos);
 }
 
 }  // namespace

@@ -1,0 +1,147 @@
+// What only dist_allreduce has: fusion, eager small tensors, ranks that leave. (What
+// every backend must do is in conformance_test.cc.)
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "tests/cluster/local_cluster.h"
+#include "tests/cluster/tensor_fill.h"
+
+#if HYBRIDPS_HAVE_GLOO
+#include "worker/allreduce_store.h"
+
+namespace hybridps::testing {
+namespace {
+
+std::unique_ptr<LocalCluster> StartAllreduce(int workers, size_t fusion_bytes = 64 << 20) {
+  ClusterConfig c;
+  c.backend = "dist_allreduce";
+  c.workers = workers;
+  c.fusion_bytes = fusion_bytes;
+  c.heartbeat_timeout = absl::Seconds(5);
+  auto cl = LocalCluster::Start(c);
+  EXPECT_TRUE(cl.ok()) << cl.status();
+  return cl.ok() ? std::move(*cl) : nullptr;
+}
+
+AllreduceStore::Stats StatsOf(KVStore* kv) {
+  auto* s = dynamic_cast<AllreduceStore*>(kv);
+  EXPECT_NE(s, nullptr);
+  return s ? s->stats() : AllreduceStore::Stats{};
+}
+
+// `tensors` push_pulls of `count` float32 each, all in flight; checks the sums.
+void PushPullMany(LocalCluster& cluster, int tensors, size_t count) {
+  const int n = cluster.num_workers();
+  cluster.RunOnWorkers([&](int rank, KVStore* kv) {
+    std::vector<Buffer> bufs;
+    std::vector<Handle> handles;
+    for (int i = 0; i < tensors; ++i) bufs.emplace_back(DType::kFloat32, count);
+    for (int i = 0; i < tensors; ++i) {
+      bufs[i].Fill(rank, 0, i);
+      auto h = kv->PushPullAsync(absl::StrCat("g", i), bufs[i].view(), bufs[i].view(), -i);
+      ASSERT_TRUE(h.ok()) << h.status();
+      handles.push_back(*h);
+    }
+    for (auto& h : handles) ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+    for (int i = 0; i < tensors; ++i) {
+      for (size_t k = 0; k < count; k += 101) {
+        double want = 0;
+        for (int r = 0; r < n; ++r) want += Value(k, r, 0, i);
+        ASSERT_EQ(bufs[i].at(k), want) << "g" << i << " element " << k;
+      }
+    }
+  });
+}
+
+TEST(AllreduceTest, FusionPacksTensorsReadyTogetherIntoFewAllreduces) {
+  auto cluster = StartAllreduce(3);
+  ASSERT_NE(cluster, nullptr);
+  // 800 KB each: too large to travel with the negotiation, small enough to fuse.
+  PushPullMany(*cluster, 40, 200000);
+  for (int w = 0; w < 3; ++w) {
+    AllreduceStore::Stats s = StatsOf(cluster->worker(w));
+    EXPECT_GE(s.fused_tensors, 20u) << "worker " << w;
+    EXPECT_LE(s.allreduces, 20u) << "worker " << w;
+    EXPECT_EQ(s.eager, 0u);
+  }
+}
+
+TEST(AllreduceTest, WithoutFusionEveryTensorHasItsOwnAllreduce) {
+  auto cluster = StartAllreduce(2, /*fusion_bytes=*/0);
+  ASSERT_NE(cluster, nullptr);
+  PushPullMany(*cluster, 12, 200000);
+  AllreduceStore::Stats s = StatsOf(cluster->worker(0));
+  EXPECT_EQ(s.allreduces, 12u);
+  EXPECT_EQ(s.fused_tensors, 0u);
+}
+
+// Ranks in step (one small push_pull after the other) put their data in the round's
+// negotiation message and need no allreduce (a rank that is late makes an operation
+// take the allreduce path instead, so not every one need go eagerly).
+TEST(AllreduceTest, SmallTensorsTravelWithTheNegotiation) {
+  auto cluster = StartAllreduce(4);
+  ASSERT_NE(cluster, nullptr);
+  constexpr int kOps = 30;
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    for (int i = 0; i < kOps; ++i) {
+      Buffer b(DType::kFloat32, 1000);
+      b.Fill(rank, i, 1);
+      ASSERT_TRUE(kv->PushPull("small", b.view(), b.view()).ok());
+      for (size_t k = 0; k < b.count; ++k) {
+        double want = 0;
+        for (int r = 0; r < 4; ++r) want += Value(k, r, i, 1);
+        ASSERT_EQ(b.at(k), want) << "op " << i << " element " << k;
+      }
+    }
+  });
+  AllreduceStore::Stats s = StatsOf(cluster->worker(0));
+  EXPECT_EQ(s.eager + s.allreduces, static_cast<uint64_t>(kOps));
+  EXPECT_GE(s.eager, static_cast<uint64_t>(kOps / 2));
+}
+
+TEST(AllreduceTest, RankThatLeavesFailsTheOthersAtOnceNamingIt) {
+  auto cluster = StartAllreduce(3);
+  ASSERT_NE(cluster, nullptr);
+  // Worker 0 waits for a tensor the others never submit; worker 2 leaves the job.
+  Buffer b(DType::kFloat32, 10);
+  auto h = cluster->worker(0)->PushPullAsync("x", b.view(), b.view());
+  ASSERT_TRUE(h.ok());
+  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_FALSE(h->Done());
+  const absl::Time left = absl::Now();
+  cluster->CloseWorker(2);
+  absl::Status s = h->Wait();
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "rank 2 left the job")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "'x'")) << s;
+  EXPECT_LT(absl::Now() - left, absl::Seconds(3)) << s;
+  // Worker 1, which had nothing pending, fails its next operation with the same cause.
+  absl::Status s1 = cluster->worker(1)->PushPull("y", b.view(), b.view());
+  EXPECT_TRUE(absl::StrContains(s1.message(), "rank 2 left the job")) << s1;
+  EXPECT_TRUE(absl::StrContains(cluster->worker(1)->Barrier().message(), "left")) << s1;
+}
+
+TEST(AllreduceTest, OperationsAfterShutdownFailClearly) {
+  auto cluster = StartAllreduce(1);
+  ASSERT_NE(cluster, nullptr);
+  KVStore* kv = cluster->worker(0);
+  EXPECT_FALSE(kv->IsCapable(Capability::kOptimizer));
+  EXPECT_EQ(kv->type(), "dist_allreduce");
+  ASSERT_TRUE(kv->Shutdown().ok());
+  Buffer b(DType::kFloat32, 10);
+  auto h = kv->PushPullAsync("late", b.view(), b.view());
+  ASSERT_FALSE(h.ok());
+  EXPECT_TRUE(absl::StrContains(h.status().message(), "shut down")) << h.status();
+}
+
+}  // namespace
+}  // namespace hybridps::testing
+
+#endif  // HYBRIDPS_HAVE_GLOO

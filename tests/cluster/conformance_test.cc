@@ -1,0 +1,335 @@
+// One conformance suite for every KVStore backend: the same tests, unchanged, against
+// dist_hybrid (parameter server) and dist_allreduce (Gloo), over several transports and
+// 1-4 workers, all in one process. Exact sums over rounds in every dtype, sizes 0, 1, odd
+// and large, many tensors in flight with mixed priorities and per-rank issue orders,
+// in-place and out-of-place, broadcast from every root, and the failures users hit:
+// mismatched operations (a named error on every rank) and a rank that never submits (a
+// named error at the deadline).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/dtype.h"
+#include "tests/cluster/local_cluster.h"
+#include "tests/cluster/tensor_fill.h"
+
+namespace hybridps::testing {
+namespace {
+
+struct Param {
+  std::string backend;
+  std::string transport;
+  int workers;
+  int servers;  // dist_hybrid only
+};
+
+std::string Name(const ::testing::TestParamInfo<Param>& info) {
+  const Param& p = info.param;
+  std::string name = absl::StrCat(p.backend == "dist_allreduce" ? "allreduce" : "hybrid", "_",
+                                  p.transport, "_w", p.workers);
+  if (p.backend != "dist_allreduce") absl::StrAppend(&name, "_s", p.servers);
+  return name;
+}
+
+constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                                DType::kBFloat16, DType::kInt32,   DType::kInt64,
+                                DType::kUInt8};
+
+::testing::AssertionResult Mentions(absl::string_view text, absl::string_view what) {
+  if (absl::StrContains(text, what)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << what << "' not in: " << text;
+}
+
+class ConformanceTest : public ::testing::TestWithParam<Param> {
+ protected:
+  ClusterConfig Config() const {
+    ClusterConfig c;
+    c.backend = GetParam().backend;
+    c.transport = GetParam().transport;
+    c.workers = GetParam().workers;
+    c.servers = GetParam().servers;
+    c.partition_bytes = 1024;  // small tensors still span partitions (dist_hybrid)
+    // Death detection is not under test here; on a loaded 2-core machine a thread can
+    // stall for a second.
+    c.heartbeat_timeout = absl::Seconds(5);
+    c.op_timeout = absl::Seconds(60);
+    return c;
+  }
+  std::unique_ptr<LocalCluster> Start(const ClusterConfig& c) {
+    auto cl = LocalCluster::Start(c);
+    EXPECT_TRUE(cl.ok()) << cl.status();
+    return cl.ok() ? std::move(*cl) : nullptr;
+  }
+  int n() const { return GetParam().workers; }
+};
+
+// The exact sum over ranks of element i of tensor `salt` in `round`.
+double Sum(size_t i, int n, int round, int salt) {
+  double want = 0;
+  for (int r = 0; r < n; ++r) want += Value(i, r, round, salt);
+  return want;
+}
+
+TEST_P(ConformanceTest, ExactSumsOverRoundsInEveryDTypeAndSize) {
+  auto cluster = Start(Config());
+  ASSERT_NE(cluster, nullptr);
+  const std::vector<size_t> sizes = {0, 1, 7, 65, 1000, 4099, 100003};
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    struct T {
+      std::string name;
+      Buffer in, out;
+      bool inplace;
+    };
+    std::vector<T> tensors;
+    for (DType dt : kAllDTypes) {
+      for (size_t size : sizes) {
+        const bool inplace = tensors.size() % 2 == 0;
+        tensors.push_back(T{absl::StrCat(DTypeName(dt), "/", size), Buffer(dt, size),
+                            Buffer(dt, size), inplace});
+      }
+    }
+    for (int round = 0; round < 3; ++round) {
+      std::vector<Handle> handles;
+      for (size_t t = 0; t < tensors.size(); ++t) {
+        T& x = tensors[t];
+        x.in.Fill(rank, round, static_cast<int>(t));
+        auto h = kv->PushPullAsync(x.name, x.in.view(), x.inplace ? x.in.view() : x.out.view(),
+                                   /*priority=*/static_cast<int>(t % 5) - 2);
+        ASSERT_TRUE(h.ok()) << h.status();
+        handles.push_back(*h);
+      }
+      for (auto& h : handles) ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+      for (size_t t = 0; t < tensors.size(); ++t) {
+        T& x = tensors[t];
+        const Buffer& result = x.inplace ? x.in : x.out;
+        for (size_t i = 0; i < x.in.count; ++i) {
+          ASSERT_EQ(result.at(i), Sum(i, n(), round, static_cast<int>(t)))
+              << x.name << " element " << i << " round " << round;
+        }
+        for (size_t i = 0; !x.inplace && i < x.in.count; ++i) {  // the input is untouched
+          ASSERT_EQ(x.in.at(i), Value(i, rank, round, static_cast<int>(t))) << x.name;
+        }
+      }
+    }
+  });
+}
+
+TEST_P(ConformanceTest, LargeTensorsInPlaceAndOutOfPlace) {
+  ClusterConfig c = Config();
+  c.partition_bytes = 4 << 20;
+  auto cluster = Start(c);
+  ASSERT_NE(cluster, nullptr);
+  const size_t count = (10 << 20) / 4 + 3;  // 10 MiB and an odd tail
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    Buffer a(DType::kFloat32, count), out(DType::kFloat32, count);
+    for (int round = 0; round < 2; ++round) {
+      a.Fill(rank, round, 1);
+      const bool inplace = round == 0;
+      ASSERT_TRUE(kv->PushPull("big", a.view(), inplace ? a.view() : out.view()).ok());
+      const Buffer& result = inplace ? a : out;
+      for (size_t i = 0; i < count; i += 997) {
+        ASSERT_EQ(result.at(i), Sum(i, n(), round, 1)) << i;
+      }
+      ASSERT_EQ(result.at(count - 1), Sum(count - 1, n(), round, 1));
+    }
+  });
+}
+
+// Each rank issues the same tensors in its own order, with mixed priorities; some names
+// get two operations in a row (they must run in issue order).
+TEST_P(ConformanceTest, ManyTensorsInFlightInPerRankOrders) {
+  auto cluster = Start(Config());
+  ASSERT_NE(cluster, nullptr);
+  constexpr int kTensors = 60;
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    std::vector<Buffer> bufs;
+    for (int i = 0; i < kTensors; ++i) {
+      const size_t size = static_cast<size_t>((i * 7919) % 5000 + (i % 3 == 0 ? 20000 : 0));
+      bufs.emplace_back(i % 2 ? DType::kFloat32 : DType::kInt32, size);
+    }
+    std::vector<int> order(kTensors);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), std::mt19937(1000 + rank));
+    std::vector<std::pair<int, Handle>> handles, again;
+    for (int i : order) {
+      bufs[i].Fill(rank, 0, i);
+      auto h = kv->PushPullAsync(absl::StrCat("t", i), bufs[i].view(), bufs[i].view(),
+                                 /*priority=*/(i * 31) % 7 - 3);
+      ASSERT_TRUE(h.ok()) << h.status();
+      handles.emplace_back(i, *h);
+      if (i % 10 == 0) {
+        // A second push_pull of the same tensor, in place, with a higher priority: it must
+        // still run after the first (the result is then n times the sum).
+        auto h2 = kv->PushPullAsync(absl::StrCat("t", i), bufs[i].view(), bufs[i].view(), 5);
+        ASSERT_TRUE(h2.ok()) << h2.status();
+        again.emplace_back(i, *h2);
+      }
+    }
+    for (auto& [i, h] : handles) ASSERT_TRUE(h.Wait().ok()) << "t" << i << ": " << h.Wait();
+    for (auto& [i, h] : again) ASSERT_TRUE(h.Wait().ok()) << "t" << i << ": " << h.Wait();
+    for (int i = 0; i < kTensors; ++i) {
+      const double times = i % 10 == 0 ? n() : 1;
+      for (size_t k = 0; k < bufs[i].count; k += 13) {
+        ASSERT_EQ(bufs[i].at(k), times * Sum(k, n(), 0, i)) << "t" << i << " element " << k;
+      }
+    }
+    ASSERT_TRUE(kv->Barrier().ok());
+  });
+}
+
+TEST_P(ConformanceTest, BroadcastFromEveryRootInEveryDType) {
+  auto cluster = Start(Config());
+  ASSERT_NE(cluster, nullptr);
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    for (int root = 0; root < n(); ++root) {
+      std::vector<Buffer> bufs;
+      std::vector<Handle> handles;
+      int salt = 0;
+      for (DType dt : kAllDTypes) {
+        for (size_t size : {size_t{0}, size_t{1}, size_t{333}, size_t{70001}}) bufs.emplace_back(dt, size);
+      }
+      for (Buffer& b : bufs) {
+        b.Fill(rank, root, salt);
+        auto h = kv->BroadcastAsync(absl::StrCat("w", salt), b.view(), root, salt % 3);
+        ASSERT_TRUE(h.ok()) << h.status();
+        handles.push_back(*h);
+        ++salt;
+      }
+      for (auto& h : handles) ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+      for (size_t t = 0; t < bufs.size(); ++t) {
+        for (size_t i = 0; i < bufs[t].count; i += 7) {
+          ASSERT_EQ(bufs[t].at(i), Value(i, root, root, static_cast<int>(t)))
+              << "root " << root << " tensor " << t << " element " << i;
+        }
+      }
+    }
+    // A broadcast and a push_pull on one name keep their order.
+    Buffer x(DType::kFloat32, 100);
+    x.Fill(rank, 0, 3);
+    auto hb = kv->BroadcastAsync("mixed", x.view(), n() - 1);
+    auto hp = kv->PushPullAsync("mixed", x.view(), x.view());
+    ASSERT_TRUE(hb.ok() && hp.ok());
+    ASSERT_TRUE(hb->Wait().ok()) << hb->Wait();
+    ASSERT_TRUE(hp->Wait().ok()) << hp->Wait();
+    for (size_t i = 0; i < x.count; ++i) ASSERT_EQ(x.at(i), n() * Value(i, n() - 1, 0, 3));
+    EXPECT_FALSE(kv->IsCapable(Capability::kOptimizer) && GetParam().backend == "dist_allreduce");
+  });
+}
+
+TEST_P(ConformanceTest, MismatchedSizesFailEveryRankNamingTheTensorAndSizes) {
+  if (n() < 2) GTEST_SKIP() << "needs two workers";
+  auto cluster = Start(Config());
+  ASSERT_NE(cluster, nullptr);
+  std::vector<absl::Status> status(n());
+  std::vector<absl::Duration> took(n());
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    Buffer b(DType::kFloat32, rank == 0 ? 10 : 1000);
+    b.Fill(rank, 0, 0);
+    const absl::Time start = absl::Now();
+    status[rank] = kv->PushPull("bad", b.view(), b.view());
+    took[rank] = absl::Now() - start;
+  });
+  for (int rank = 0; rank < n(); ++rank) {
+    const absl::Status& s = status[rank];
+    ASSERT_FALSE(s.ok()) << "worker " << rank;
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(Mentions(s.message(), "'bad'"));
+    EXPECT_TRUE(Mentions(s.message(), "10 "));
+    EXPECT_TRUE(Mentions(s.message(), "1000"));
+    EXPECT_LT(took[rank], absl::Seconds(5)) << s;
+  }
+  // The job keeps working, on other names and on this one.
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    for (const char* name : {"good", "bad"}) {
+      Buffer b(DType::kFloat32, 500);
+      b.Fill(rank, 2, 4);
+      absl::Status s = kv->PushPull(name, b.view(), b.view());
+      ASSERT_TRUE(s.ok()) << name << ": " << s;
+      for (size_t i = 0; i < b.count; ++i) ASSERT_EQ(b.at(i), Sum(i, n(), 2, 4)) << name;
+    }
+  });
+}
+
+TEST_P(ConformanceTest, MismatchedDTypesFailEveryRankNamingBoth) {
+  if (n() < 2) GTEST_SKIP() << "needs two workers";
+  auto cluster = Start(Config());
+  ASSERT_NE(cluster, nullptr);
+  std::vector<absl::Status> status(n());
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    Buffer b(rank == n() - 1 ? DType::kInt32 : DType::kFloat32, 100);
+    status[rank] = kv->PushPull("bad", b.view(), b.view());
+  });
+  for (int rank = 0; rank < n(); ++rank) {
+    const absl::Status& s = status[rank];
+    ASSERT_FALSE(s.ok()) << "worker " << rank;
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_TRUE(Mentions(s.message(), "'bad'"));
+    EXPECT_TRUE(Mentions(s.message(), "float32"));
+    EXPECT_TRUE(Mentions(s.message(), "int32"));
+  }
+}
+
+TEST_P(ConformanceTest, RankThatNeverSubmitsFailsTheOthersAtTheDeadline) {
+  if (n() < 2) GTEST_SKIP() << "needs two workers";
+  ClusterConfig c = Config();
+  c.op_timeout = absl::Milliseconds(1500);
+  c.stall_warning = absl::Milliseconds(500);
+  auto cluster = Start(c);
+  ASSERT_NE(cluster, nullptr);
+  std::vector<absl::Status> status(n());
+  std::vector<absl::Duration> took(n());
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    if (rank == n() - 1) return;  // the last rank never submits
+    Buffer b(DType::kFloat32, 10);
+    const absl::Time start = absl::Now();
+    status[rank] = kv->PushPull("lonely", b.view(), b.view());
+    took[rank] = absl::Now() - start;
+  });
+  for (int rank = 0; rank + 1 < n(); ++rank) {
+    const absl::Status& s = status[rank];
+    ASSERT_FALSE(s.ok()) << "worker " << rank;
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_TRUE(Mentions(s.message(), "'lonely'"));
+    EXPECT_GE(took[rank], absl::Milliseconds(1400)) << s;  // not before the deadline
+    EXPECT_LT(took[rank], absl::Milliseconds(3500)) << s;
+    if (GetParam().backend == "dist_allreduce") {
+      EXPECT_TRUE(Mentions(s.message(), absl::StrCat("rank ", n() - 1, " never submitted")));
+    }
+  }
+}
+
+TEST_P(ConformanceTest, GpuTensorsAreAClearError) {
+  auto cluster = Start(Config());
+  ASSERT_NE(cluster, nullptr);
+  float x[4] = {};
+  TensorView gpu{x, 4, DType::kFloat32, Device::kGPU, 0};
+  auto h = cluster->worker(0)->PushPullAsync("gpu", gpu, gpu);
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kUnimplemented) << h.status();
+  EXPECT_TRUE(Mentions(h.status().message(), "'gpu'"));
+}
+
+std::vector<Param> Params() {
+  std::vector<Param> p = {{"dist_hybrid", "inproc", 1, 1}, {"dist_hybrid", "inproc", 2, 2},
+                          {"dist_hybrid", "inproc", 3, 2}, {"dist_hybrid", "inproc", 4, 3},
+                          {"dist_hybrid", "tcp", 2, 2},    {"dist_hybrid", "tcp", 4, 2}};
+#if HYBRIDPS_HAVE_GLOO
+  for (int w = 1; w <= 4; ++w) p.push_back({"dist_allreduce", "inproc", w, 0});
+  p.push_back({"dist_allreduce", "tcp", 2, 0});
+  p.push_back({"dist_allreduce", "tcp", 3, 0});
+#endif
+  return p;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ConformanceTest, ::testing::ValuesIn(Params()), Name);
+
+}  // namespace
+}  // namespace hybridps::testing

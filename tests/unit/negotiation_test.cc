@@ -1,0 +1,228 @@
+// The dist_allreduce negotiation: wire format (round trip, malformed input refused) and
+// the plan every rank derives from the gathered lists.
+#include "worker/negotiation.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+
+namespace hybridps::negotiation {
+namespace {
+
+Entry PushPull(const std::string& name, uint64_t count, DType dtype = DType::kFloat32,
+               int priority = 0, uint32_t occurrence = 0) {
+  Entry e;
+  e.name = name;
+  e.count = count;
+  e.dtype = dtype;
+  e.priority = priority;
+  e.occurrence = occurrence;
+  return e;
+}
+
+Entry Bcast(const std::string& name, uint64_t count, int root) {
+  Entry e = PushPull(name, count);
+  e.kind = OpKind::kBroadcast;
+  e.root = root;
+  return e;
+}
+
+// Serialize + Parse, as the allgather would deliver it.
+std::vector<RankList> RoundTrip(const std::vector<RankList>& lists,
+                                std::vector<std::string>* wire) {
+  wire->clear();
+  for (size_t r = 0; r < lists.size(); ++r) {
+    wire->emplace_back();
+    Serialize(lists[r], static_cast<int>(r), &wire->back());
+  }
+  std::vector<RankList> out;
+  for (size_t r = 0; r < lists.size(); ++r) {
+    auto p = Parse((*wire)[r], static_cast<int>(r));
+    EXPECT_TRUE(p.ok()) << p.status();
+    out.push_back(p.ok() ? *p : RankList{});
+  }
+  return out;
+}
+
+TEST(NegotiationTest, RoundTripKeepsEveryFieldAndAlignsPayloads) {
+  float data[3] = {1, 2, 3};
+  RankList l;
+  l.leaving = true;
+  Entry e = PushPull("layer1.weight", 3, DType::kFloat32, -7, 4);
+  e.age_ms = 1234;
+  e.has_payload = true;
+  e.payload = absl::string_view(reinterpret_cast<const char*>(data), sizeof data);
+  l.entries = {e, Bcast("b", 0, 1)};
+  std::string wire;
+  Serialize(l, 2, &wire);
+  auto p = Parse(wire, 2);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->leaving);
+  ASSERT_EQ(p->entries.size(), 2u);
+  const Entry& q = p->entries[0];
+  EXPECT_EQ(q.name, "layer1.weight");
+  EXPECT_EQ(q.count, 3u);
+  EXPECT_EQ(q.priority, -7);
+  EXPECT_EQ(q.occurrence, 4u);
+  EXPECT_EQ(q.age_ms, 1234u);
+  ASSERT_TRUE(q.has_payload);
+  EXPECT_EQ(q.payload, e.payload);
+  EXPECT_EQ((q.payload.data() - wire.data()) % 8, 0);
+  EXPECT_EQ(p->entries[1].kind, OpKind::kBroadcast);
+  EXPECT_EQ(p->entries[1].root, 1);
+}
+
+TEST(NegotiationTest, MalformedMessagesAreRefusedNotTrusted) {
+  RankList l;
+  l.entries = {PushPull("w", 10)};
+  std::string wire;
+  Serialize(l, 0, &wire);
+  EXPECT_FALSE(Parse(wire, 1).ok());  // claims another rank
+  for (size_t cut = 0; cut < wire.size(); ++cut) {
+    EXPECT_FALSE(Parse(wire.substr(0, cut), 0).ok()) << cut;
+  }
+  std::string trailing = wire + "x";
+  EXPECT_FALSE(Parse(trailing, 0).ok());
+  std::string bad_dtype = wire;
+  bad_dtype[kHeaderBytes + 5] = 99;
+  auto s = Parse(bad_dtype, 0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::StrContains(s.status().message(), "dtype")) << s.status();
+  std::string many = wire;
+  many[12] = '\xff';  // entry count far beyond the message
+  EXPECT_FALSE(Parse(many, 0).ok());
+  std::string payload = wire;
+  payload[kHeaderBytes + 6] = 1;  // claims a payload it does not carry
+  EXPECT_FALSE(Parse(payload, 0).ok());
+}
+
+TEST(NegotiationTest, ReadyOnlyWhenEveryRankListedIt) {
+  std::vector<RankList> lists(3);
+  lists[0].entries = {PushPull("a", 100000), PushPull("b", 100000)};
+  lists[1].entries = {PushPull("b", 100000), PushPull("a", 100000)};
+  lists[2].entries = {PushPull("a", 100000)};
+  Plan p = Decide(lists, 1, 0);
+  ASSERT_EQ(p.actions.size(), 1u);
+  EXPECT_EQ(p.actions[0].type, Action::Type::kAllreduce);
+  EXPECT_EQ(p.actions[0].entries, std::vector<size_t>{1});  // rank 1's own index of "a"
+  ASSERT_EQ(p.missing.size(), 1u);
+  EXPECT_EQ(p.missing[0].entry, 0u);
+  EXPECT_EQ(p.missing[0].ranks, std::vector<int>{2});
+  EXPECT_TRUE(p.any_entries);
+  EXPECT_TRUE(p.pending);
+  Plan p2 = Decide(lists, 2, 0);
+  ASSERT_EQ(p2.foreign.size(), 1u);
+  EXPECT_EQ(p2.foreign[0].name, "b");
+  EXPECT_EQ(p2.foreign[0].ranks, (std::vector<int>{0, 1}));
+}
+
+TEST(NegotiationTest, OccurrencesKeepOperationsOnOneNameApart) {
+  std::vector<RankList> lists(2);
+  lists[0].entries = {PushPull("w", 10, DType::kFloat32, 0, 1)};
+  lists[1].entries = {PushPull("w", 10, DType::kFloat32, 0, 0)};
+  Plan p = Decide(lists, 0, 1 << 20);
+  EXPECT_TRUE(p.actions.empty());
+  EXPECT_EQ(p.missing.size(), 1u);
+}
+
+TEST(NegotiationTest, MismatchNamesTensorRanksAndShapesOnEveryRank) {
+  std::vector<RankList> lists(3);
+  lists[0].entries = {PushPull("w", 10)};
+  lists[1].entries = {PushPull("w", 12)};
+  lists[2].entries = {PushPull("w", 12)};
+  for (int self = 0; self < 3; ++self) {
+    Plan p = Decide(lists, self, 0);
+    ASSERT_EQ(p.actions.size(), 1u);
+    EXPECT_EQ(p.actions[0].type, Action::Type::kFail);
+    EXPECT_EQ(p.actions[0].error.code(), absl::StatusCode::kInvalidArgument);
+    if (self == 0) {
+      EXPECT_EQ(p.actions[0].error.message(),
+                "mismatched push_pull of 'w': ranks 1, 2 sent 12 float32 elements, rank 0 "
+                "sent 10 float32 elements");
+    }
+  }
+  lists[1].entries = {Bcast("w", 10, 0)};
+  lists[2].entries = {PushPull("w", 10, DType::kInt32)};
+  Plan p = Decide(lists, 2, 0);
+  ASSERT_EQ(p.actions.size(), 1u);
+  EXPECT_EQ(p.actions[0].error.message(),
+            "mismatched operations on 'w': rank 0 sent a push_pull of 10 float32 elements, "
+            "rank 1 sent a broadcast of 10 float32 elements from root 0, rank 2 sent a "
+            "push_pull of 10 int32 elements");
+  lists = std::vector<RankList>(2);
+  lists[0].entries = {Bcast("b", 5, 0)};
+  lists[1].entries = {Bcast("b", 5, 1)};
+  p = Decide(lists, 1, 0);
+  ASSERT_EQ(p.actions.size(), 1u);
+  EXPECT_TRUE(absl::StrContains(p.actions[0].error.message(), "from root 0")) << p.actions[0].error;
+}
+
+TEST(NegotiationTest, PriorityThenRankZeroOrderAndFusionPerDType) {
+  std::vector<RankList> lists(2);
+  // Large enough not to be eager (no payloads), small enough to fuse (threshold 1 MiB).
+  lists[0].entries = {PushPull("f1", 1000), PushPull("i1", 1000, DType::kInt32),
+                      PushPull("f2", 1000), PushPull("hi", 1000, DType::kFloat32, 9),
+                      PushPull("huge", 1 << 20), Bcast("bc", 1000, 1)};
+  lists[1].entries = lists[0].entries;
+  std::reverse(lists[1].entries.begin(), lists[1].entries.end());
+  Plan p = Decide(lists, 0, 1 << 20);
+  std::vector<std::vector<size_t>> got;
+  for (const Action& a : p.actions) got.push_back(a.entries);
+  // "hi" (priority 9) opens the float32 bucket; f1 and f2 join it; i1 gets its own bucket;
+  // "huge" exceeds the threshold and runs alone; the broadcast alone.
+  EXPECT_EQ(got, (std::vector<std::vector<size_t>>{{3, 0, 2}, {1}, {4}, {5}}));
+  EXPECT_EQ(p.actions[0].total_count, 3000u);
+  EXPECT_EQ(p.actions[3].type, Action::Type::kBroadcast);
+  // Rank 1 computes the same plan in its own indices.
+  Plan q = Decide(lists, 1, 1 << 20);
+  ASSERT_EQ(q.actions.size(), 4u);
+  EXPECT_EQ(q.actions[0].entries, (std::vector<size_t>{2, 5, 3}));
+  // A full bucket is closed and a new one opened.
+  Plan small = Decide(lists, 0, 8000);
+  EXPECT_EQ(small.actions[0].entries, (std::vector<size_t>{3, 0}));
+}
+
+TEST(NegotiationTest, EagerWhenEveryRankSentItsDataOrTheRootDid) {
+  float a[2] = {1, 2}, b[2] = {10, 20};
+  std::vector<RankList> lists(2);
+  Entry ea = PushPull("x", 2), eb = PushPull("x", 2);
+  ea.has_payload = eb.has_payload = true;
+  ea.payload = absl::string_view(reinterpret_cast<const char*>(a), sizeof a);
+  eb.payload = absl::string_view(reinterpret_cast<const char*>(b), sizeof b);
+  Entry r0 = Bcast("y", 2, 1), r1 = Bcast("y", 2, 1);
+  r1.has_payload = true;
+  r1.payload = eb.payload;
+  Entry partial = PushPull("z", 2), partial1 = PushPull("z", 2);
+  partial.has_payload = true;
+  partial.payload = ea.payload;
+  lists[0].entries = {ea, r0, partial};
+  lists[1].entries = {eb, r1, partial1};
+  std::vector<std::string> wire;
+  auto parsed = RoundTrip(lists, &wire);
+  Plan p = Decide(parsed, 0, 1 << 20);
+  ASSERT_EQ(p.actions.size(), 3u);
+  EXPECT_EQ(p.actions[0].type, Action::Type::kEager);
+  ASSERT_EQ(p.actions[0].payloads.size(), 2u);
+  EXPECT_EQ(p.actions[0].payloads[1], eb.payload);
+  EXPECT_EQ(p.actions[1].type, Action::Type::kEager);
+  ASSERT_EQ(p.actions[1].payloads.size(), 1u);  // the root's
+  EXPECT_EQ(p.actions[1].payloads[0], eb.payload);
+  EXPECT_EQ(p.actions[2].type, Action::Type::kAllreduce);  // rank 1 sent no data for z
+}
+
+TEST(NegotiationTest, LeavingRanksAndIdleJob) {
+  std::vector<RankList> lists(3);
+  Plan idle = Decide(lists, 0, 0);
+  EXPECT_FALSE(idle.any_entries);
+  EXPECT_FALSE(idle.pending);
+  EXPECT_TRUE(idle.actions.empty());
+  lists[2].leaving = true;
+  Plan p = Decide(lists, 0, 0);
+  EXPECT_EQ(p.leaving, std::vector<int>{2});
+}
+
+}  // namespace
+}  // namespace hybridps::negotiation

@@ -1,0 +1,349 @@
+// The executor of the dist_allreduce store (see allreduce_store.h): negotiation rounds,
+// the collectives they decide, deadlines and stall warnings. Runs on "hps-ar-exec".
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/reduce.h"
+#include "worker/allreduce_op.h"
+#include "worker/allreduce_store.h"
+#include "worker/gloo_comm.h"
+
+namespace hybridps {
+
+namespace nego = negotiation;
+
+namespace {
+
+// The negotiation slot (bytes per rank in a round's allgather) of the next round: the
+// largest message of the last kSlotHistory rounds, rounded up to kSlotGrain. Every rank
+// computes it from the same gathered sizes, so slots always agree; a message larger than
+// the slot still gets through (with an extra allgatherv). A short history: repeated
+// rounds of one size fit, and a burst's large slot is not dragged through the small
+// rounds that follow it.
+constexpr size_t kSlotHistory = 2;
+constexpr size_t kSlotGrain = 4096;
+constexpr size_t kMaxSlot = 4 << 20;
+// Operations carry their data in the negotiation message (eagerly) when that is cheaper
+// than negotiating and then running the ring: each rank receives n-1 copies, so a tensor
+// goes eagerly up to min(kEagerMaxBytes, kEagerBytes / (n-1)) bytes (measured on loopback:
+// faster than Gloo's ring up to 256 KiB for 2-4 ranks, slower at 1 MiB), and a round
+// carries at most twice that per rank. An operation runs eagerly when every rank sent its
+// data in the same round; otherwise it takes the allreduce path.
+constexpr size_t kEagerBytes = 1 << 20;
+constexpr size_t kEagerMaxBytes = 512 << 10;
+
+std::string Ranks(const std::vector<int>& ranks) {
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
+}
+
+}  // namespace
+
+void AllreduceStore::ExecLoop() {
+  absl::Time last_round = absl::InfinitePast();
+  bool job_active = false;  // the last round left work pending somewhere
+  while (WaitForRound(last_round, job_active)) {
+    last_round = absl::Now();
+    if (!RunRound(&job_active)) break;
+  }
+  // Nothing runs any more: fail what is left, and let the peers know at once.
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Status why =
+        broken_.ok() ? absl::FailedPreconditionError("the store was shut down") : broken_;
+    for (auto& [seq, op] : queued_) {
+      op->handle->Complete(
+          absl::Status(why.code(), absl::StrCat(op->Describe(), " failed: ", why.message())));
+    }
+    queued_.clear();
+    for (auto& b : barriers_) b->Complete(why);
+    barriers_.clear();
+    exec_done_ = true;
+  }
+  comm_->Close();
+  io_waker_.Wake();
+}
+
+bool AllreduceStore::WaitForRound(absl::Time last_round, bool job_active) {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    if (!broken_.ok()) return false;
+    // While the last round left work pending somewhere (or we must announce leaving), a
+    // round every cycle: what is submitted meanwhile is batched (and fused). Otherwise new
+    // work starts a round at once, and without any, a round every idle tick (so a rank
+    // that never submits still joins the rounds of those waiting for it).
+    const bool busy = job_active || stopping_;
+    if (!busy && !queued_.empty()) break;
+    const absl::Time at = last_round + (busy ? options_.cycle_time : idle_tick_);
+    if (absl::Now() >= at) break;
+    if (busy) {
+      mu_.AwaitWithDeadline(absl::Condition(
+                                +[](absl::Status* b) { return !b->ok(); }, &broken_),
+                            at);
+    } else {
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return wake_ || !broken_.ok();
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&woken), at);
+      wake_ = false;
+    }
+  }
+  wake_ = false;
+  return true;
+}
+
+void AllreduceStore::ExpireDeadlines(absl::Time now) {
+  for (auto it = queued_.begin(); it != queued_.end();) {
+    Op* op = it->second.get();
+    if (op->deadline > now) {
+      ++it;
+      continue;
+    }
+    std::string why;
+    std::vector<int> never;
+    for (size_t r = 0; r < op->seen.size(); ++r) {
+      if (!op->seen[r]) never.push_back(static_cast<int>(r));
+    }
+    if (!never.empty()) {
+      why = absl::StrCat(": ", Ranks(never), " never submitted it");
+    } else if (op->rounds_listed == 0) {
+      why = ": an earlier operation on the same name never completed";
+    } else {
+      why = ": every rank submitted it, but not all at once (some gave up at their own "
+            "deadline first)";
+    }
+    op->handle->Complete(absl::DeadlineExceededError(absl::StrCat(
+        op->Describe(), " did not complete within ", absl::FormatDuration(options_.op_timeout),
+        why)));
+    it = queued_.erase(it);
+  }
+}
+
+bool AllreduceStore::RunRound(bool* job_active) {
+  const absl::Time now = absl::Now();
+  std::vector<std::shared_ptr<Op>> listed;
+  nego::RankList mine;
+  {
+    absl::MutexLock lock(&mu_);
+    ExpireDeadlines(now);
+    absl::flat_hash_map<absl::string_view, bool> heads;
+    for (auto& [seq, op] : queued_) {
+      if (!heads.try_emplace(op->name, true).second) continue;  // not the oldest of its name
+      op->in_round = true;
+      ++op->rounds_listed;
+      listed.push_back(op);
+    }
+    mine.leaving = stopping_ && queued_.empty();
+  }
+  const size_t copies = std::max(1, num_workers_ - 1);
+  const size_t eager_tensor = std::min(kEagerMaxBytes, kEagerBytes / copies);
+  const size_t eager_round = 2 * eager_tensor;
+  size_t eager_bytes = 0;
+  for (const auto& op : listed) {
+    nego::Entry e;
+    e.name = op->name;
+    e.occurrence = op->occurrence;
+    e.kind = op->kind;
+    e.dtype = op->in.dtype;
+    e.count = op->in.count;
+    e.root = op->root;
+    e.priority = op->priority;
+    e.age_ms = static_cast<uint32_t>(
+        std::min<int64_t>(absl::ToInt64Milliseconds(now - op->submitted), UINT32_MAX));
+    const size_t bytes = op->in.bytes();
+    // Data goes along only the first time an operation is listed: when the ranks are in
+    // step that is the round that runs it; a rank waiting for late peers does not resend.
+    if (op->rounds_listed == 1 && (op->kind == nego::OpKind::kPushPull || op->root == rank_) &&
+        bytes <= eager_tensor && eager_bytes + bytes <= eager_round) {
+      e.has_payload = true;
+      e.payload = absl::string_view(static_cast<const char*>(op->in.data), bytes);
+      eager_bytes += bytes;
+    }
+    mine.entries.push_back(std::move(e));
+  }
+  std::string msg;
+  nego::Serialize(mine, rank_, &msg);
+  absl::Status failure;
+  std::vector<nego::RankList> lists;
+  const absl::Time t0 = absl::Now();
+  auto gathered = comm_->AllgatherBytes(msg, slot_bytes_, options_.op_timeout);
+  const absl::Time t1 = absl::Now();
+  size_t largest = 0;
+  if (!gathered.ok()) {
+    failure = gathered.status();
+  } else {
+    for (int r = 0; r < num_workers_ && failure.ok(); ++r) {
+      largest = std::max(largest, (*gathered)[r].size());
+      auto parsed = nego::Parse((*gathered)[r], r);
+      if (parsed.ok()) {
+        lists.push_back(std::move(*parsed));
+      } else {
+        failure = parsed.status();
+      }
+    }
+  }
+  nego::Plan plan;
+  if (failure.ok()) {
+    plan = nego::Decide(lists, rank_, options_.fusion_bytes);
+    // The next slot, from data every rank holds.
+    recent_sizes_.push_back(largest + sizeof(uint64_t));
+    if (recent_sizes_.size() > kSlotHistory) recent_sizes_.pop_front();
+    const size_t want = *std::max_element(recent_sizes_.begin(), recent_sizes_.end());
+    slot_bytes_ = std::clamp((want + kSlotGrain - 1) / kSlotGrain * kSlotGrain,
+                             kMinSlotBytes, kMaxSlot);
+    if (LogEnabled(LogLevel::DEBUG) && plan.any_entries) {
+      size_t runs = 0;
+      for (const nego::Action& a : plan.actions) runs += a.entries.size();
+      HPS_LOG(DEBUG) << "round: listed " << listed.size() << ", " << largest
+                     << " bytes at most per rank (slot " << slot_bytes_ << "), "
+                     << plan.actions.size() << " actions for " << runs << " operations, "
+                     << plan.missing.size() << " not ready here, " << plan.foreign.size()
+                     << " not submitted here; allgather " << absl::FormatDuration(t1 - t0);
+    }
+    for (const nego::Action& a : plan.actions) {
+      failure = Execute(a, listed);
+      if (!failure.ok()) break;
+    }
+    for (const nego::Missing& m : plan.missing) {
+      Op* op = listed[m.entry].get();
+      std::vector<bool> seen(num_workers_, true);
+      for (int r : m.ranks) seen[r] = false;
+      if (op->seen.empty()) op->seen = seen;
+      for (int r = 0; r < num_workers_; ++r) op->seen[r] = op->seen[r] || seen[r];
+    }
+    Warn(plan, listed, now);
+  }
+  absl::MutexLock lock(&mu_);
+  ++stats_.rounds;
+  stats_.negotiating += t1 - t0;
+  stats_.executing += absl::Now() - t1;
+  for (auto& op : listed) op->in_round = false;
+  if (!failure.ok()) {
+    BreakLocked(failure);
+    return false;
+  }
+  *job_active = plan.pending;
+  if (!plan.leaving.empty()) {
+    if (mine.leaving) return false;
+    peers_left_ = broken_.ok();
+    if (peers_left_) HPS_LOG(INFO) << Ranks(plan.leaving) << " left the job";
+    BreakLocked(absl::FailedPreconditionError(absl::StrCat(
+        Ranks(plan.leaving), " left the job (shut down their store); no collective can run "
+        "without ", plan.leaving.size() == 1 ? "it" : "them")));
+    return false;
+  }
+  return true;
+}
+
+void AllreduceStore::Finish(Op* op, absl::Status status) {
+  if (!status.ok() && !absl::StrContains(status.message(), absl::StrCat("'", op->name, "'"))) {
+    status = absl::Status(status.code(),
+                          absl::StrCat(op->Describe(), " failed: ", status.message()));
+  }
+  absl::MutexLock lock(&mu_);
+  op->in_round = false;
+  op->handle->Complete(std::move(status));
+  queued_.erase(op->seq);
+}
+
+absl::Status AllreduceStore::Execute(const nego::Action& a,
+                                     const std::vector<std::shared_ptr<Op>>& listed) {
+  Op* first = listed[a.entries[0]].get();
+  const size_t es = DTypeSize(a.dtype);
+  switch (a.type) {
+    case nego::Action::Type::kFail:
+      Finish(first, a.error);
+      return absl::OkStatus();
+    case nego::Action::Type::kEager: {
+      const size_t bytes = first->in.bytes();
+      if (bytes > 0 && (first->kind == nego::OpKind::kPushPull || rank_ != first->root)) {
+        std::memcpy(first->out.data, a.payloads[0].data(), bytes);
+        for (size_t r = 1; r < a.payloads.size(); ++r) {
+          SumInto(a.dtype, first->out.data, a.payloads[r].data(), first->in.count);
+        }
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        ++stats_.eager;
+      }
+      Finish(first, absl::OkStatus());
+      return absl::OkStatus();
+    }
+    case nego::Action::Type::kBroadcast: {
+      absl::Status s = comm_->Broadcast(a.dtype, first->out.data, first->out.count, first->root,
+                                        options_.op_timeout);
+      {
+        absl::MutexLock lock(&mu_);
+        ++stats_.broadcasts;
+      }
+      Finish(first, s);
+      return s;
+    }
+    case nego::Action::Type::kAllreduce:
+      break;
+  }
+  absl::Status s;
+  if (a.entries.size() == 1) {
+    s = comm_->Allreduce(a.dtype, first->in.data, first->out.data, first->in.count,
+                         options_.op_timeout);
+  } else {
+    // Pack, reduce once, unpack.
+    if (fusion_.size() < a.total_count * es) fusion_.resize(a.total_count * es);
+    size_t offset = 0;
+    for (size_t i : a.entries) {
+      const Op* op = listed[i].get();
+      if (op->in.count > 0) std::memcpy(fusion_.data() + offset, op->in.data, op->in.bytes());
+      offset += op->in.bytes();
+    }
+    s = comm_->Allreduce(a.dtype, fusion_.data(), fusion_.data(), a.total_count,
+                         options_.op_timeout);
+    offset = 0;
+    for (size_t i : a.entries) {
+      Op* op = listed[i].get();
+      if (s.ok() && op->out.count > 0) {
+        std::memcpy(op->out.data, fusion_.data() + offset, op->out.bytes());
+      }
+      offset += op->out.bytes();
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.allreduces;
+    if (a.entries.size() > 1) stats_.fused_tensors += a.entries.size();
+  }
+  for (size_t i : a.entries) Finish(listed[i].get(), s);
+  return s;
+}
+
+void AllreduceStore::Warn(const nego::Plan& plan, const std::vector<std::shared_ptr<Op>>& listed,
+                          absl::Time now) {
+  for (const nego::Missing& m : plan.missing) {
+    Op* op = listed[m.entry].get();
+    if (now < op->next_warning) continue;
+    op->next_warning = now + options_.stall_warning;
+    HPS_LOG(WARNING) << op->Describe() << " has waited "
+                     << absl::FormatDuration(absl::Trunc(now - op->submitted, absl::Milliseconds(1)))
+                     << "; not submitted by " << Ranks(m.ranks) << " (it fails at its deadline, "
+                     << absl::FormatDuration(options_.op_timeout) << ")";
+  }
+  absl::flat_hash_map<std::string, absl::Time> seen;
+  for (const nego::Foreign& f : plan.foreign) {
+    auto it = foreign_warned_.find(f.name);
+    absl::Time next = it == foreign_warned_.end() ? absl::InfinitePast() : it->second;
+    if (absl::Milliseconds(f.max_age_ms) >= options_.stall_warning && now >= next) {
+      next = now + options_.stall_warning;
+      HPS_LOG(WARNING) << nego::OpKindName(f.kind) << " of '" << f.name << "' submitted by "
+                       << Ranks(f.ranks) << " has waited "
+                       << absl::FormatDuration(absl::Milliseconds(f.max_age_ms))
+                       << " for this rank (" << rank_ << "), which has not submitted it";
+    }
+    seen[f.name] = next;
+  }
+  foreign_warned_ = std::move(seen);
+}
+
+}  // namespace hybridps

@@ -1,0 +1,286 @@
+#include "worker/allreduce_store.h"
+
+#include <arpa/inet.h>
+#include <pthread.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "worker/allreduce_op.h"
+#include "worker/gloo_comm.h"
+
+namespace hybridps {
+
+namespace nego = negotiation;
+
+namespace {
+
+absl::Status CheckTensor(absl::string_view name, const TensorView& t, absl::string_view what) {
+  if (t.device != Device::kCPU) {
+    return absl::UnimplementedError(absl::StrCat(
+        "tensor '", name, "': ", what, " is a GPU tensor; the dist_allreduce store of this "
+        "build handles CPU tensors only (the NCCL path is not built)"));
+  }
+  if (t.data == nullptr && t.count > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "': ", what, " has ", t.count, " elements but no data"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+
+
+AllreduceStore::AllreduceStore(std::shared_ptr<Context> ctx, const Options& options)
+    : ctx_(std::move(ctx)),
+      options_(options),
+      idle_tick_(std::clamp(std::min(options.op_timeout, options.stall_warning) / 10,
+                            absl::Milliseconds(5), absl::Milliseconds(100))),
+      slot_bytes_(kMinSlotBytes) {}
+
+absl::StatusOr<std::unique_ptr<AllreduceStore>> AllreduceStore::Create(
+    std::shared_ptr<Context> ctx, const Options& options) {
+  RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<AllreduceStore> s(new AllreduceStore(std::move(ctx), options));
+  RETURN_IF_ERROR(s->Start());
+  return s;
+}
+
+absl::Status AllreduceStore::Start() {
+  ControlClient::Callbacks cb;
+  cb.node_failed = [this](const wire::NodeFailed& f) {
+    Break(absl::UnavailableError(f.reason()));
+  };
+  cb.shutdown = [this](const wire::Shutdown& sd) {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;  // the scheduler's answer to everyone finishing
+    BreakLocked(absl::AbortedError(absl::StrCat("the job was shut down: ", sd.reason())));
+  };
+  cb.scheduler_lost = [this](const absl::Status& s) { Break(s); };
+  ASSIGN_OR_RETURN(control_, ControlClient::Connect(*ctx_, options_, std::move(cb)));
+  ASSIGN_OR_RETURN(wire::Welcome welcome, control_->Register(""));
+  rank_ = welcome.rank();
+  num_workers_ = welcome.num_workers();
+  SetLogTag(absl::StrCat("worker ", rank_));
+  // Gloo binds the scheduler-facing address: loopback for a local job.
+  in_addr ip{};
+  if (!options_.interface.empty()) {
+    (inet_pton(AF_INET, options_.interface.c_str(), &ip) == 1 ? gloo_host_ : gloo_iface_) =
+        options_.interface;
+  } else {
+    const std::string sched = EndpointHost(options_.SchedulerEndpoint());
+    if (sched.empty() || absl::StartsWith(sched, "127.") || sched == "localhost") {
+      gloo_host_ = "127.0.0.1";
+    } else {
+      char host[256] = {0};
+      gethostname(host, sizeof host - 1);
+      gloo_host_ = host;
+    }
+  }
+  SchedulerStore store(control_.get(), "gloo/", absl::Now() + options_.start_timeout);
+  auto comm = GlooComm::Connect(rank_, num_workers_, gloo_host_, gloo_iface_, store,
+                                options_.start_timeout);
+  if (!comm.ok()) {
+    return store.status().ok() ? comm.status() : store.status();
+  }
+  comm_ = std::move(*comm);
+  exec_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "hps-ar-exec");
+    ExecLoop();
+  });
+  io_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "hps-ar-io");
+    IoLoop();
+  });
+  HPS_LOG(INFO) << "joined the job as worker " << rank_ << " of " << num_workers_
+                << " (dist_allreduce, gloo on " << (gloo_iface_.empty() ? gloo_host_ : gloo_iface_)
+                << ")";
+  return absl::OkStatus();
+}
+
+AllreduceStore::~AllreduceStore() {
+  absl::Status s = Shutdown();
+  if (!s.ok()) HPS_LOG(WARNING) << "shutdown: " << s.message();
+}
+
+AllreduceStore::Stats AllreduceStore::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+// ---- submission -------------------------------------------------------------------------
+
+absl::StatusOr<Handle> AllreduceStore::BroadcastAsync(absl::string_view name, TensorView tensor,
+                                                      int root_rank, int priority) {
+  RETURN_IF_ERROR(CheckTensor(name, tensor, "the tensor"));
+  if (root_rank < 0 || root_rank >= num_workers_) {
+    return absl::InvalidArgumentError(absl::StrCat("broadcast of '", name, "': root rank ",
+                                                   root_rank, " is out of range [0, ",
+                                                   num_workers_, ")"));
+  }
+  auto op = std::make_shared<Op>();
+  op->name = std::string(name);
+  op->kind = nego::OpKind::kBroadcast;
+  op->in = op->out = tensor;
+  op->root = root_rank;
+  op->priority = priority;
+  return Submit(std::move(op));
+}
+
+absl::StatusOr<Handle> AllreduceStore::PushPullAsync(absl::string_view name, TensorView in,
+                                                     TensorView out, int priority) {
+  RETURN_IF_ERROR(CheckTensor(name, in, "the input"));
+  RETURN_IF_ERROR(CheckTensor(name, out, "the output"));
+  if (in.count != out.count || in.dtype != out.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push_pull of '", name, "': the input has ", in.count, " ", DTypeName(in.dtype),
+        " elements but the output ", out.count, " ", DTypeName(out.dtype), " elements"));
+  }
+  auto op = std::make_shared<Op>();
+  op->name = std::string(name);
+  op->in = in;
+  op->out = out;
+  op->priority = priority;
+  return Submit(std::move(op));
+}
+
+absl::StatusOr<Handle> AllreduceStore::Submit(std::shared_ptr<Op> op) {
+  if (op->name.empty()) return absl::InvalidArgumentError("a tensor name must not be empty");
+  if (op->name.size() > nego::kMaxNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor name of ", op->name.size(),
+                                                   " bytes (at most ", nego::kMaxNameBytes, ")"));
+  }
+  op->submitted = absl::Now();
+  op->deadline = op->submitted + options_.op_timeout;
+  op->next_warning = op->submitted + options_.stall_warning;
+  Handle h(op->handle);
+  absl::MutexLock lock(&mu_);
+  if (!closed_.ok()) return closed_;
+  if (!broken_.ok()) {
+    op->handle->Complete(absl::Status(
+        broken_.code(), absl::StrCat(op->Describe(), " failed: ", broken_.message())));
+    return h;
+  }
+  op->occurrence = occurrences_[op->name]++;
+  op->seq = next_seq_++;
+  queued_.emplace(op->seq, std::move(op));
+  wake_ = true;
+  return h;
+}
+
+absl::Status AllreduceStore::Barrier() {
+  auto state = std::make_shared<HandleState>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (!closed_.ok()) return closed_;
+    if (!broken_.ok()) return broken_;
+    barriers_.push_back(state);
+  }
+  io_waker_.Wake();
+  return state->Wait();
+}
+
+absl::Status AllreduceStore::Shutdown() {
+  auto fin = std::make_shared<HandleState>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::OkStatus();
+    stopping_ = true;
+    closed_ = absl::FailedPreconditionError("the store was shut down");
+    wake_ = true;
+  }
+  if (exec_thread_.joinable()) exec_thread_.join();  // finishes, then leaves the job
+  absl::Status s;
+  if (io_thread_.joinable()) {
+    {
+      absl::MutexLock lock(&mu_);
+      finalize_ = fin;
+    }
+    io_waker_.Wake();
+    s = fin->Wait();  // bounded: the finalize request has a deadline
+    io_exit_.store(true);
+    io_waker_.Wake();
+    io_thread_.join();
+  }
+  comm_.reset();
+  control_.reset();
+  absl::MutexLock lock(&mu_);
+  if (!broken_.ok() && !peers_left_) return broken_;
+  return s;
+}
+
+void AllreduceStore::Break(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  BreakLocked(status);
+}
+
+void AllreduceStore::BreakLocked(const absl::Status& status) {
+  if (broken_.ok()) {
+    broken_ = status;
+    if (!peers_left_) HPS_LOG(ERROR) << "the store can no longer be used: " << status.message();
+  }
+  for (auto it = queued_.begin(); it != queued_.end();) {
+    if (it->second->in_round) {
+      ++it;
+      continue;
+    }
+    Op* op = it->second.get();
+    op->handle->Complete(absl::Status(
+        broken_.code(), absl::StrCat(op->Describe(), " failed: ", broken_.message())));
+    it = queued_.erase(it);
+  }
+  for (auto& b : barriers_) b->Complete(broken_);
+  barriers_.clear();
+  wake_ = true;
+  io_waker_.Wake();
+}
+
+// ---- the I/O thread ---------------------------------------------------------------------
+
+void AllreduceStore::IoLoop() {
+  bool finalize_sent = false;
+  while (!io_exit_.load()) {
+    Poller poller;
+    const int ctl = poller.Add(control_->socket());
+    poller.AddFd(io_waker_.fd());
+    auto polled = poller.Poll(control_->NextTick() - absl::Now());
+    if (!polled.ok()) {
+      Break(polled.status());
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    io_waker_.Drain();
+    std::vector<std::shared_ptr<HandleState>> barriers;
+    std::shared_ptr<HandleState> fin;
+    absl::Status broken;
+    {
+      absl::MutexLock lock(&mu_);
+      barriers.swap(barriers_);
+      if (exec_done_ && finalize_ && !finalize_sent) fin = finalize_;
+      broken = peers_left_ ? absl::OkStatus() : broken_;
+    }
+    for (auto& b : barriers) {
+      wire::Envelope env;
+      env.mutable_barrier()->set_group(wire::GROUP_WORKERS);
+      control_->Request(std::move(env), absl::Now() + options_.op_timeout,
+                        [b](absl::StatusOr<wire::Envelope> r) { b->Complete(r.status()); });
+    }
+    if (fin) {
+      // Even after a failure the scheduler hears that we are done, so the job ends now.
+      finalize_sent = true;
+      wire::Envelope env;
+      env.mutable_finalize();
+      control_->Request(std::move(env), absl::Now() + options_.heartbeat_timeout,
+                        [fin, broken](absl::StatusOr<wire::Envelope> r) {
+                          fin->Complete(broken.ok() ? r.status() : broken);
+                        });
+    }
+    if (poller.Readable(ctl)) control_->OnReadable();
+    control_->Tick(absl::Now());
+  }
+  control_->FailAll(absl::CancelledError("the store was shut down"));
+}
+
+}  // namespace hybridps

@@ -1,0 +1,292 @@
+#include "worker/gloo_comm.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/reduce.h"
+#include "common/status.h"
+#include "common/transport.h"
+#include "gloo/allgather.h"
+#include "gloo/allgatherv.h"
+#include "gloo/alltoall.h"
+#include "gloo/allreduce.h"
+#include "gloo/broadcast.h"
+#include "gloo/common/error.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/transport/tcp/device.h"
+
+namespace hybridps {
+namespace {
+
+// Largest message AllgatherBytes accepts from a peer (a larger length is corruption).
+constexpr uint64_t kMaxGatherBytes = uint64_t{1} << 30;
+// Slots up to this size are exchanged directly (alltoall), larger ones by the ring.
+constexpr size_t kDirectSlotBytes = 1 << 20;
+
+std::chrono::milliseconds Millis(absl::Duration d) {
+  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+}
+
+// Runs a Gloo call; an exception becomes Unavailable naming `what`.
+template <typename F>
+absl::Status Guard(absl::string_view what, F&& f) {
+  try {
+    f();
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(what, " failed (gloo: ", e.what(), ")"));
+  }
+}
+
+// Calls f(T*) with the unsigned type of `dtype`'s element size: Gloo only needs the size.
+template <typename F>
+void WithElementType(DType dtype, F&& f) {
+  switch (DTypeSize(dtype)) {
+    case 1:
+      return f(static_cast<uint8_t*>(nullptr));
+    case 2:
+      return f(static_cast<uint16_t*>(nullptr));
+    case 4:
+      return f(static_cast<uint32_t*>(nullptr));
+    default:
+      return f(static_cast<uint64_t*>(nullptr));
+  }
+}
+
+}  // namespace
+
+// ---- SchedulerStore ---------------------------------------------------------------------
+
+void SchedulerStore::Fail(absl::Status s) {
+  if (status_.ok()) status_ = s;
+  throw gloo::IoException(std::string(s.message()));
+}
+
+absl::StatusOr<wire::Envelope> SchedulerStore::Call(wire::Envelope env, absl::Time deadline) {
+  std::optional<absl::StatusOr<wire::Envelope>> result;
+  control_->Request(std::move(env), deadline,
+                    [&result](absl::StatusOr<wire::Envelope> r) { result = std::move(r); });
+  Poller poller;
+  poller.Add(control_->socket());
+  while (!result) {
+    const absl::Time now = absl::Now();
+    // The client fails the request itself at its deadline (Tick); the extra second only
+    // bounds this loop should it not.
+    if (now > deadline + absl::Seconds(1)) {
+      return absl::DeadlineExceededError("no reply from the scheduler's rendezvous store");
+    }
+    auto polled = poller.Poll(std::min(control_->NextTick(), deadline) - now);
+    if (!polled.ok()) return polled.status();
+    control_->OnReadable();
+    control_->Tick(absl::Now());
+  }
+  return *std::move(result);
+}
+
+void SchedulerStore::set(const std::string& key, const std::vector<char>& data) {
+  wire::Envelope env;
+  env.mutable_kv_set()->set_key(prefix_ + key);
+  env.mutable_kv_set()->set_value(std::string(data.begin(), data.end()));
+  auto r = Call(std::move(env), deadline_);
+  if (!r.ok()) {
+    Fail(absl::Status(r.status().code(), absl::StrCat("rendezvous: setting '", key,
+                                                      "' failed: ", r.status().message())));
+  }
+}
+
+absl::StatusOr<std::vector<std::string>> SchedulerStore::Wait(
+    const std::vector<std::string>& keys, absl::Time deadline) {
+  wire::Envelope env;
+  auto* w = env.mutable_kv_wait();
+  for (const std::string& k : keys) w->add_keys(prefix_ + k);
+  w->set_timeout_ms(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+  // The scheduler answers at the wait's own deadline; give its reply time to arrive.
+  auto r = Call(std::move(env), deadline + absl::Seconds(2));
+  if (!r.ok()) {
+    return absl::Status(r.status().code(),
+                        absl::StrCat("rendezvous: waiting for ", absl::StrJoin(keys, ", "),
+                                     " failed: ", r.status().message(),
+                                     " (have all workers started?)"));
+  }
+  if (!r->has_kv_reply() || r->kv_reply().values_size() != static_cast<int>(keys.size())) {
+    return absl::DataLossError("rendezvous: malformed reply from the scheduler");
+  }
+  return std::vector<std::string>(r->kv_reply().values().begin(),
+                                  r->kv_reply().values().end());
+}
+
+std::vector<char> SchedulerStore::get(const std::string& key) {
+  auto r = Wait({key}, deadline_);
+  if (!r.ok()) Fail(r.status());
+  return std::vector<char>((*r)[0].begin(), (*r)[0].end());
+}
+
+void SchedulerStore::wait(const std::vector<std::string>& keys) {
+  auto r = Wait(keys, deadline_);
+  if (!r.ok()) Fail(r.status());
+}
+
+void SchedulerStore::wait(const std::vector<std::string>& keys,
+                          const std::chrono::milliseconds& timeout) {
+  auto r = Wait(keys, std::min(deadline_, absl::Now() + absl::FromChrono(timeout)));
+  if (!r.ok()) Fail(r.status());
+}
+
+// ---- GlooComm ---------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<GlooComm>> GlooComm::Connect(int rank, int size,
+                                                            const std::string& host,
+                                                            const std::string& iface,
+                                                            gloo::rendezvous::Store& store,
+                                                            absl::Duration timeout) {
+  std::unique_ptr<GlooComm> comm(new GlooComm(rank, size));
+  if (size == 1) return comm;
+  gloo::transport::tcp::attr attr;
+  if (!iface.empty()) {
+    attr.iface = iface;
+  } else {
+    attr.hostname = host;
+  }
+  absl::Status s = Guard(absl::StrCat("connecting the gloo mesh of ", size, " ranks on ",
+                                      iface.empty() ? host : iface),
+                         [&] {
+                           auto device = gloo::transport::tcp::CreateDevice(attr);
+                           auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+                           ctx->setTimeout(Millis(timeout));
+                           ctx->connectFullMesh(store, device);
+                           comm->context_ = std::move(ctx);
+                         });
+  if (!s.ok()) return s;
+  return comm;
+}
+
+GlooComm::~GlooComm() = default;
+
+void GlooComm::Close() {
+  if (!context_) return;
+  try {
+    context_->closeConnections();
+  } catch (const std::exception& e) {
+    HPS_LOG(DEBUG) << "closing gloo connections: " << e.what();
+  }
+}
+
+absl::Status GlooComm::Allreduce(DType dtype, const void* in, void* out, size_t count,
+                                 absl::Duration timeout) {
+  if (count == 0) return absl::OkStatus();
+  if (!context_) {
+    if (in != out) std::memcpy(out, in, count * DTypeSize(dtype));
+    return absl::OkStatus();
+  }
+  return Guard("allreduce", [&] {
+    gloo::AllreduceOptions opts(context_);
+    WithElementType(dtype, [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      if (in != out) opts.setInput(static_cast<T*>(const_cast<void*>(in)), count);
+      opts.setOutput(static_cast<T*>(out), count);
+    });
+    opts.setReduceFunction([dtype](void* c, const void* a, const void* b, size_t n) {
+      Sum2(dtype, c, a, b, n);
+    });
+    opts.setTimeout(Millis(timeout));
+    gloo::allreduce(opts);
+  });
+}
+
+absl::Status GlooComm::Broadcast(DType dtype, void* data, size_t count, int root,
+                                 absl::Duration timeout) {
+  if (count == 0 || !context_) return absl::OkStatus();
+  return Guard("broadcast", [&] {
+    gloo::BroadcastOptions opts(context_);
+    WithElementType(dtype, [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      opts.setOutput(static_cast<T*>(data), count);
+    });
+    opts.setRoot(root);
+    opts.setTimeout(Millis(timeout));
+    gloo::broadcast(opts);
+  });
+}
+
+absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherBytes(
+    absl::string_view mine, size_t slot, absl::Duration timeout) {
+  if (!context_) return std::vector<absl::string_view>{mine};
+  // A slot: [u64 length][the first slot - 8 bytes]; the tails follow in an allgatherv.
+  const size_t inline_bytes = slot - sizeof(uint64_t);
+  if (slot_in_.size() < slot) slot_in_.resize(slot);
+  if (slot_all_.size() < slot * size_) slot_all_.resize(slot * size_);
+  const uint64_t len = mine.size();
+  std::memcpy(slot_in_.data(), &len, sizeof len);
+  std::memcpy(slot_in_.data() + sizeof len, mine.data(), std::min<size_t>(len, inline_bytes));
+  if (slot <= kDirectSlotBytes) {
+    // Small slots: every rank sends its slot to every other rank at once (gloo::alltoall
+    // of n copies): one step, where the ring allgather takes 2(n-1) dependent ones —
+    // each a thread handoff that can cost a scheduler tick on a loaded machine.
+    if (slot_in_.size() < slot * size_) slot_in_.resize(slot * size_);
+    for (int r = 1; r < size_; ++r) std::memcpy(slot_in_.data() + r * slot, slot_in_.data(), slot);
+    RETURN_IF_ERROR(Guard("negotiation (alltoall)", [&] {
+      gloo::AlltoallOptions opts(context_);
+      opts.setInput(reinterpret_cast<uint8_t*>(slot_in_.data()), slot * size_);
+      opts.setOutput(reinterpret_cast<uint8_t*>(slot_all_.data()), slot * size_);
+      opts.setTimeout(Millis(timeout));
+      gloo::alltoall(opts);
+    }));
+  } else {
+    RETURN_IF_ERROR(Guard("negotiation (allgather)", [&] {
+      gloo::AllgatherOptions opts(context_);
+      opts.setInput(reinterpret_cast<uint8_t*>(slot_in_.data()), slot);
+      opts.setOutput(reinterpret_cast<uint8_t*>(slot_all_.data()), slot * size_);
+      opts.setTimeout(Millis(timeout));
+      gloo::allgather(opts);
+    }));
+  }
+  std::vector<absl::string_view> out(size_);
+  std::vector<size_t> lengths(size_), tails(size_);
+  bool any_tail = false;
+  for (int r = 0; r < size_; ++r) {
+    uint64_t n = 0;
+    std::memcpy(&n, slot_all_.data() + r * slot, sizeof n);
+    if (n > kMaxGatherBytes) {
+      return absl::DataLossError(absl::StrCat("rank ", r, " sent a negotiation message of ",
+                                              n, " bytes"));
+    }
+    lengths[r] = n;
+    out[r] = absl::string_view(slot_all_.data() + r * slot + sizeof n,
+                               std::min<size_t>(n, inline_bytes));
+    tails[r] = n > inline_bytes ? n - inline_bytes : 0;
+    any_tail = any_tail || tails[r] > 0;
+  }
+  if (!any_tail) return out;
+  // Every rank sends at least one byte: no zero-length blocks for Gloo to special-case.
+  std::vector<size_t> counts(size_);
+  size_t total = 0;
+  for (int r = 0; r < size_; ++r) total += counts[r] = std::max<size_t>(1, tails[r]);
+  tail_in_.assign(counts[rank_], '\0');
+  if (tails[rank_] > 0) tail_in_.assign(mine.data() + inline_bytes, tails[rank_]);
+  if (tail_all_.size() < total) tail_all_.resize(total);
+  RETURN_IF_ERROR(Guard("negotiation (allgatherv)", [&] {
+    gloo::AllgathervOptions opts(context_);
+    opts.setInput(reinterpret_cast<uint8_t*>(tail_in_.data()), tail_in_.size());
+    opts.setOutput(reinterpret_cast<uint8_t*>(tail_all_.data()), counts);
+    opts.setTimeout(Millis(timeout));
+    gloo::allgatherv(opts);
+  }));
+  joined_.resize(size_);
+  size_t offset = 0;
+  for (int r = 0; r < size_; ++r) {
+    joined_[r].assign(out[r].data(), out[r].size());
+    joined_[r].append(tail_all_, offset, tails[r]);
+    out[r] = joined_[r];
+    offset += counts[r];
+  }
+  return out;
+}
+
+}  // namespace hybridps
