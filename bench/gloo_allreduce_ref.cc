@@ -324,7 +324,8 @@ absl::Status Run(const Flags& f, const Options& options) {
     if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
     std::memcpy(dir.data(), tmpl, std::strlen(tmpl));
   }
-  RETURN_IF_ERROR(kv->Broadcast("gloo-ref/dir", TensorView{dir.data(), dir.size(), DType::kUInt8}, 0));
+  RETURN_IF_ERROR(
+      kv->Broadcast("gloo-ref/dir", TensorView{dir.data(), dir.size(), DType::kUInt8}, 0));
   const std::string path(reinterpret_cast<const char*>(dir.data()));
   std::shared_ptr<gloo::Context> ctx;
   if (n > 1) {

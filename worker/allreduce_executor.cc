@@ -326,7 +326,8 @@ void AllreduceStore::Warn(const nego::Plan& plan, const std::vector<std::shared_
     if (now < op->next_warning) continue;
     op->next_warning = now + options_.stall_warning;
     HPS_LOG(WARNING) << op->Describe() << " has waited "
-                     << absl::FormatDuration(absl::Trunc(now - op->submitted, absl::Milliseconds(1)))
+                     << absl::FormatDuration(
+                            absl::Trunc(now - op->submitted, absl::Milliseconds(1)))
                      << "; not submitted by " << Ranks(m.ranks) << " (it fails at its deadline, "
                      << absl::FormatDuration(options_.op_timeout) << ")";
   }

@@ -6,9 +6,9 @@
 // Operations run in the same order on every rank whatever order each rank submitted
 // them in: a background executor negotiates, Horovod-style, what every rank has ready
 // (worker/negotiation.h). Each cycle (Options::cycle_time, only while some rank has work
-// pending) the ranks allgather the lists of their ready operations; an operation ready
-// everywhere runs, small push_pulls fused into one allreduce per dtype
-// (Options::fusion_bytes), tiny ones computed from the lists themselves (their data rides
+// pending) the ranks exchange the lists of their ready operations (one small exchange,
+// GlooComm::AllgatherBytes); an operation ready everywhere runs, small push_pulls
+// fused into one allreduce per dtype (Options::fusion_bytes), tiny ones computed from the lists themselves (their data rides
 // along, so a small push_pull costs one collective, not two). An operation whose ranks
 // disagree on its size, dtype, kind or root fails on every rank with an error naming them;
 // one that some ranks never submit is logged after Options::stall_warning, naming the

@@ -30,9 +30,9 @@ enum class Capability { kOptimizer };
 class KVStore {
  public:
   // `type`: "dist_hybrid" (parameter server) or "dist_allreduce" (ring allreduce on
-  // Gloo, no servers; Unimplemented when built without Gloo). `ctx`: the ZeroMQ context to use (needed to
-  // run a whole cluster in one process over inproc://); null creates one. Blocks until the
-  // whole job has registered (options.start_timeout).
+  // Gloo, no servers; Unimplemented when built without Gloo). `ctx`: the ZeroMQ context
+  // to use (needed to run a whole cluster in one process over inproc://); null creates
+  // one. Blocks until the whole job has registered (options.start_timeout).
   static absl::StatusOr<std::unique_ptr<KVStore>> Create(
       absl::string_view type, const Options& options,
       std::shared_ptr<Context> ctx = nullptr);

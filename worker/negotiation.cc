@@ -149,7 +149,9 @@ absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
     return bad("truncated header");
   }
   if (magic != kMagic) return bad("bad magic number");
-  if (version != kVersion) return bad(absl::StrCat("protocol version ", version, ", not ", kVersion));
+  if (version != kVersion) {
+    return bad(absl::StrCat("protocol version ", version, ", not ", kVersion));
+  }
   if (sender != rank) return bad(absl::StrCat("it claims to be rank ", sender));
   if (num > in.left() / kEntryBytes) return bad(absl::StrCat(num, " entries cannot fit"));
   RankList list;

@@ -194,7 +194,9 @@ TEST_P(ConformanceTest, BroadcastFromEveryRootInEveryDType) {
       std::vector<Handle> handles;
       int salt = 0;
       for (DType dt : kAllDTypes) {
-        for (size_t size : {size_t{0}, size_t{1}, size_t{333}, size_t{70001}}) bufs.emplace_back(dt, size);
+        for (size_t size : {size_t{0}, size_t{1}, size_t{333}, size_t{70001}}) {
+          bufs.emplace_back(dt, size);
+        }
       }
       for (Buffer& b : bufs) {
         b.Fill(rank, root, salt);
