@@ -33,7 +33,7 @@ namespace {
 
 // Failures must come long before this (op_timeout is 30 s unless a test lowers it).
 constexpr absl::Duration kQuick = absl::Seconds(5);
-// A dead peer is noticed after heartbeat_timeout (1 s) plus a heartbeat interval or two.
+// A dead peer is noticed after heartbeat_timeout (2 s) plus a heartbeat interval or two.
 constexpr absl::Duration kDeathBound = absl::Seconds(6);
 
 std::unique_ptr<LocalCluster> StartCluster(const ClusterConfig& config) {

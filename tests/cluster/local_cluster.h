@@ -31,7 +31,7 @@ struct ClusterConfig {
   size_t credit_bytes = 64 << 20;
   int server_threads = 2;
   absl::Duration heartbeat_interval = absl::Milliseconds(100);
-  absl::Duration heartbeat_timeout = absl::Seconds(1);
+  absl::Duration heartbeat_timeout = absl::Seconds(2);  // 1 s once flagged a thread stalled by load
   absl::Duration op_timeout = absl::Seconds(30);
   absl::Duration start_timeout = absl::Seconds(20);
   // Inbound messages larger than this are refused by ZeroMQ on every data socket.
