@@ -15,23 +15,6 @@ namespace hybridps {
 
 namespace nego = negotiation;
 
-namespace {
-
-absl::Status CheckTensor(absl::string_view name, const TensorView& t, absl::string_view what) {
-  if (t.device != Device::kCPU) {
-    return absl::UnimplementedError(absl::StrCat(
-        "tensor '", name, "': ", what, " is a GPU tensor; the dist_allreduce store of this "
-        "build handles CPU tensors only (the NCCL path is not built)"));
-  }
-  if (t.data == nullptr && t.count > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", name, "': ", what, " has ", t.count, " elements but no data"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 
 
 AllreduceStore::AllreduceStore(std::shared_ptr<Context> ctx, const Options& options)
@@ -115,7 +98,7 @@ AllreduceStore::Stats AllreduceStore::stats() const {
 
 absl::StatusOr<Handle> AllreduceStore::BroadcastAsync(absl::string_view name, TensorView tensor,
                                                       int root_rank, int priority) {
-  RETURN_IF_ERROR(CheckTensor(name, tensor, "the tensor"));
+  RETURN_IF_ERROR(CheckCpuTensor(name, tensor, "the tensor"));
   if (root_rank < 0 || root_rank >= num_workers_) {
     return absl::InvalidArgumentError(absl::StrCat("broadcast of '", name, "': root rank ",
                                                    root_rank, " is out of range [0, ",
@@ -132,8 +115,8 @@ absl::StatusOr<Handle> AllreduceStore::BroadcastAsync(absl::string_view name, Te
 
 absl::StatusOr<Handle> AllreduceStore::PushPullAsync(absl::string_view name, TensorView in,
                                                      TensorView out, int priority) {
-  RETURN_IF_ERROR(CheckTensor(name, in, "the input"));
-  RETURN_IF_ERROR(CheckTensor(name, out, "the output"));
+  RETURN_IF_ERROR(CheckCpuTensor(name, in, "the input"));
+  RETURN_IF_ERROR(CheckCpuTensor(name, out, "the output"));
   if (in.count != out.count || in.dtype != out.dtype) {
     return absl::InvalidArgumentError(absl::StrCat(
         "push_pull of '", name, "': the input has ", in.count, " ", DTypeName(in.dtype),

@@ -32,6 +32,20 @@ absl::StatusOr<std::unique_ptr<KVStore>> KVStore::Create(absl::string_view type,
       absl::StrCat("unknown KVStore type '", type, "' (known: dist_hybrid, dist_allreduce)"));
 }
 
+absl::Status KVStore::CheckCpuTensor(absl::string_view name, const TensorView& t,
+                                     absl::string_view what) const {
+  if (t.device != Device::kCPU) {
+    return absl::UnimplementedError(absl::StrCat(
+        "tensor '", name, "': ", what, " is a GPU tensor; this build's ", type(),
+        " store handles CPU tensors only"));
+  }
+  if (t.data == nullptr && t.count > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", name, "': ", what, " has ", t.count, " elements but no data"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KVStore::Broadcast(absl::string_view name, TensorView tensor, int root_rank,
                                 int priority) {
   ASSIGN_OR_RETURN(Handle h, BroadcastAsync(name, tensor, root_rank, priority));

@@ -63,6 +63,12 @@ class KVStore {
                          int priority = 0);
   absl::Status PushPull(absl::string_view name, TensorView in, TensorView out,
                         int priority = 0);
+
+ protected:
+  // OK for a CPU tensor with data (or none, when empty); else an error naming the tensor,
+  // `what` it is ("the input") and this store's type.
+  absl::Status CheckCpuTensor(absl::string_view name, const TensorView& t,
+                              absl::string_view what) const;
 };
 
 }  // namespace hybridps

@@ -39,23 +39,6 @@ struct PsStore::Op {
   }
 };
 
-namespace {
-
-absl::Status CheckTensor(absl::string_view name, const TensorView& t, absl::string_view what) {
-  if (t.device != Device::kCPU) {
-    return absl::UnimplementedError(absl::StrCat(
-        "tensor '", name, "': ", what, " is a GPU tensor; this build's dist_hybrid store "
-        "handles CPU tensors only"));
-  }
-  if (t.data == nullptr && t.count > 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", name, "': ", what, " has ", t.count, " elements but no data"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<PsStore>> PsStore::Create(std::shared_ptr<Context> ctx,
                                                          const Options& options) {
   RETURN_IF_ERROR(options.Validate());
@@ -148,7 +131,7 @@ PsStore::~PsStore() {
 absl::StatusOr<Handle> PsStore::BroadcastAsync(absl::string_view name, TensorView tensor,
                                                int root_rank, int priority) {
   if (name.empty()) return absl::InvalidArgumentError("a tensor name must not be empty");
-  RETURN_IF_ERROR(CheckTensor(name, tensor, "the tensor"));
+  RETURN_IF_ERROR(CheckCpuTensor(name, tensor, "the tensor"));
   if (root_rank < 0 || root_rank >= num_workers_) {
     return absl::InvalidArgumentError(absl::StrCat("broadcast of '", name, "': root rank ",
                                                    root_rank, " is out of range [0, ",
@@ -166,8 +149,8 @@ absl::StatusOr<Handle> PsStore::BroadcastAsync(absl::string_view name, TensorVie
 absl::StatusOr<Handle> PsStore::PushPullAsync(absl::string_view name, TensorView in,
                                               TensorView out, int priority) {
   if (name.empty()) return absl::InvalidArgumentError("a tensor name must not be empty");
-  RETURN_IF_ERROR(CheckTensor(name, in, "the input"));
-  RETURN_IF_ERROR(CheckTensor(name, out, "the output"));
+  RETURN_IF_ERROR(CheckCpuTensor(name, in, "the input"));
+  RETURN_IF_ERROR(CheckCpuTensor(name, out, "the output"));
   if (in.count != out.count || in.dtype != out.dtype) {
     return absl::InvalidArgumentError(absl::StrCat(
         "push_pull of '", name, "': the input has ", in.count, " ", DTypeName(in.dtype),
