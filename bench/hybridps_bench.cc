@@ -53,11 +53,17 @@
 #include "common/options.h"
 #include "common/status.h"
 #include "worker/kvstore.h"
+#include "bench/idle_cpu.h"
+#include "bench/zmq_echo.h"
 
 namespace hybridps {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using bench::IdleFigure;
+using bench::MeasureIdle;
+using bench::Micros;
+using bench::ZmqEcho;
 
 constexpr size_t kKiB = 1024, kMiB = 1024 * 1024;
 // Sizes of the targets.
@@ -216,7 +222,6 @@ Timing Summarize(std::vector<double> us) {
   return t;
 }
 
-double Micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
 
 // Bytes per microsecond are 1e6 bytes per second: / 1e3 gives GB/s (1 GB = 1e9 bytes).
 double GBps(size_t bytes, double us) { return us > 0 ? static_cast<double>(bytes) / us / 1e3 : 0; }
@@ -353,127 +358,6 @@ Patterns MakePatterns(DType t, size_t count, int rank, int num_workers) {
   return p;
 }
 
-// ---- the reference: ZeroMQ echo over loopback TCP and memcpy ----------------------------
-
-// A DEALER (this thread) and a ROUTER (the echo thread, which sends every message back)
-// over tcp://127.0.0.1, in a context and with socket options like common/transport.cc's:
-// 2 I/O threads, no high-water marks, 4 MiB kernel buffers, zero-copy sends.
-class ZmqEcho {
- public:
-  static absl::StatusOr<std::unique_ptr<ZmqEcho>> Start() {
-    std::unique_ptr<ZmqEcho> e(new ZmqEcho());
-    void* router = zmq_socket(e->ctx_, ZMQ_ROUTER);
-    e->dealer_ = zmq_socket(e->ctx_, ZMQ_DEALER);
-    if (router == nullptr || e->dealer_ == nullptr) return Error("zmq_socket");
-    for (void* s : {router, e->dealer_}) {
-      int zero = 0, buf = 4 << 20, timeout_ms = 30000;
-      zmq_setsockopt(s, ZMQ_SNDHWM, &zero, sizeof zero);
-      zmq_setsockopt(s, ZMQ_RCVHWM, &zero, sizeof zero);
-      zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
-      zmq_setsockopt(s, ZMQ_SNDBUF, &buf, sizeof buf);
-      zmq_setsockopt(s, ZMQ_RCVBUF, &buf, sizeof buf);
-      zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
-    }
-    char endpoint[256];
-    size_t len = sizeof endpoint;
-    if (zmq_bind(router, "tcp://127.0.0.1:*") != 0 ||
-        zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, endpoint, &len) != 0) {
-      zmq_close(router);
-      return Error("bind tcp://127.0.0.1:*");
-    }
-    if (zmq_connect(e->dealer_, endpoint) != 0) {
-      zmq_close(router);
-      return Error("connect");
-    }
-    // The ROUTER is handed to the echo thread here and used by it only.
-    e->echo_ = std::thread([router] { EchoLoop(router); });
-    return e;
-  }
-
-  ~ZmqEcho() {
-    if (dealer_ != nullptr) zmq_close(dealer_);
-    zmq_ctx_shutdown(ctx_);  // the echo thread's recv returns ETERM
-    if (echo_.joinable()) echo_.join();
-    zmq_ctx_term(ctx_);
-  }
-
-  // Sends `size` bytes from `data` (zero-copy) as messages of at most `chunk` bytes, all
-  // at once, and waits for every echo; returns the round trip time. The echoes are
-  // checked after the clock stopped.
-  absl::StatusOr<double> RoundTripUs(const unsigned char* data, size_t size, size_t chunk) {
-    const size_t n = std::max<size_t>(1, (size + chunk - 1) / chunk);
-    // Initialised in place and never moved: a zmq_msg_t must not be copied bitwise.
-    std::unique_ptr<zmq_msg_t[]> in(new zmq_msg_t[n]);
-    for (size_t i = 0; i < n; ++i) zmq_msg_init(&in[i]);
-    auto part = [&](size_t i) { return std::min(chunk, size - i * chunk); };
-    int rc = 0;
-    const Clock::time_point t0 = Clock::now();
-    for (size_t i = 0; i < n && rc >= 0; ++i) {
-      zmq_msg_t out;
-      zmq_msg_init_data(&out, const_cast<unsigned char*>(data) + i * chunk, part(i), &NoFree,
-                        nullptr);
-      rc = zmq_msg_send(&out, dealer_, 0);
-      zmq_msg_close(&out);  // empty once sent
-    }
-    for (size_t i = 0; i < n && rc >= 0; ++i) rc = zmq_msg_recv(&in[i], dealer_, 0);
-    const Clock::time_point t1 = Clock::now();
-    absl::Status s;
-    if (rc < 0) s = Error("echo send/recv");
-    for (size_t i = 0; i < n && s.ok(); ++i) {
-      if (zmq_msg_size(&in[i]) != part(i) ||
-          (part(i) > 0 && std::memcmp(zmq_msg_data(&in[i]), data + i * chunk, part(i)) != 0)) {
-        s = absl::DataLossError(absl::StrCat("the ZeroMQ echo of message ", i, " (", part(i),
-                                             " bytes) came back different"));
-      }
-    }
-    for (size_t i = 0; i < n; ++i) zmq_msg_close(&in[i]);
-    if (!s.ok()) return s;
-    return Micros(t1 - t0);
-  }
-
- private:
-  ZmqEcho() : ctx_(zmq_ctx_new()) {
-    zmq_ctx_set(ctx_, ZMQ_IO_THREADS, 2);
-    zmq_ctx_set(ctx_, ZMQ_BLOCKY, 0);
-  }
-  // The sender keeps the bytes alive until the echo thread is joined.
-  static void NoFree(void*, void*) {}
-  static absl::Status Error(absl::string_view what) {
-    return absl::UnavailableError(
-        absl::StrCat("ZeroMQ reference: ", what, ": ", zmq_strerror(zmq_errno())));
-  }
-  // Runs on the echo thread until the context is shut down. Our DEALER sends one frame,
-  // so the ROUTER receives [routing id][body]; anything else is dropped.
-  static void EchoLoop(void* router) {
-    zmq_msg_t id, body;
-    zmq_msg_init(&id);
-    zmq_msg_init(&body);
-    while (true) {
-      if (zmq_msg_recv(&id, router, 0) < 0) {
-        if (zmq_errno() == EAGAIN || zmq_errno() == EINTR) continue;
-        break;  // ETERM
-      }
-      if (!zmq_msg_more(&id)) continue;
-      if (zmq_msg_recv(&body, router, 0) < 0) break;
-      if (zmq_msg_more(&body)) {
-        while (zmq_msg_more(&body) && zmq_msg_recv(&body, router, 0) >= 0) {
-        }
-        continue;
-      }
-      if (zmq_msg_send(&id, router, ZMQ_SNDMORE) < 0 || zmq_msg_send(&body, router, 0) < 0) {
-        break;
-      }
-    }
-    zmq_msg_close(&id);
-    zmq_msg_close(&body);
-    zmq_close(router);
-  }
-
-  void* ctx_;
-  void* dealer_ = nullptr;
-  std::thread echo_;
-};
-
 // ---- the sweep ------------------------------------------------------------------------
 
 struct Row {
@@ -585,127 +469,6 @@ absl::StatusOr<Timing> MeasurePushPull(const Flags& f, KVStore& kv, size_t bytes
     }
   }
   return Summarize(std::move(us));
-}
-
-// ---- idle CPU -------------------------------------------------------------------------
-
-struct JobProcess {
-  int pid = 0;
-  std::string label;  // "worker 0 (hybridps-bench)"
-};
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Every process whose environment has our HYBRIDPS_SCHEDULER_PORT value: the workers and
-// servers of this job. The scheduler itself was started with port 0 (it picks one and
-// writes it to a file), so it is recognised by the job's token instead.
-std::vector<JobProcess> FindJobProcesses(const std::string& port, const std::string& token) {
-  std::vector<JobProcess> out;
-  std::unique_ptr<DIR, int (*)(DIR*)> proc(opendir("/proc"), &closedir);
-  if (!proc) return out;
-  while (dirent* e = readdir(proc.get())) {
-    int pid = 0;
-    if (!absl::SimpleAtoi(e->d_name, &pid)) continue;
-    const std::string dir = absl::StrCat("/proc/", pid);
-    std::string role, rank;
-    bool same_port = false, same_token = false;
-    for (absl::string_view var : absl::StrSplit(ReadFile(dir + "/environ"), '\0')) {
-      auto [key, value] = std::pair<absl::string_view, absl::string_view>(
-          absl::StrSplit(var, absl::MaxSplits('=', 1)));
-      if (key == "HYBRIDPS_SCHEDULER_PORT") same_port = !port.empty() && value == port;
-      if (key == "HYBRIDPS_JOB_TOKEN") same_token = !token.empty() && value == token;
-      if (key == "HYBRIDPS_ROLE") role = std::string(value);
-      if (key == "HYBRIDPS_RANK") rank = std::string(value);
-    }
-    if (!same_port && !(same_token && role == "scheduler")) continue;
-    // argv[0]'s base name (comm is cut at 15 characters).
-    std::string cmd = ReadFile(dir + "/cmdline");
-    cmd = cmd.substr(0, cmd.find('\0'));
-    std::string comm = cmd.substr(cmd.rfind('/') == std::string::npos ? 0 : cmd.rfind('/') + 1);
-    std::string label = role.empty() ? "?" : role;
-    if (role != "scheduler" && !rank.empty()) absl::StrAppend(&label, " ", rank);
-    out.push_back(JobProcess{pid, absl::StrCat(label, " (", comm, ")")});
-  }
-  std::sort(out.begin(), out.end(),
-            [](const JobProcess& a, const JobProcess& b) { return a.label < b.label; });
-  return out;
-}
-
-struct CpuSample {
-  bool ok = false;
-  double stat_seconds = 0;  // utime + stime of /proc/PID/stat
-  double run_seconds = 0;   // sum over threads of /proc/PID/task/*/schedstat (ns clock)
-  int64_t switches = 0;     // context switches of every thread: wakeups
-};
-
-CpuSample SampleCpu(int pid) {
-  CpuSample s;
-  const std::string dir = absl::StrCat("/proc/", pid);
-  const std::string stat = ReadFile(dir + "/stat");
-  const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos) return s;
-  // The fields after "(comm)" start at field 3 (state); utime and stime are 14 and 15.
-  std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
-  int64_t utime = 0, stime = 0;
-  if (fields.size() < 13 || !absl::SimpleAtoi(fields[11], &utime) ||
-      !absl::SimpleAtoi(fields[12], &stime)) {
-    return s;
-  }
-  s.ok = true;
-  s.stat_seconds = static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
-  std::unique_ptr<DIR, int (*)(DIR*)> tasks(opendir((dir + "/task").c_str()), &closedir);
-  while (dirent* e = tasks ? readdir(tasks.get()) : nullptr) {
-    if (e->d_name[0] == '.') continue;
-    const std::string t = absl::StrCat(dir, "/task/", e->d_name);
-    int64_t run_ns = 0;
-    std::vector<std::string> sched = absl::StrSplit(ReadFile(t + "/schedstat"), ' ');
-    if (!sched.empty() && absl::SimpleAtoi(sched[0], &run_ns)) {
-      s.run_seconds += static_cast<double>(run_ns) / 1e9;
-    }
-    for (absl::string_view line : absl::StrSplit(ReadFile(t + "/status"), '\n')) {
-      if (!absl::StrContains(line, "ctxt_switches:")) continue;
-      int64_t n = 0;
-      if (absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(line.find(':') + 1)), &n)) {
-        s.switches += n;
-      }
-    }
-  }
-  return s;
-}
-
-struct IdleFigure {
-  JobProcess proc;
-  double cpu_pct = 0;  // from utime + stime (clock-tick resolution)
-  double run_pct = 0;  // from schedstat (ns resolution)
-  double wakeups_per_s = 0;
-};
-
-std::vector<IdleFigure> MeasureIdle(double seconds, const std::string& port,
-                                    const std::string& token) {
-  std::vector<JobProcess> procs = FindJobProcesses(port, token);
-  std::vector<CpuSample> before(procs.size());
-  for (size_t i = 0; i < procs.size(); ++i) before[i] = SampleCpu(procs[i].pid);
-  const Clock::time_point t0 = Clock::now();
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-  std::vector<CpuSample> after(procs.size());
-  for (size_t i = 0; i < procs.size(); ++i) after[i] = SampleCpu(procs[i].pid);
-  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::vector<IdleFigure> out;
-  for (size_t i = 0; i < procs.size(); ++i) {
-    if (!before[i].ok || !after[i].ok) continue;
-    IdleFigure fig;
-    fig.proc = procs[i];
-    fig.cpu_pct = 100 * (after[i].stat_seconds - before[i].stat_seconds) / wall;
-    fig.run_pct = 100 * (after[i].run_seconds - before[i].run_seconds) / wall;
-    fig.wakeups_per_s = static_cast<double>(after[i].switches - before[i].switches) / wall;
-    out.push_back(std::move(fig));
-  }
-  return out;
 }
 
 // ---- output ---------------------------------------------------------------------------
