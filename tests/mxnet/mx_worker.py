@@ -147,6 +147,39 @@ def overlap(kv):
     report("overlap", rank=kv.rank, steps=per_step[1:])  # the first step also initialises
 
 
+def horovod_api():
+    """horovod.mxnet's helpers: allreduce (mean), broadcast, broadcast_parameters and
+    DistributedTrainer / DistributedOptimizer against one process with batch 2b (the
+    gradients are averaged, so step() takes the per-worker batch)."""
+    hps.init(STORE)
+    r, n = hps.rank(), hps.size()
+    mean = hps.allreduce(mx.nd.full((5,), r + 1.0), name="t").asnumpy()
+    summed = hps.allreduce(mx.nd.full((5,), r + 1.0), average=False).asnumpy()
+    root = hps.broadcast(mx.nd.full((3,), 10.0 * r), root_rank=n - 1).asnumpy()
+    x, y = digits_xy()
+    b, steps = 8, 6
+    opt = dict(learning_rate=0.1, momentum=0.9)
+    ref = small_net()
+    run_steps(ref, gluon.Trainer(ref.collect_params(), "sgd", opt, kvstore=None), x, y,
+              lambda s: np.arange(s * n * b, (s + 1) * n * b), steps, n * b)
+    mine = lambda s: np.arange(s * n * b + r * b, s * n * b + (r + 1) * b)  # noqa: E731
+    diffs = {}
+    for kind in ("trainer", "optimizer"):
+        net = small_net(seed=7 + r)  # different on purpose: broadcast_parameters fixes it
+        hps.broadcast_parameters(net.collect_params(), root_rank=0, prefix=kind)
+        if kind == "trainer":
+            tr = hps.DistributedTrainer(net.collect_params(), "sgd", opt, prefix=kind)
+        else:
+            dopt = hps.DistributedOptimizer(mx.optimizer.create("sgd", **opt))
+            tr = gluon.Trainer(net.collect_params(), dopt, kvstore=None)
+        run_steps(net, tr, x, y, mine, steps, b)
+        diffs[kind] = max(float(np.abs(a - w).max())
+                          for a, w in zip(weights(ref), weights(net)))
+    report("horovod", rank=r, size=n, mean=mean.tolist(), sum=summed.tolist(),
+           broadcast=root.tolist(), trainer_diff=diffs["trainer"],
+           optimizer_diff=diffs["optimizer"])
+
+
 def mismatch(kv):
     """Rank r offers a tensor of r+3 elements under one key: every worker gets an error."""
     a = mx.nd.ones((kv.rank + 3,))
@@ -171,6 +204,8 @@ def main():
             save_load(mx.kv.create(STORE))
         elif scenario == "overlap":
             overlap(mx.kv.create(STORE))
+        elif scenario == "horovod":
+            horovod_api()
         elif scenario == "mismatch":
             mismatch(kv)
         else:

@@ -51,8 +51,9 @@ def run_job(store, scenarios, timeout=240):
 @pytest.fixture(scope="module", params=["dist_hybrid", "dist_allreduce"])
 def job(request):
     proc, results = run_job(request.param,
-                            ["sync_sgd", "digits", "save_load", "overlap", "mismatch"])
-    if proc.returncode != 0 or len(results) < 5:
+                            ["sync_sgd", "digits", "save_load", "overlap", "horovod",
+                             "mismatch"])
+    if proc.returncode != 0 or len(results) < 6:
         pytest.fail(f"job failed (exit {proc.returncode}):\n{proc.stdout[-6000:]}\n"
                     f"{proc.stderr[-3000:]}")
     return request.param, results
@@ -96,6 +97,15 @@ def test_communication_overlaps_backward(job):
         # Measured: push_pulls of later layers started before the first layer's gradient
         # existed, in most steps.
         assert len(overlapped) * 2 > len(steps), r
+
+
+def test_horovod_style_helpers(job):
+    store, results = job
+    for r in both(results, "horovod"):
+        n = r["size"]
+        assert r["sum"] == [n * (n + 1) / 2] * 5 and r["mean"] == [(n + 1) / 2] * 5, r
+        assert r["broadcast"] == [10.0 * (n - 1)] * 3, r  # root_rank n-1's value
+        assert r["trainer_diff"] <= TOLERANCE and r["optimizer_diff"] <= TOLERANCE, r
 
 
 def test_mismatched_shapes_name_the_tensor(job):
