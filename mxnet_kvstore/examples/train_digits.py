@@ -28,7 +28,9 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
-STORES = ("dist_hybrid", "dist_allreduce", "local")
+# dist_sync: MXNet's own parameter server, for comparison (bench/mxnet_bench.py launches
+# it with its DMLC_* variables).
+STORES = ("dist_hybrid", "dist_allreduce", "local", "dist_sync")
 
 
 def parse_args(argv=None):
@@ -64,6 +66,9 @@ def make_store(name):
     """(kvstore or None, rank, num_workers)."""
     if name == "local":
         return "local", 0, 1
+    if name == "dist_sync":
+        kv = mx.kv.create(name)
+        return kv, kv.rank, kv.num_workers
     import hybridps.mxnet  # noqa: F401  registers dist_hybrid and dist_allreduce
     kv = mx.kv.create(name)
     return kv, kv.rank, kv.num_workers
