@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/options.h"
 #include "mxnet_kvstore/src/engine_bridge.h"
+#include "optimizers/update_rule.h"
 #include "worker/kvstore.h"
 
 namespace py = pybind11;
@@ -196,6 +197,11 @@ PYBIND11_MODULE(_hybridps_core, m) {
   }, "Timeline events since the last call: (name, kind, start_ns, end_ns).");
   m.def("now_ns", &bridge::NowNs, "CLOCK_MONOTONIC in ns (the timeline's clock).");
   m.def("pending", &bridge::Pending, "Engine operations pushed and not yet completed.");
+  m.def("known_rules", &hybridps::optimizers::KnownRules,
+        "The optimizer rules the servers run (lower-case MXNet names).");
+  m.def("rule_param_names", [](const std::string& rule) {
+    return hybridps::optimizers::RuleParamNames(rule);
+  }, py::arg("rule"), "The hyper-parameter names `rule` takes (MXNet's names).");
   m.def("shutdown", &PyStore::ShutdownProcessStore,
         "Leaves the job (the process's store, if any). Later operations fail.");
 

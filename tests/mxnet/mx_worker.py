@@ -112,7 +112,7 @@ def save_load(kv):
 def overlap(kv):
     """Timeline: do push_pulls of the last layers start before the backward pass has
     produced the first layer's gradient (a 'mark' on it)?"""
-    width, depth, batch, steps = 1024, 4, 64, 4
+    width, depth, batch, steps = 1024, 6, 256, 4
     net = gluon.nn.Sequential()
     for _ in range(depth):
         net.add(gluon.nn.Dense(width, activation="relu"))

@@ -148,3 +148,37 @@ def test_gradient_compression_and_optimizer_rules_are_clear_errors():
             "except NotImplementedError as e: print('OK', e)\n")
     p = run_python(code)
     assert p.returncode == 0 and "OK" in p.stdout and "compression" in p.stdout, p.stderr
+
+
+def test_optimizer_translation_and_unsupported_rule():
+    """What set_optimizer sends to the servers: rule, hyper-parameters under MXNet's
+    names, schedule, per-tensor multipliers; an unknown rule is a clear error naming it."""
+    code = r'''
+import json, mxnet as mx
+from hybridps.mxnet import optimizer as o
+s = mx.lr_scheduler.MultiFactorScheduler(step=[5, 9], factor=0.5, base_lr=0.3,
+                                         warmup_steps=2)
+opt = mx.optimizer.create("adam", learning_rate=0.01, beta1=0.8, wd=0.001,
+                          clip_gradient=2.0, rescale_grad=0.25, lr_scheduler=s,
+                          multi_precision=True)
+opt.set_lr_mult({3: 0.5}); opt.set_wd_mult({3: 0.0})
+print(json.dumps(o.server_spec(opt, lambda i: f"0/{i}")))
+try:
+    o.server_spec(mx.optimizer.create("ftrl"), str)
+except NotImplementedError as e:
+    print("ERROR", e)
+'''
+    p = run_python(code)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()  # MXNet prints a note about the schedule's base_lr
+    spec = json.loads(next(line for line in lines if line.startswith("{")))
+    assert spec["rule"] == "adam" and spec["multi_precision"] is True
+    assert spec["params"] == {"learning_rate": 0.01, "beta1": 0.8, "beta2": 0.999,
+                              "epsilon": 1e-8, "wd": 0.001, "clip_gradient": 2.0,
+                              "rescale_grad": 0.25, "lazy_update": 1.0}
+    assert spec["schedule"] == {"kind": "MultiFactorScheduler", "base_lr": 0.3,
+                                "warmup_steps": 2, "warmup_begin_lr": 0.0,
+                                "warmup_mode": "linear", "steps": [5, 9], "factor": 0.5}
+    assert spec["multipliers"] == {"0/3": [0.5, 0.0]}
+    err = next(line for line in lines if line.startswith("ERROR"))
+    assert "Ftrl" in err and "sgd" in err and "update_on_kvstore=False" in err, err
