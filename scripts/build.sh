@@ -8,3 +8,19 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   { cat "$build.cmake.log"; exit 1; }
 grep -E "^-- hybridps:" "$build.cmake.log" || true
 cmake --build "$build" -j "${HYBRIDPS_JOBS:-2}"
+# Puts the Python package hybridps (sources here, the extension in the build tree) on the
+# project virtual environment's path, with the hook that turns a forgotten
+# `import hybridps.mxnet` into a clear error.
+if [ -x "$root/.venv/bin/python" ] && [ -e "$build/mxnet_kvstore" ]; then
+  "$root/.venv/bin/python" - "$root/mxnet_kvstore" "$build/mxnet_kvstore" <<'PY'
+import sys, sysconfig, pathlib
+src, ext = sys.argv[1], sys.argv[2]
+pth = pathlib.Path(sysconfig.get_paths()["purelib"]) / "hybridps.pth"
+text = (f"{src}\n{ext}\n"
+        "import sys; exec('try:\\n import hybridps._mxnet_hook as h; h.install()\\n"
+        "except Exception: pass')\n")
+if not pth.exists() or pth.read_text() != text:
+    pth.write_text(text)
+    print(f"build: wrote {pth}")
+PY
+fi

@@ -25,11 +25,16 @@ Engine::~Engine() {
 
 void Engine::Post(KeyStore::SumTask task) {
   absl::MutexLock lock(&mu_);
-  queue_.push_back(std::move(task));
+  queue_.push_back(Task{std::move(task), nullptr});
+}
+
+void Engine::Post(std::function<void()> fn) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(Task{std::nullopt, std::move(fn)});
 }
 
 void Engine::Loop() {
-  std::deque<KeyStore::SumTask> batch;
+  std::deque<Task> batch;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -42,8 +47,13 @@ void Engine::Loop() {
       batch.swap(queue_);
     }
     while (!batch.empty()) {
-      KeyStore::SumTask t = std::move(batch.front());
+      Task task = std::move(batch.front());
       batch.pop_front();
+      if (task.fn) {
+        task.fn();
+        continue;
+      }
+      KeyStore::SumTask t = std::move(*task.sum);
       SumInto(t.dtype, t.dst, t.src.data(), t.count);
       const uint64_t key = t.key, round = t.round;
       const uint32_t part = t.part;

@@ -1,11 +1,12 @@
-// An engine thread: runs the large summations the I/O thread hands it (KeyStore offload),
-// in the order given. A partition always maps to the same engine, so its sums keep their
+// An engine thread: runs the large summations the I/O thread hands it (KeyStore offload)
+// and the optimizer's updates, in the order given. A partition always maps to the same engine, so its sums keep their
 // order while different partitions are summed in parallel.
 #ifndef HYBRIDPS_SERVER_ENGINE_H_
 #define HYBRIDPS_SERVER_ENGINE_H_
 
 #include <deque>
 #include <functional>
+#include <optional>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -22,13 +23,18 @@ class Engine {
   ~Engine();  // Stops and joins the thread; queued tasks are dropped.
 
   void Post(KeyStore::SumTask task);  // any thread
+  void Post(std::function<void()> fn);  // any thread: runs fn (which reports by itself)
 
  private:
+  struct Task {
+    std::optional<KeyStore::SumTask> sum;
+    std::function<void()> fn;
+  };
   void Loop();
 
   Done done_;
   absl::Mutex mu_;
-  std::deque<KeyStore::SumTask> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

@@ -77,6 +77,7 @@ void KeyStore::Handle(const std::string& peer, int rank, uint64_t id,
     p.count = req.count();
     p.root = req.root();
     p.first_rank = rank;
+    p.first = req;
     p.total_count = req.total_count();
   } else if (p.error.ok()) {
     std::string what;
@@ -138,10 +139,36 @@ void KeyStore::SumDone(uint64_t key, uint32_t part, uint64_t round) {
 }
 
 void KeyStore::MaybeEndRound(Part& p, uint64_t key, uint32_t part) {
-  if (p.num_arrived < num_workers_) return;
+  if (p.num_arrived < num_workers_ || p.updating) return;
   if (p.error.ok()) {
     if (p.pending_sums > 0) return;  // SumDone ends it.
+    absl::StatusOr<bool> taken = false;
+    if (p.op == wire::OP_PUSHPULL && update_) taken = update_(p.first, &p.acc);
+    if (!taken.ok()) {
+      FailRound(p, taken.status());
+    } else if (*taken) {
+      p.updating = true;  // UpdateDone ends it.
+      return;
+    } else {
+      if (p.op == wire::OP_BROADCAST && broadcast_) broadcast_(p.first, p.acc->data());
+      CloseRound(p, key, part);
+    }
+  }
+  ResetRound(p);
+  ++p.round;
+}
+
+void KeyStore::UpdateDone(uint64_t key, uint32_t part, uint64_t round,
+                          const absl::Status& status, std::optional<Frame> result) {
+  auto it = parts_.find(PartKey{key, part});
+  if (it == parts_.end() || it->second.round != round || !it->second.updating) return;
+  Part& p = it->second;
+  p.updating = false;
+  if (status.ok() && result) {
+    p.acc = std::move(result);
     CloseRound(p, key, part);
+  } else {
+    FailRound(p, status.ok() ? absl::InternalError("the update returned no weights") : status);
   }
   ResetRound(p);
   ++p.round;
@@ -151,6 +178,7 @@ void KeyStore::ResetRound(Part& p) {
   p.arrived.assign(num_workers_, false);
   p.num_arrived = 0;
   p.pending_sums = 0;
+  p.updating = false;
   p.waiters.clear();
   p.acc.reset();
   p.error = absl::OkStatus();

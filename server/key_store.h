@@ -50,6 +50,13 @@ class KeyStore {
     Frame src;
   };
   using Offload = std::function<void(SumTask)>;
+  // The server-side optimizer. `update` gets each closed push_pull round (the first
+  // request's fields, with the summed gradient in *sum): false leaves the round to close
+  // as usual; true means it took *sum and will call UpdateDone; an error fails the round.
+  // `broadcast` sees each closed broadcast round's value.
+  using Update = std::function<absl::StatusOr<bool>(const wire::DataRequest& req,
+                                                    std::optional<Frame>* sum)>;
+  using Broadcast = std::function<void(const wire::DataRequest& req, const void* value)>;
   static constexpr size_t kInlineSumBytes = 64 << 10;
 
   // `emit` sends a reply (called on the owning thread). Without `offload` every sum runs
@@ -60,6 +67,13 @@ class KeyStore {
   // A validated request (ValidateDataRequest passed) from worker `rank` via `peer`.
   void Handle(const std::string& peer, int rank, uint64_t id, const wire::DataRequest& req,
               std::optional<Frame> payload);
+  void SetOptimizerHooks(Update update, Broadcast broadcast) {
+    update_ = std::move(update);
+    broadcast_ = std::move(broadcast);
+  }
+  // An update `update` took finished: `result` (the new weights) answers the round.
+  void UpdateDone(uint64_t key, uint32_t part, uint64_t round, const absl::Status& status,
+                  std::optional<Frame> result);
   // An offloaded sum finished (the owning thread, after the engine reported it).
   void SumDone(uint64_t key, uint32_t part, uint64_t round);
   // Answers every waiting request with `status` and every later one too: the job failed.
@@ -85,6 +99,8 @@ class KeyStore {
     uint64_t total_count = 0;
     int root = -1;
     int first_rank = -1;
+    wire::DataRequest first;  // the first request's fields (no payload)
+    bool updating = false;    // the optimizer has the round's sum
     std::optional<Frame> acc;
     int pending_sums = 0;  // offloaded sums into acc not yet done
     std::vector<Waiter> waiters;
@@ -112,6 +128,8 @@ class KeyStore {
   const int num_workers_;
   Emit emit_;
   Offload offload_;
+  Update update_;
+  Broadcast broadcast_;
   absl::flat_hash_map<PartKey, Part> parts_;
   absl::Status failed_;
 };

@@ -110,6 +110,14 @@ absl::Status Server::Run() {
       [this](KeyStore::SumTask t) {
         engines_[EngineOf(t.key, t.part, engines_.size())]->Post(std::move(t));
       });
+  store_->SetOptimizerHooks(
+      [this](const wire::DataRequest& req, std::optional<Frame>* sum) -> absl::StatusOr<bool> {
+        if (!optimizer_.active()) return false;
+        return StartUpdate(req, sum);
+      },
+      [this](const wire::DataRequest& req, const void* value) {
+        optimizer_.StoreBroadcast(req, value);
+      });
   HPS_LOG(INFO) << "serving on " << endpoint_ << " with " << threads << " engine threads";
   Poller poller;
   const int data_idx = poller.Add(data_.get());
@@ -144,11 +152,105 @@ absl::Status Server::Run() {
 
 void Server::TakeSumsDone() {
   std::vector<SumDone> done;
+  std::vector<UpdateDone> updated;
   {
     absl::MutexLock lock(&done_mu_);
     done.swap(sums_done_);
+    updated.swap(updates_done_);
   }
   for (const SumDone& d : done) store_->SumDone(d.key, d.part, d.round);
+  for (UpdateDone& u : updated) {
+    store_->UpdateDone(u.key, u.part, u.round, u.status, std::move(u.weights));
+  }
+}
+
+absl::StatusOr<bool> Server::StartUpdate(const wire::DataRequest& req,
+                                         std::optional<Frame>* sum) {
+  const bool grouped = optimizer_.needs_tensor_norms() && req.num_parts() > 1;
+  std::shared_ptr<PendingUpdate> u;
+  if (grouped) {
+    std::shared_ptr<PendingUpdate>& g = groups_[req.key()];
+    // A group of an earlier round is stale: the key store abandoned those rounds.
+    if (!g || g->round != req.round()) g = std::make_shared<PendingUpdate>();
+    u = g;
+  } else {
+    u = std::make_shared<PendingUpdate>();
+  }
+  u->round = req.round();
+  u->num_parts = grouped ? req.num_parts() : 1;
+  // The frame moves to the heap first: a small frame's bytes live inside it.
+  u->sums.push_back(std::make_unique<Frame>(std::move(**sum)));
+  sum->reset();
+  u->parts.push_back(req.part());
+  void* grad = u->sums.back()->data();
+  if (u->error.ok()) {
+    absl::Status s;
+    if (u->job.rule) {
+      s = optimizer_.AddToJob(u->job, req, grad);
+    } else if (auto job = optimizer_.MakeJob(req, grad); job.ok()) {
+      u->job = std::move(*job);
+    } else {
+      s = job.status();
+    }
+    if (!s.ok() && !grouped) return s;  // fails the round now
+    if (!s.ok()) u->error = s;           // fails the whole group once it is complete
+  }
+  if (u->parts.size() < u->num_parts) return true;  // the group waits for the rest
+  if (grouped) groups_.erase(req.key());
+  PostUpdate(req.key(), std::move(u));
+  return true;
+}
+
+void Server::PostUpdate(uint64_t key, std::shared_ptr<PendingUpdate> u) {
+  const uint32_t first = *std::min_element(u->parts.begin(), u->parts.end());
+  engines_[EngineOf(key, first, engines_.size())]->Post([this, key, u] {
+    const absl::Status status = u->error.ok() ? OptimizerHost::Run(u->job) : u->error;
+    {
+      absl::MutexLock lock(&done_mu_);
+      for (size_t i = 0; i < u->parts.size(); ++i) {
+        updates_done_.push_back(
+            UpdateDone{key, u->parts[i], u->round, status, std::move(*u->sums[i])});
+      }
+    }
+    waker_.Wake();
+  });
+}
+
+void Server::HandleOptimizer(const std::string& peer, uint64_t id,
+                             const wire::OptimizerRequest& req) {
+  wire::Envelope reply;
+  reply.set_id(id);
+  wire::OptimizerResponse* resp = reply.mutable_optimizer_response();
+  absl::Status s;
+  switch (req.body_case()) {
+    case wire::OptimizerRequest::kConfigure:
+      s = optimizer_.Configure(req.configure(), req.validate_only());
+      if (s.ok() && !req.validate_only()) {
+        groups_.clear();
+        HPS_LOG(INFO) << "optimizer set: " << req.configure().rule();
+      }
+      break;
+    case wire::OptimizerRequest::kSetParam:
+      s = optimizer_.SetParam(req.set_param(), req.validate_only());
+      break;
+    case wire::OptimizerRequest::kDumpFrom:
+      optimizer_.Dump(req.dump_from(), std::min<size_t>(64 << 20, options_.max_message_bytes / 4),
+                      resp);
+      break;
+    case wire::OptimizerRequest::kLoad:
+      s = optimizer_.Load(req.load());
+      break;
+    default:
+      s = absl::InvalidArgumentError("an optimizer request without a body");
+  }
+  if (!s.ok()) {
+    HPS_LOG(WARNING) << "optimizer request refused: " << s.message();
+    reply = MakeError(id, s);
+  }
+  Message msg = Encode(peer, reply);
+  if (auto st = data_->Send(msg); !st.ok()) {
+    HPS_LOG(WARNING) << "optimizer reply to a departed worker dropped: " << st.message();
+  }
 }
 
 void Server::Reject(const std::string& peer, uint64_t id, const absl::Status& why) {
@@ -185,6 +287,9 @@ void Server::HandleData(Message raw) {
   if (it == peers_.end() || !it->second.hello) {
     return Reject(d->peer, env.id(),
                   absl::FailedPreconditionError("handshake (Hello) required first"));
+  }
+  if (env.body_case() == wire::Envelope::kOptimizerRequest) {
+    return HandleOptimizer(d->peer, env.id(), env.optimizer_request());
   }
   if (env.body_case() != wire::Envelope::kDataRequest) {
     return Reject(d->peer, env.id(), absl::InvalidArgumentError(absl::StrCat(

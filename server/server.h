@@ -18,6 +18,7 @@
 #include "common/options.h"
 #include "common/transport.h"
 #include "server/engine.h"
+#include "server/optimizer_host.h"
 
 namespace hybridps {
 
@@ -52,6 +53,19 @@ class Server {
   void HandleData(Message msg);
   void TakeSumsDone();
   void Reject(const std::string& peer, uint64_t id, const absl::Status& why);
+  void HandleOptimizer(const std::string& peer, uint64_t id,
+                       const wire::OptimizerRequest& req);
+  // An update of one tensor's partitions, from the closed rounds to UpdateDone.
+  struct PendingUpdate {
+    OptimizerHost::Job job;
+    absl::Status error;  // a partition could not join: the whole update fails with it
+    uint64_t round = 0;
+    uint32_t num_parts = 1;
+    std::vector<uint32_t> parts;
+    std::vector<std::unique_ptr<Frame>> sums;  // by position in `parts` (stable addresses)
+  };
+  absl::StatusOr<bool> StartUpdate(const wire::DataRequest& req, std::optional<Frame>* sum);
+  void PostUpdate(uint64_t key, std::shared_ptr<PendingUpdate> u);
 
   Options options_;
   std::unique_ptr<Socket> data_;
@@ -60,6 +74,9 @@ class Server {
   int rank_ = -1;
   std::vector<std::unique_ptr<Engine>> engines_;
   std::unique_ptr<KeyStore> store_;  // I/O thread
+  OptimizerHost optimizer_;          // I/O thread (updates run on engines)
+  // LAMB/LARS: the partitions of a tensor's round that closed so far, by key.
+  absl::flat_hash_map<uint64_t, std::shared_ptr<PendingUpdate>> groups_;
   absl::flat_hash_map<std::string, Peer> peers_;
   Waker waker_;  // engines' completions and Stop()
   std::atomic<bool> stop_{false};
@@ -74,6 +91,14 @@ class Server {
   // Sums finished by engine threads, taken by the I/O thread.
   absl::Mutex done_mu_;
   std::vector<SumDone> sums_done_ ABSL_GUARDED_BY(done_mu_);
+  struct UpdateDone {
+    uint64_t key;
+    uint32_t part;
+    uint64_t round;
+    absl::Status status;
+    std::optional<Frame> weights;
+  };
+  std::vector<UpdateDone> updates_done_ ABSL_GUARDED_BY(done_mu_);
 };
 
 }  // namespace hybridps

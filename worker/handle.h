@@ -2,7 +2,10 @@
 #ifndef HYBRIDPS_WORKER_HANDLE_H_
 #define HYBRIDPS_WORKER_HANDLE_H_
 
+#include <functional>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -12,12 +15,35 @@ namespace hybridps {
 // Completion state shared by a Handle and the store's I/O thread.
 class HandleState {
  public:
-  // Exactly once; any thread. Later calls are ignored.
+  using Callback = std::function<void(const absl::Status&)>;
+
+  // Exactly once; any thread. Later calls are ignored. Runs the callbacks added by
+  // OnComplete on this thread, after the state is complete (outside the lock).
   void Complete(absl::Status status) {
-    absl::MutexLock lock(&mu_);
-    if (done_) return;
-    status_ = std::move(status);
-    done_ = true;
+    std::vector<Callback> callbacks;
+    {
+      absl::MutexLock lock(&mu_);
+      if (done_) return;
+      status_ = status;
+      done_ = true;
+      callbacks.swap(callbacks_);
+    }
+    for (auto& cb : callbacks) cb(status);
+  }
+  // Calls `callback` exactly once with the final status: at once on this thread when
+  // already complete, else on the thread that completes the operation (keep it short and
+  // non-blocking: that is the store's I/O thread).
+  void OnComplete(Callback callback) {
+    absl::Status status;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!done_) {
+        callbacks_.push_back(std::move(callback));
+        return;
+      }
+      status = status_;
+    }
+    callback(status);
   }
   absl::Status Wait() {
     absl::MutexLock lock(&mu_);
@@ -33,6 +59,7 @@ class HandleState {
   absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
 };
 
 class Handle {
@@ -43,6 +70,10 @@ class Handle {
   // operation's tensors.
   absl::Status Wait() const { return state_->Wait(); }
   bool Done() const { return state_->Done(); }
+  // See HandleState::OnComplete: `callback` runs exactly once with the final status.
+  void OnComplete(HandleState::Callback callback) const {
+    state_->OnComplete(std::move(callback));
+  }
 
  private:
   std::shared_ptr<HandleState> state_;

@@ -46,6 +46,30 @@ absl::Status KVStore::CheckCpuTensor(absl::string_view name, const TensorView& t
   return absl::OkStatus();
 }
 
+namespace {
+absl::Status NoServerOptimizer(absl::string_view type, absl::string_view what) {
+  return absl::UnimplementedError(absl::StrCat(
+      what, ": the ", type, " store has no server-side optimizer (use dist_hybrid, or update "
+      "the weights on the workers)"));
+}
+}  // namespace
+
+absl::Status KVStore::SetOptimizer(const ServerOptimizer&) {
+  return NoServerOptimizer(type(), "SetOptimizer");
+}
+
+absl::Status KVStore::SetOptimizerParam(absl::string_view, double) {
+  return NoServerOptimizer(type(), "SetOptimizerParam");
+}
+
+absl::Status KVStore::SaveOptimizerStates(const std::string&) {
+  return NoServerOptimizer(type(), "SaveOptimizerStates");
+}
+
+absl::Status KVStore::LoadOptimizerStates(const std::string&) {
+  return NoServerOptimizer(type(), "LoadOptimizerStates");
+}
+
 absl::Status KVStore::Broadcast(absl::string_view name, TensorView tensor, int root_rank,
                                 int priority) {
   ASSIGN_OR_RETURN(Handle h, BroadcastAsync(name, tensor, root_rank, priority));

@@ -13,12 +13,16 @@
 #ifndef HYBRIDPS_WORKER_KVSTORE_H_
 #define HYBRIDPS_WORKER_KVSTORE_H_
 
+#include <map>
 #include <memory>
+#include <string>
+
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
 #include "common/options.h"
+#include "optimizers/update_rule.h"
 #include "worker/handle.h"
 
 namespace hybridps {
@@ -26,6 +30,21 @@ namespace hybridps {
 class Context;
 
 enum class Capability { kOptimizer };
+
+using optimizers::OptimizerSpec;
+
+// Per-tensor multipliers of the learning rate and the weight decay (MXNet's lr_mult,
+// wd_mult).
+struct KeyMultipliers {
+  double lr_mult = 1.0;
+  double wd_mult = 1.0;
+};
+
+// The optimizer the servers run (update_on_kvstore).
+struct ServerOptimizer {
+  OptimizerSpec spec;
+  std::map<std::string, KeyMultipliers> multipliers;  // by tensor name; absent -> 1, 1
+};
 
 class KVStore {
  public:
@@ -55,6 +74,27 @@ class KVStore {
   // Returns when every worker has called Barrier.
   virtual absl::Status Barrier() = 0;
   virtual bool IsCapable(Capability capability) const = 0;
+
+  // The optimizer on the servers (IsCapable(kOptimizer)). Collective: every worker calls
+  // it with the same spec (rank 0's is what the servers get). Afterwards, for every name:
+  // Broadcast(name, w, root) stores root's w as the servers' weight (and returns it to
+  // everyone); PushPull(name, grad, out) pushes gradients, the servers sum them over all
+  // workers, apply the rule and `out` receives the updated weight (out may alias in).
+  // PushPull of a name with no weight on the servers fails naming it. A spec a server
+  // cannot honour (unknown rule, bad value, NaN lr) fails on every worker with the same
+  // error, and nothing changes.
+  virtual absl::Status SetOptimizer(const ServerOptimizer& optimizer);
+  // Not collective (any worker, typically rank 0, any time): sets one hyper-parameter
+  // ("learning_rate", "wd", "momentum", "rescale_grad", ...) on every server, effective
+  // from the next update. A bad name or value fails, changing nothing.
+  virtual absl::Status SetOptimizerParam(absl::string_view param, double value);
+  // Not collective (any worker, typically rank 0): gathers every server's weights and
+  // optimizer state into `path`.
+  virtual absl::Status SaveOptimizerStates(const std::string& path);
+  // Collective: rank 0 reads `path` and restores weights and state on the servers, also
+  // into a job with a different number of servers; every worker returns after that.
+  virtual absl::Status LoadOptimizerStates(const std::string& path);
+
   // Finishes outstanding operations and tells the scheduler this worker is done. Called by
   // the destructor if not before; later operations fail.
   virtual absl::Status Shutdown() = 0;

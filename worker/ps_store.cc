@@ -167,8 +167,7 @@ absl::StatusOr<Handle> PsStore::PushPullAsync(absl::string_view name, TensorView
 
 absl::StatusOr<Handle> PsStore::Submit(std::shared_ptr<Op> op) {
   op->key = TensorKey(op->name);
-  op->parts = PartitionTensor(op->key, op->in.count, op->in.dtype, options_.partition_bytes,
-                              num_servers_);
+  op->parts = Place(op->key, op->in.count, op->in.dtype);
   op->remaining = op->parts.size();
   op->deadline = absl::Now() + options_.op_timeout;
   Handle h(op->handle);
@@ -176,7 +175,7 @@ absl::StatusOr<Handle> PsStore::Submit(std::shared_ptr<Op> op) {
     absl::MutexLock lock(&mu_);
     if (!closed_.ok()) return closed_;
     op->seq = next_seq_++;
-    commands_.push_back(Command{std::move(op), nullptr, nullptr});
+    commands_.push_back(Command{std::move(op), nullptr, nullptr, nullptr});
   }
   credits_->waker.Wake();
   return h;
@@ -187,7 +186,7 @@ absl::Status PsStore::Barrier() {
   {
     absl::MutexLock lock(&mu_);
     if (!closed_.ok()) return closed_;
-    commands_.push_back(Command{nullptr, state, nullptr});
+    commands_.push_back(Command{nullptr, state, nullptr, nullptr});
   }
   credits_->waker.Wake();
   return state->Wait();
@@ -200,7 +199,7 @@ absl::Status PsStore::Shutdown() {
     if (stopping_) return absl::OkStatus();
     stopping_ = true;
     closed_ = absl::FailedPreconditionError("the store was shut down");
-    commands_.push_back(Command{nullptr, nullptr, state});
+    commands_.push_back(Command{nullptr, nullptr, state, nullptr});
   }
   absl::Status s;
   if (io_thread_.joinable()) {
@@ -233,6 +232,7 @@ void PsStore::IoLoop() {
     absl::Time now = absl::Now();
     absl::Time until = control_->NextTick();
     if (!active_.empty()) until = std::min(until, active_.begin()->second->deadline);
+    for (const auto& [id, call] : server_calls_) until = std::min(until, call.deadline);
     if (!failing_.empty()) until = std::min(until, now + absl::Milliseconds(1));
     auto polled = poller.Poll(until - now);
     if (!polled.ok()) {
@@ -273,6 +273,7 @@ void PsStore::IoLoop() {
                         });
     }
   }
+  FailServerCalls(absl::CancelledError("the store was shut down"), absl::InfiniteFuture());
   control_->FailAll(absl::CancelledError("the store was shut down"));
 }
 
@@ -297,6 +298,8 @@ void PsStore::TakeCommands() {
                         [b](absl::StatusOr<wire::Envelope> r) { b->Complete(r.status()); });
     } else if (c.finalize) {
       finalize_ = c.finalize;
+    } else if (c.run) {
+      c.run();
     }
   }
 }
@@ -370,6 +373,8 @@ void PsStore::Dispatch() {
     req->set_total_count(op->in.count);
     req->set_root(op->root);
     req->set_name(op->name);
+    req->set_offset(part.offset);
+    req->set_num_parts(static_cast<uint32_t>(op->parts.size()));
     std::optional<Frame> payload;
     if (op->kind == wire::OP_PUSHPULL || rank_ == op->root) {
       char* base = static_cast<char*>(op->in.data) + part.offset * es;
@@ -416,6 +421,12 @@ void PsStore::HandleReply(int server, Message raw) {
   }
   const wire::Envelope& env = d->env;
   if (env.body_case() == wire::Envelope::kHelloAck) return;
+  if (auto call = server_calls_.find(env.id()); call != server_calls_.end()) {
+    auto done = std::move(call->second.done);
+    server_calls_.erase(call);
+    if (env.body_case() == wire::Envelope::kError) return done(FromWire(env.error()));
+    return done(std::move(d->env));
+  }
   auto it = in_flight_.find(env.id());
   if (it == in_flight_.end()) {
     if (env.body_case() == wire::Envelope::kError) {
@@ -509,6 +520,7 @@ void PsStore::MaybeComplete(Op* op) {
 }
 
 void PsStore::CheckDeadlines(absl::Time now) {
+  FailServerCalls(absl::OkStatus(), now);
   if (active_.empty() || active_.begin()->second->deadline > now) return;
   Op* op = active_.begin()->second.get();
   std::vector<std::string> waiting;
@@ -539,6 +551,7 @@ void PsStore::Break(const absl::Status& status) {
     zmq_setsockopt(sock->raw(), ZMQ_LINGER, &zero, sizeof zero);
     sock.reset();
   }
+  FailServerCalls(status, absl::InfiniteFuture());
   std::vector<Op*> ops;
   for (auto& [seq, op] : active_) ops.push_back(op.get());
   for (Op* op : ops) {

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <queue>
@@ -46,8 +47,16 @@ class PsStore : public KVStore {
   absl::StatusOr<Handle> PushPullAsync(absl::string_view name, TensorView in, TensorView out,
                                        int priority) override;
   absl::Status Barrier() override;
-  bool IsCapable(Capability capability) const override { return false; }
+  bool IsCapable(Capability capability) const override {
+    return capability == Capability::kOptimizer;
+  }
   absl::Status Shutdown() override;
+
+  // The server-side optimizer (ps_store_optimizer.cc).
+  absl::Status SetOptimizer(const ServerOptimizer& optimizer) override;
+  absl::Status SetOptimizerParam(absl::string_view param, double value) override;
+  absl::Status SaveOptimizerStates(const std::string& path) override;
+  absl::Status LoadOptimizerStates(const std::string& path) override;
 
   // Partitions per server dispatched so far (tests check placement and one push per node).
   std::vector<uint64_t> PushesPerServer() const;
@@ -85,6 +94,13 @@ class PsStore : public KVStore {
     std::shared_ptr<Op> op;                  // a data operation, or
     std::shared_ptr<HandleState> barrier;    // a barrier, or
     std::shared_ptr<HandleState> finalize;   // leave the job
+    std::function<void()> run;               // or run this on the I/O thread
+  };
+  // An optimizer request to a server, waiting for its reply (I/O thread).
+  struct ServerCall {
+    int server;
+    absl::Time deadline;
+    std::function<void(absl::StatusOr<wire::Envelope>)> done;
   };
 
   PsStore(std::shared_ptr<Context> ctx, const Options& options)
@@ -103,6 +119,23 @@ class PsStore : public KVStore {
   void CheckDeadlines(absl::Time now);
   void Break(const absl::Status& status);
   static void ReleaseFrame(void* data, void* hint);
+  void FailServerCalls(const absl::Status& status, absl::Time now);
+
+  // The partitions of a tensor and their servers: spread over the servers, or all on one
+  // server while the optimizer needs whole-tensor norms (LAMB, LARS).
+  std::vector<Partition> Place(uint64_t key, size_t count, DType dtype) const;
+  // User threads: run on the I/O thread; optimizer requests to servers; scheduler requests.
+  absl::Status RunOnIo(std::function<void()> fn);
+  absl::StatusOr<std::vector<wire::OptimizerResponse>> CallServers(
+      std::vector<std::pair<int, wire::OptimizerRequest>> requests);
+  absl::StatusOr<wire::Envelope> CallScheduler(wire::Envelope env);
+  // Every worker calls it; rank 0 runs `rank0` (returning the rule it set) and tells the
+  // others its outcome through the scheduler's store.
+  absl::Status OptimizerCollective(absl::string_view what,
+                                   const std::function<absl::StatusOr<wire::CollectiveResult>()>& rank0);
+  absl::Status ConfigureServers(const wire::OptimizerSpec& spec, bool validate_only);
+  absl::StatusOr<std::vector<wire::PartState>> GatherParts(wire::OptimizerResponse* spec);
+  absl::Status ScatterParts(const std::vector<wire::PartState>& parts, bool with_state);
 
   std::shared_ptr<Context> ctx_;
   Options options_;
@@ -127,6 +160,10 @@ class PsStore : public KVStore {
   std::vector<std::shared_ptr<Op>> failing_;  // failed ops waiting for ZeroMQ to release their payloads
   absl::Time broken_at_ = absl::InfiniteFuture();
   std::unique_ptr<std::atomic<uint64_t>[]> pushes_per_server_;
+  absl::flat_hash_map<uint64_t, ServerCall> server_calls_;  // by request id
+
+  std::atomic<bool> one_server_per_tensor_{false};
+  uint64_t optimizer_collectives_ = 0;  // user thread of the collective calls
 
   // Shared with user threads and ZeroMQ's threads.
   std::shared_ptr<Credits> credits_ = std::make_shared<Credits>();

@@ -1,0 +1,28 @@
+"""hybridps for MXNet.
+
+    import hybridps.mxnet                       # registers 'dist_hybrid', 'dist_allreduce'
+    kv = mx.kv.create('dist_hybrid')
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {...}, kvstore=kv)
+
+Start the script with scripts/hybridrun (it sets HYBRIDPS_* for every process).
+
+Horovod-style helpers (horovod.mxnet's names and behaviour) on either store:
+
+    import hybridps.mxnet as hvd
+    hvd.init()                                  # dist_hybrid, or init('dist_allreduce')
+    hvd.broadcast_parameters(net.collect_params(), root_rank=0)
+    trainer = hvd.DistributedTrainer(net.collect_params(), 'sgd', {...})
+"""
+from .kvstore import (DistAllreduce, DistHybrid, now_ns, register, timeline_mark,
+                      timeline_start, timeline_stop, timeline_take)
+
+from .horovod import (DistributedOptimizer, DistributedTrainer, allreduce, allreduce_,
+                      broadcast, broadcast_, broadcast_parameters, init, local_rank,
+                      local_size, rank, size)
+
+register()
+
+__all__ = ["DistHybrid", "DistAllreduce", "now_ns", "timeline_mark", "timeline_start",
+           "timeline_stop", "timeline_take", "init", "rank", "size", "local_rank",
+           "local_size", "allreduce", "allreduce_", "broadcast", "broadcast_",
+           "broadcast_parameters", "DistributedOptimizer", "DistributedTrainer"]

@@ -1,0 +1,242 @@
+"""The MXNet KVStores 'dist_hybrid' and 'dist_allreduce' (subclasses of mx.kv.KVStoreBase).
+
+Every operation is pushed into MXNet's dependency engine and returns at once: it starts
+when the arrays' earlier writers (the backward pass) are done, runs while the next
+operations compute, and the arrays' next readers wait for it. Errors surface at the next
+read of an output array (MXNetError naming the tensor).
+"""
+import atexit
+import threading
+
+import mxnet as mx
+import numpy as np
+from mxnet.kvstore import KVStoreBase
+
+from .._core import core
+from .._mxnet_hook import STORE_NAMES
+
+_attach_lock = threading.Lock()
+_attached = False
+_process_store = None  # the core.Store this process joined the job with
+_instances = 0  # KVStore objects created so far: the namespace of the next one's keys
+
+
+def _attach():
+    global _attached
+    with _attach_lock:
+        if not _attached:
+            core.attach_mxnet(mx.base._LIB._name)
+            atexit.register(_shutdown_at_exit)
+            _attached = True
+
+
+def _shutdown_at_exit():
+    try:
+        mx.nd.waitall()
+    except Exception:  # an operation's error was already reported where it was read
+        pass
+    try:
+        core.shutdown()
+    except Exception as exc:  # leaving the job late is not worth a traceback at exit
+        print(f"hybridps: shutdown: {exc}")
+
+
+def _as_list(arrays, what, key):
+    if isinstance(arrays, mx.nd.NDArray):
+        return [arrays]
+    if isinstance(arrays, (list, tuple)) and arrays and all(
+            isinstance(a, mx.nd.NDArray) for a in arrays):
+        return list(arrays)
+    raise TypeError(f"key {key!r}: {what} must be an NDArray or a non-empty list of "
+                    f"NDArrays (one per device), not {type(arrays).__name__}")
+
+
+def _check(key, arrays, what, shape, dtype):
+    for i, a in enumerate(arrays):
+        if a.stype != "default":
+            raise NotImplementedError(
+                f"key {key!r}: {what}[{i}] is a {a.stype} array; hybridps handles dense "
+                "arrays only")
+        if a.context.device_type not in ("cpu", "cpu_pinned", "cpu_shared"):
+            raise NotImplementedError(
+                f"key {key!r}: {what}[{i}] is on {a.context}; this build of hybridps "
+                "handles CPU arrays only")
+        if a.shape != shape or a.dtype != dtype:
+            raise ValueError(
+                f"key {key!r}: {what}[{i}] has shape {a.shape} and dtype "
+                f"{np.dtype(a.dtype).name}, expected {shape} and {np.dtype(dtype).name} "
+                "(every array of one key must match)")
+
+
+def _same(a, b):
+    return a is b or a.handle.value == b.handle.value
+
+
+class _HybridKVStore(KVStoreBase):
+    """Common implementation; `_TYPE` names the hybridps store."""
+
+    _TYPE = None
+
+    def __init__(self):
+        super().__init__()
+        _attach()
+        global _process_store, _instances
+        self._store = core.Store.open(self._TYPE)
+        _process_store = self._store
+        # Keys are small ints (parameter indices) that every Trainer reuses: the tensor
+        # names of the n-th store object of the process are "n/key", so two Trainers
+        # never mix their tensors. Every worker must create its stores in the same order.
+        self._prefix = f"{_instances}/"
+        _instances += 1
+        self._optimizer_on_servers = False
+        self._updater = None
+
+    # ---- properties ------------------------------------------------------------------
+    @property
+    def type(self):
+        return self._TYPE
+
+    @property
+    def rank(self):
+        return self._store.rank
+
+    @property
+    def num_workers(self):
+        return self._store.num_workers
+
+    @property
+    def local_rank(self):
+        return self._store.local_rank
+
+    @property
+    def local_size(self):
+        return self._store.local_size
+
+    # ---- communication ---------------------------------------------------------------
+    def _name(self, key):
+        if not isinstance(key, (int, np.integer, str)):
+            raise TypeError(f"a key must be an int or a str, not {type(key).__name__} "
+                            f"({key!r}); hybridps takes one key per call")
+        return f"{self._prefix}{key}"
+
+    def _push(self, kind, name, src, dst, priority, root_rank=0):
+        count = int(np.prod(dst.shape)) if dst.shape else 1
+        self._store.push(kind, name, 0 if src is None else src.handle.value,
+                         dst.handle.value, count, np.dtype(dst.dtype).name, int(priority),
+                         int(root_rank))
+
+    def broadcast(self, key, value, out, priority=0, root_rank=0):
+        """Sets every array of `out` to `value` of worker `root_rank` (0)."""
+        name = self._name(key)
+        if not isinstance(value, mx.nd.NDArray):
+            raise TypeError(f"key {key!r}: value must be one NDArray, not "
+                            f"{type(value).__name__}")
+        outs = _as_list(out, "out", key)
+        _check(key, [value], "value", value.shape, value.dtype)
+        _check(key, outs, "out", value.shape, value.dtype)
+        target = next((o for o in outs if _same(o, value)), None)
+        if target is None:
+            target = outs[0]
+            value.copyto(target)
+        # With the optimizer on the servers the broadcast also gives the servers the
+        # weights, under the name push_pull uses; pushpull's `out` (the weights) orders the
+        # two. Without, the names differ: nothing orders a gradient's first push_pull after
+        # the weights' broadcast, and operations on one name must come in the same order
+        # on every worker.
+        bname = name if self._optimizer_on_servers else f"{name}:init"
+        self._push("broadcast", bname, None, target, priority, root_rank)
+        for o in outs:
+            if not _same(o, target):
+                target.copyto(o)
+
+    def pushpull(self, key, value, out=None, priority=0):
+        """Sums `value` (one array per device) over devices and workers into `out` (or
+        into `value` when out is None). With the optimizer on the servers (dist_hybrid
+        after set_optimizer), `out` receives the updated weights instead."""
+        name = self._name(key)
+        values = _as_list(value, "value", key)
+        outs = values if out is None else _as_list(out, "out", key)
+        shape, dtype = values[0].shape, values[0].dtype
+        _check(key, values, "value", shape, dtype)
+        _check(key, outs, "out", shape, dtype)
+        src = values[0] if len(values) == 1 else mx.nd.add_n(*values)
+        dst = outs[0]
+        self._push("push_pull", name, None if _same(src, dst) else src, dst, priority)
+        for o in outs[1:]:
+            if not _same(o, dst):
+                dst.copyto(o)
+
+    def barrier(self):
+        """Returns when every worker called barrier (waits for this worker's arrays)."""
+        mx.nd.waitall()
+        self._store.barrier()
+
+    # ---- capabilities, optimizer, compression -----------------------------------------
+    def is_capable(self, capability):
+        if capability.lower() == KVStoreBase.OPTIMIZER:
+            return self._store.optimizer_capable
+        raise ValueError(f"Unknown capability: {capability}")
+
+    def set_optimizer(self, optimizer):
+        raise NotImplementedError(
+            f"{self._TYPE} does not run the optimizer in this build: the workers update "
+            "their weights (gluon.Trainer does so by itself: is_capable('optimizer') is "
+            "False)")
+
+    def save_optimizer_states(self, fname, dump_optimizer=False):
+        raise NotImplementedError(
+            f"{self._TYPE}: the optimizer runs on the workers; gluon.Trainer saves its "
+            "states itself")
+
+    def load_optimizer_states(self, fname):
+        raise NotImplementedError(
+            f"{self._TYPE}: the optimizer runs on the workers; gluon.Trainer loads its "
+            "states itself")
+
+    def set_gradient_compression(self, compression_params):
+        raise NotImplementedError(
+            f"{self._TYPE} has no gradient compression yet (asked for "
+            f"{compression_params!r}); create the Trainer without compression_params")
+
+
+class DistHybrid(_HybridKVStore):
+    """mx.kv.create('dist_hybrid'): the parameter-server store."""
+    _TYPE = "dist_hybrid"
+
+
+class DistAllreduce(_HybridKVStore):
+    """mx.kv.create('dist_allreduce'): ring allreduce (Gloo), no servers."""
+    _TYPE = "dist_allreduce"
+
+
+def register():
+    """Registers the stores under their names (KVStoreBase.register would use the class
+    name). Replaces the placeholders of hybridps' missing-import hook."""
+    for name, klass in zip(STORE_NAMES, (DistHybrid, DistAllreduce)):
+        KVStoreBase.kv_registry[name] = klass
+
+
+def timeline_start():
+    """Starts recording when each engine operation started and completed."""
+    core.set_timeline(True)
+
+
+def timeline_take():
+    """Events since the last call: dicts with name, kind, start_ns and end_ns (ns of
+    CLOCK_MONOTONIC, the clock of now_ns())."""
+    return [dict(name=n, kind=k, start_ns=s, end_ns=e) for n, k, s, e in core.take_timeline()]
+
+
+def timeline_stop():
+    core.set_timeline(False)
+
+
+def timeline_mark(name, array):
+    """Records a 'mark' event named `name` when the array's pending writes are done (e.g.
+    a gradient at the end of the backward pass). Needs a store of this process."""
+    if _process_store is None:
+        raise RuntimeError("timeline_mark needs a store: create one first")
+    _process_store.push("mark", name, 0, array.handle.value, 0, "float32", 0, 0)
+
+
+now_ns = core.now_ns

@@ -1,0 +1,221 @@
+// _hybridps_core: the Python extension over the worker API (worker/kvstore.h) and the
+// MXNet engine bridge. The Python package hybridps (mxnet_kvstore/hybridps/) is the
+// user-facing side; this module is its private implementation.
+//
+// One store per process: joining a job is done once, so Store.open(type) returns the same
+// store on every call (MXNet's kv.create makes a new Python object each time).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/options.h"
+#include "mxnet_kvstore/src/engine_bridge.h"
+#include "optimizers/update_rule.h"
+#include "worker/kvstore.h"
+
+namespace py = pybind11;
+
+namespace hybridps {
+namespace {
+
+// Raises the Python exception matching `status` (ValueError for bad arguments,
+// TimeoutError for deadlines, NotImplementedError, else RuntimeError).
+void ThrowIfError(const absl::Status& status) {
+  if (status.ok()) return;
+  std::string msg(status.message());
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+      throw py::value_error(msg);
+    case absl::StatusCode::kDeadlineExceeded:
+      PyErr_SetString(PyExc_TimeoutError, msg.c_str());
+      throw py::error_already_set();
+    case absl::StatusCode::kUnimplemented:
+      PyErr_SetString(PyExc_NotImplementedError, msg.c_str());
+      throw py::error_already_set();
+    default:
+      throw std::runtime_error(msg);
+  }
+}
+
+struct Global {
+  absl::Mutex mu;
+  std::shared_ptr<KVStore> store ABSL_GUARDED_BY(mu);
+  std::string type ABSL_GUARDED_BY(mu);
+  bool shut_down ABSL_GUARDED_BY(mu) = false;
+};
+Global& G() {
+  static Global* g = new Global();  // never destroyed: Python's atexit shuts the store down
+  return *g;
+}
+
+// The Python object: a reference to the process's store.
+class PyStore {
+ public:
+  explicit PyStore(std::shared_ptr<KVStore> store) : store_(std::move(store)) {}
+
+  static PyStore Open(const std::string& type) {
+    Global& g = G();
+    absl::MutexLock lock(&g.mu);
+    if (g.store) {
+      if (g.type != type) {
+        throw py::value_error(absl::StrCat(
+            "this process already joined the job with a '", g.type, "' store; it cannot also "
+            "create '", type, "' (one store type per process)"));
+      }
+      return PyStore(g.store);
+    }
+    if (g.shut_down) {
+      throw std::runtime_error(absl::StrCat(
+          "the hybridps ", g.type, " store of this process was shut down; it cannot rejoin"));
+    }
+    absl::StatusOr<Options> options = OptionsFromEnvironment();
+    ThrowIfError(options.status());
+    if (options->scheduler_port == 0 && options->scheduler_endpoint.empty()) {
+      throw std::runtime_error(absl::StrCat(
+          "mx.kv.create('", type, "'): no hybridps job in this process's environment "
+          "(HYBRIDPS_SCHEDULER_PORT is not set). Start the script through the launcher: "
+          "scripts/hybridrun -np N [--servers M] -- python your_script.py"));
+    }
+    if (type == "dist_hybrid" && options->num_servers < 1) {
+      throw std::runtime_error(
+          "mx.kv.create('dist_hybrid'): this job has no servers (hybridrun --backend "
+          "dist_allreduce starts none); launch with --backend dist_hybrid --servers M, or "
+          "use mx.kv.create('dist_allreduce')");
+    }
+    absl::StatusOr<std::unique_ptr<KVStore>> store;
+    {
+      py::gil_scoped_release release;
+      store = KVStore::Create(type, *options);
+    }
+    ThrowIfError(store.status());
+    g.store = std::shared_ptr<KVStore>(std::move(*store));
+    g.type = type;
+    return PyStore(g.store);
+  }
+
+  static void ShutdownProcessStore() {
+    std::shared_ptr<KVStore> store;
+    {
+      Global& g = G();
+      absl::MutexLock lock(&g.mu);
+      store = std::move(g.store);
+      g.store.reset();
+      if (store) g.shut_down = true;
+    }
+    if (!store) return;
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = store->Shutdown();
+    }
+    ThrowIfError(s);
+  }
+
+  std::string type() const { return std::string(store_->type()); }
+  int rank() const { return store_->rank(); }
+  int num_workers() const { return store_->num_workers(); }
+  int local_rank() const { return store_->local_rank(); }
+  int local_size() const { return store_->local_size(); }
+  bool optimizer_capable() const { return store_->IsCapable(Capability::kOptimizer); }
+
+  void Barrier() {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = store_->Barrier();
+    }
+    ThrowIfError(s);
+  }
+
+  // Pushes an engine operation (see engine_bridge.h). Handles are NDArrayHandle values
+  // (ctypes pointers as ints); input 0 means in place on the output.
+  void Push(const std::string& kind, const std::string& name, uintptr_t input,
+            uintptr_t output, size_t count, const std::string& dtype, int priority,
+            int root_rank) {
+    mxnet_bridge::OpSpec spec;
+    if (kind == "push_pull") {
+      spec.kind = mxnet_bridge::OpKind::kPushPull;
+    } else if (kind == "broadcast") {
+      spec.kind = mxnet_bridge::OpKind::kBroadcast;
+    } else if (kind == "mark") {
+      spec.kind = mxnet_bridge::OpKind::kMark;
+    } else {
+      throw py::value_error(absl::StrCat("unknown operation kind '", kind, "'"));
+    }
+    absl::StatusOr<DType> dt = ParseDType(dtype);
+    if (!dt.ok()) {
+      throw py::value_error(absl::StrCat("tensor '", name, "': dtype ", dtype,
+                                         " is not supported by hybridps (float32, float64, "
+                                         "float16, int32, int64, uint8)"));
+    }
+    spec.name = name;
+    spec.input = reinterpret_cast<void*>(input);
+    spec.output = reinterpret_cast<void*>(output);
+    spec.count = count;
+    spec.dtype = *dt;
+    spec.priority = priority;
+    spec.root_rank = root_rank;
+    absl::Status s;
+    {
+      // NaiveEngine runs the operation inline and waits for its completion.
+      py::gil_scoped_release release;
+      s = mxnet_bridge::Push(store_, spec);
+    }
+    ThrowIfError(s);
+  }
+
+ private:
+  std::shared_ptr<KVStore> store_;
+};
+
+}  // namespace
+}  // namespace hybridps
+
+PYBIND11_MODULE(_hybridps_core, m) {
+  using hybridps::PyStore;
+  namespace bridge = hybridps::mxnet_bridge;
+  m.doc() = "hybridps worker API and MXNet engine bridge (private; use hybridps.mxnet)";
+
+  m.def("attach_mxnet", [](const std::string& path) {
+    hybridps::ThrowIfError(bridge::Attach(path));
+  }, py::arg("libmxnet_path"));
+  m.def("set_timeline", &bridge::SetTimeline, py::arg("on"));
+  m.def("take_timeline", [] {
+    py::list out;
+    for (const auto& e : bridge::TakeTimeline()) {
+      const char* kind = e.kind == bridge::OpKind::kPushPull    ? "push_pull"
+                         : e.kind == bridge::OpKind::kBroadcast ? "broadcast"
+                                                                : "mark";
+      out.append(py::make_tuple(e.name, kind, e.start_ns, e.end_ns));
+    }
+    return out;
+  }, "Timeline events since the last call: (name, kind, start_ns, end_ns).");
+  m.def("now_ns", &bridge::NowNs, "CLOCK_MONOTONIC in ns (the timeline's clock).");
+  m.def("pending", &bridge::Pending, "Engine operations pushed and not yet completed.");
+  m.def("known_rules", &hybridps::optimizers::KnownRules,
+        "The optimizer rules the servers run (lower-case MXNet names).");
+  m.def("rule_param_names", [](const std::string& rule) {
+    return hybridps::optimizers::RuleParamNames(rule);
+  }, py::arg("rule"), "The hyper-parameter names `rule` takes (MXNet's names).");
+  m.def("shutdown", &PyStore::ShutdownProcessStore,
+        "Leaves the job (the process's store, if any). Later operations fail.");
+
+  py::class_<PyStore>(m, "Store")
+      .def_static("open", &PyStore::Open, py::arg("type"),
+                  "The process's store of `type`, joining the job on first use.")
+      .def_property_readonly("type", &PyStore::type)
+      .def_property_readonly("rank", &PyStore::rank)
+      .def_property_readonly("num_workers", &PyStore::num_workers)
+      .def_property_readonly("local_rank", &PyStore::local_rank)
+      .def_property_readonly("local_size", &PyStore::local_size)
+      .def_property_readonly("optimizer_capable", &PyStore::optimizer_capable)
+      .def("barrier", &PyStore::Barrier)
+      .def("push", &PyStore::Push, py::arg("kind"), py::arg("name"), py::arg("input"),
+           py::arg("output"), py::arg("count"), py::arg("dtype"), py::arg("priority") = 0,
+           py::arg("root_rank") = 0);
+}

@@ -1,0 +1,184 @@
+"""The MXNet plugin against real MXNet 1.9.1: 2 workers (and 2 servers) started by
+scripts/hybridrun, the measurements done by mx_worker.py, the checks here.
+
+Needs the build tree (HYBRIDPS_BUILD_DIR: hybridps-scheduler, hybridps-server and the
+extension _hybridps_core) and a Python with mxnet, numpy and scikit-learn.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+BUILD = Path(os.environ.get("HYBRIDPS_BUILD_DIR", ROOT / "build"))
+HYBRIDRUN = ROOT / "scripts" / "hybridrun"
+WORKER = HERE / "mx_worker.py"
+# fp32: the distributed sum of two half-batch gradients vs one sum over the whole batch,
+# rounded differently, over 10 steps of SGD with momentum.
+TOLERANCE = 2e-5
+
+pytest.importorskip("mxnet")
+pytest.importorskip("sklearn")
+
+
+def env():
+    e = dict(os.environ)
+    paths = [str(ROOT / "mxnet_kvstore"), str(BUILD / "mxnet_kvstore")]
+    e["PYTHONPATH"] = os.pathsep.join(paths + [e.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    e.setdefault("OMP_NUM_THREADS", "1")
+    e.setdefault("MXNET_CPU_WORKER_NTHREADS", "1")
+    return e
+
+
+def run_job(store, scenarios, timeout=240):
+    backend = ["--backend", "dist_allreduce"] if store == "dist_allreduce" else [
+        "--servers", "2"]
+    cmd = [sys.executable, str(HYBRIDRUN), "-np", "2", *backend,
+           "--bin-dir", str(BUILD), "--", sys.executable, str(WORKER), store, *scenarios]
+    proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout)
+    results = {}
+    for line in proc.stdout.splitlines():
+        if "RESULT " in line:
+            r = json.loads(line.split("RESULT ", 1)[1])
+            results.setdefault(r["scenario"], {})[r["rank"]] = r
+    return proc, results
+
+
+@pytest.fixture(scope="module", params=["dist_hybrid", "dist_allreduce"])
+def job(request):
+    proc, results = run_job(request.param,
+                            ["sync_sgd", "digits", "save_load", "overlap", "horovod",
+                             "mismatch"])
+    if proc.returncode != 0 or len(results) < 6:
+        pytest.fail(f"job failed (exit {proc.returncode}):\n{proc.stdout[-6000:]}\n"
+                    f"{proc.stderr[-3000:]}")
+    return request.param, results
+
+
+def both(results, scenario):
+    got = results[scenario]
+    assert sorted(got) == [0, 1], f"{scenario}: results from ranks {sorted(got)}"
+    return got[0], got[1]
+
+
+def test_sync_sgd_matches_one_process_with_twice_the_batch(job):
+    store, results = job
+    for r in both(results, "sync_sgd"):
+        assert r["min_moved"] > 1e-3, "the weights did not move: nothing was tested"
+        assert r["max_abs_diff"] <= TOLERANCE, (store, r)
+
+
+def test_digits_reaches_95_percent(job):
+    store, results = job
+    r0, r1 = both(results, "digits")
+    assert r0["test_accuracy"] >= 0.95, r0
+    # Both workers hold the same weights (same test accuracy, same checksum).
+    assert r0["test_accuracy"] == r1["test_accuracy"]
+    assert abs(r0["weights_checksum"] - r1["weights_checksum"]) < 1e-3
+    assert r0["samples_per_s"] > 0
+
+
+def test_save_load_states_continue_identically(job):
+    store, results = job
+    for r in both(results, "save_load"):
+        assert r["max_abs_diff"] <= 1e-6, r
+
+
+def test_communication_overlaps_backward(job):
+    store, results = job
+    for r in both(results, "overlap"):
+        steps = [s for s in r["steps"] if s]
+        assert len(steps) >= 2, r
+        overlapped = [s for s in steps if s["started_before_backward_end"] > 0]
+        # Measured: push_pulls of later layers started before the first layer's gradient
+        # existed, in most steps.
+        assert len(overlapped) * 2 > len(steps), r
+
+
+def test_horovod_style_helpers(job):
+    store, results = job
+    for r in both(results, "horovod"):
+        n = r["size"]
+        assert r["sum"] == [n * (n + 1) / 2] * 5 and r["mean"] == [(n + 1) / 2] * 5, r
+        assert r["broadcast"] == [10.0 * (n - 1)] * 3, r  # root_rank n-1's value
+        assert r["trainer_diff"] <= TOLERANCE and r["optimizer_diff"] <= TOLERANCE, r
+
+
+def test_mismatched_shapes_name_the_tensor(job):
+    store, results = job
+    for r in both(results, "mismatch"):
+        assert r["error"], f"rank {r['rank']}: a size mismatch went unnoticed"
+        assert "mismatch" in r["error"], r["error"]
+
+
+def run_python(code, extra_env=None, timeout=120):
+    e = env()
+    for k in [k for k in e if k.startswith("HYBRIDPS_")]:
+        del e[k]
+    e.update(extra_env or {})
+    return subprocess.run([sys.executable, "-c", code], env=e, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_missing_import_is_a_clear_error():
+    # The hook is what scripts/build.sh's .pth file installs; called here explicitly so
+    # the test does not depend on the virtual environment's site-packages.
+    p = run_python("import hybridps._mxnet_hook as h; h.install()\n"
+                   "import mxnet as mx\n"
+                   "mx.kv.create('dist_hybrid')\n")
+    assert p.returncode != 0
+    assert "import hybridps.mxnet" in p.stderr, p.stderr[-2000:]
+
+
+def test_no_job_is_a_clear_error():
+    p = run_python("import mxnet as mx, hybridps.mxnet\nmx.kv.create('dist_allreduce')\n")
+    assert p.returncode != 0
+    assert "hybridrun" in p.stderr and "HYBRIDPS_SCHEDULER_PORT" in p.stderr, p.stderr[-2000:]
+
+
+def test_gradient_compression_and_optimizer_rules_are_clear_errors():
+    code = ("import mxnet as mx, hybridps.mxnet as h\n"
+            "kv = h.DistAllreduce.__new__(h.DistAllreduce)\n"
+            "kv._TYPE = 'dist_allreduce'\n"
+            "try:\n kv.set_gradient_compression({'type': '2bit'})\n"
+            "except NotImplementedError as e: print('OK', e)\n")
+    p = run_python(code)
+    assert p.returncode == 0 and "OK" in p.stdout and "compression" in p.stdout, p.stderr
+
+
+def test_optimizer_translation_and_unsupported_rule():
+    """What set_optimizer sends to the servers: rule, hyper-parameters under MXNet's
+    names, schedule, per-tensor multipliers; an unknown rule is a clear error naming it."""
+    code = r'''
+import json, mxnet as mx
+from hybridps.mxnet import optimizer as o
+s = mx.lr_scheduler.MultiFactorScheduler(step=[5, 9], factor=0.5, base_lr=0.3,
+                                         warmup_steps=2)
+opt = mx.optimizer.create("adam", learning_rate=0.01, beta1=0.8, wd=0.001,
+                          clip_gradient=2.0, rescale_grad=0.25, lr_scheduler=s,
+                          multi_precision=True)
+opt.set_lr_mult({3: 0.5}); opt.set_wd_mult({3: 0.0})
+print(json.dumps(o.server_spec(opt, lambda i: f"0/{i}")))
+try:
+    o.server_spec(mx.optimizer.create("ftrl"), str)
+except NotImplementedError as e:
+    print("ERROR", e)
+'''
+    p = run_python(code)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()  # MXNet prints a note about the schedule's base_lr
+    spec = json.loads(next(line for line in lines if line.startswith("{")))
+    assert spec["rule"] == "adam" and spec["multi_precision"] is True
+    assert spec["params"] == {"learning_rate": 0.01, "beta1": 0.8, "beta2": 0.999,
+                              "epsilon": 1e-8, "wd": 0.001, "clip_gradient": 2.0,
+                              "rescale_grad": 0.25, "lazy_update": 1.0}
+    assert spec["schedule"] == {"kind": "MultiFactorScheduler", "base_lr": 0.3,
+                                "warmup_steps": 2, "warmup_begin_lr": 0.0,
+                                "warmup_mode": "linear", "steps": [5, 9], "factor": 0.5}
+    assert spec["multipliers"] == {"0/3": [0.5, 0.0]}
+    err = next(line for line in lines if line.startswith("ERROR"))
+    assert "Ftrl" in err and "sgd" in err and "update_on_kvstore=False" in err, err
