@@ -124,7 +124,7 @@ int Run(const Flags& flags) {
   tensors.push_back(MakeTensor("t.int64", hybridps::DType::kInt64, 3001));
   tensors.push_back(MakeTensor("t.empty", hybridps::DType::kFloat32, 0));
 
-  auto created = hybridps::KVStore::Create("dist_hybrid", *options);
+  auto created = hybridps::KVStore::Create(options->backend, *options);
   if (!created.ok()) return Fail(flags, created.status());
   std::unique_ptr<hybridps::KVStore> kv = std::move(*created);
   const int rank = kv->rank();
