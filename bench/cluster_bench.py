@@ -155,14 +155,15 @@ def main() -> int:
     parser.add_argument("--out", default=str(REPO / "bench" / "cluster_results"))
     parser.add_argument("--prefix", default="hpb")
     parser.add_argument("--timeout", type=float, default=900)
-    parser.add_argument("--plot-only", action="store_true",
-                        help="redraw <out>/cluster.png from <out>/cluster.csv; run nothing")
+    parser.add_argument("--report-only", action="store_true",
+                        help="redo <out>/cluster.md and cluster.png from <out>/cluster.csv "
+                             "(e.g. after merging runs); run nothing")
     args = parser.parse_args()
-    if args.plot_only:
+    if args.report_only:
         with open(Path(args.out) / "cluster.csv", newline="") as f:
             rows = [{k: (float(v) if k.endswith("_ms") and v else int(v) if k == "n" else v)
                      for k, v in r.items()} for r in csv.DictReader(f)]
-        plot(rows, Path(args.out) / "cluster.png", args.bandwidth)
+        report(rows, Path(args.out), args, float(rows[0]["load1"]))
         return 0
     if os.geteuid() != 0:
         parser.error("needs root (network namespaces)")
@@ -172,13 +173,17 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYBRIDPS_")}
-    env.update(HYBRIDPS_TIMEOUT_MS="600000", HYBRIDPS_START_TIMEOUT_MS="60000")
+    # Generous liveness: on a loaded 2-core machine a saturated worker's heartbeats can
+    # be late by seconds (a 5 s timeout ended a VGG-16 run with n = 4).
+    env.update(HYBRIDPS_TIMEOUT_MS="600000", HYBRIDPS_START_TIMEOUT_MS="60000",
+               HYBRIDPS_HEARTBEAT_TIMEOUT_MS="30000")
     # SIGTERM/SIGHUP end the run through the same path as an error: the cluster goes.
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda s, f: sys.exit(128 + s))
 
     load_before = os.getloadavg()
-    rows = []
+    rows: list[dict] = []
+    failed: list[str] = []
     with Cluster(2 * max(ns), args.bandwidth, args.prefix) as cluster:
         bw = statistics.median(cluster.iperf_bytes_per_s() for _ in range(3))
         print(f"# link goodput (iperf3, one stream, median of 3): {bw * 8 / 1e9:.3f} Gbit/s "
@@ -189,8 +194,13 @@ def main() -> int:
                 for cfg in configs_for(n):
                     if only and cfg.name not in only:
                         continue
-                    fields = run_job(cluster, cfg, n, model, args.iters, Path(args.build),
-                                     args.timeout, env)
+                    try:
+                        fields = run_job(cluster, cfg, n, model, args.iters,
+                                         Path(args.build), args.timeout, env)
+                    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                        print(f"# FAILED: {exc}", flush=True)
+                        failed.append(f"{model} n={n} {cfg.name}")
+                        continue
                     size = float(fields["bytes"])
                     bound = cfg.bound_s(n, size, bw) * 1e3
                     measured = float(fields["median_ms"])
@@ -201,21 +211,34 @@ def main() -> int:
                            "max_ms": float(fields["max_ms"]), "bound_ms": round(bound, 1),
                            "vs_bound": round(measured / bound, 3) if bound > 0 else "",
                            "even_bound_ms": round(even * 1e3, 1) if even else "",
-                           "load1": round(os.getloadavg()[0], 2)}
+                           "load1": round(os.getloadavg()[0], 2),
+                           "link_gbps": round(bw * 8 / 1e9, 3)}
                     rows.append(row)
+                    write_csv(out / "cluster.csv", rows)
                     print(f"{model:9s} n={n} {cfg.name:14s} {measured:9.1f} ms  bound "
                           f"{bound:9.1f} ms  x{row['vs_bound'] or '-'}  "
                           f"(min {row['min_ms']:.1f}, max {row['max_ms']:.1f}; load "
                           f"{row['load1']})", flush=True)
-    with open(out / "cluster.csv", "w", newline="") as f:
+    report(rows, out, args, load_before[0])
+    if failed:
+        print(f"# failed configurations: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    text = tables(rows, bw, args, load_before[0])
+
+
+def report(rows: list[dict], out: Path, args: argparse.Namespace, load: float) -> None:
+    if not rows:
+        return
+    text = tables(rows, float(rows[0]["link_gbps"]) * 1e9 / 8, args, load)
     (out / "cluster.md").write_text(text)
     print(text)
     plot(rows, out / "cluster.png", args.bandwidth)
-    return 0
 
 
 def tables(rows: list[dict], bw: float, args: argparse.Namespace, load: float) -> str:
@@ -229,17 +252,20 @@ def tables(rows: list[dict], bw: float, args: argparse.Namespace, load: float) -
         lines.append(f"| {r['model']} | {r['n']} | {r['config']} | {r['servers']} | "
                      f"{r['median_ms']:.1f} | {r['bound_ms']:.1f} | {r['vs_bound']} | "
                      f"{r['even_bound_ms'] or '-'} |")
-    lines += ["", "Scaling (time per iteration; efficiency = t(n=1) / t(n), the exchange "
-              "alone, no compute):", "", "| model | configuration | n | time (ms) | "
-              "efficiency |", "|---|---|---|---|---|"]
+    lines += ["", "Scaling (the exchange alone, no compute in the loop: efficiency = "
+              "t(n=1) / t(n), where n = 1 is a local exchange; bandwidth efficiency = "
+              "bound / measured):", "", "| model | configuration | n | time (ms) | "
+              "efficiency | bandwidth efficiency |", "|---|---|---|---|---|---|"]
     for r in rows:
         if r["config"] not in ("allreduce", "colocated"):
             continue
         base = [b for b in rows if b["model"] == r["model"] and b["config"] == r["config"]
                 and b["n"] == 1]
         eff = f"{base[0]['median_ms'] / r['median_ms']:.2f}" if base else "-"
+        bw_eff = (f"{float(r['bound_ms']) / r['median_ms']:.2f}"
+                  if float(r["bound_ms"] or 0) > 0 else "-")
         lines.append(f"| {r['model']} | {r['config']} | {r['n']} | {r['median_ms']:.1f} | "
-                     f"{eff} |")
+                     f"{eff} | {bw_eff} |")
     same = {(r["model"], r["n"], r["config"]): r["median_ms"] for r in rows}
     for model in sorted({r["model"] for r in rows}):
         ar, ded = same.get((model, 4, "allreduce")), same.get((model, 4, "dedicated k=4"))

@@ -304,7 +304,11 @@ def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> in
         if remote:
             if args.verbose:
                 sink.message(f"checking hosts {', '.join(remote)}")
-            errors = check_hosts(args.remote_shell, remote, args.start_timeout)
+            try:
+                errors = check_hosts(args.remote_shell, remote, args.start_timeout)
+            except KeyboardInterrupt:  # the probes run in their own sessions and time out
+                sink.message("received SIGINT while checking the hosts; nothing started")
+                return 130
             for error in errors:
                 sink.message(error)
             if errors:

@@ -386,3 +386,33 @@ def test_ctrl_c_stops_every_host(cluster: Cluster) -> None:
     assert proc.returncode == 130, err
     assert "received SIGINT; stopping the job" in err
     assert not wait_until_gone(cluster.pids)
+
+
+@needs_netns
+@pytest.mark.skipif(not shutil.which("iperf3"), reason="needs iperf3")
+def test_emulated_cluster_shapes_both_directions_and_always_cleans_up() -> None:
+    prefix = f"u{os.getpid() % 100000}"
+    script = (  # host 1 -> host 0, then host 0 -> host 1 (-R); then fail on purpose
+        f"ip netns exec {prefix}-h0 iperf3 -s -D -1 >/dev/null && sleep 0.5 && "
+        f"ip netns exec {prefix}-h1 iperf3 -c 10.215.{os.getpid() % 250}.2 -t 2 -f m "
+        f"| grep receiver; ip netns exec {prefix}-h0 iperf3 -s -D -1 >/dev/null && "
+        f"sleep 0.5 && ip netns exec {prefix}-h1 iperf3 -R -c 10.215.{os.getpid() % 250}.2 "
+        "-t 2 -f m | grep receiver; exit 7")
+    done = subprocess.run(
+        [str(EMULATED_CLUSTER), "run", "--hosts", "2", "--bandwidth", "100mbit",
+         "--prefix", prefix, "--subnet", f"10.215.{os.getpid() % 250}", "--",
+         "sh", "-c", script], capture_output=True, text=True, timeout=60)
+    try:
+        assert done.returncode == 7, done.stderr  # the command's status comes back
+        rates = [float(m) for m in re.findall(r"([\d.]+) Mbits/sec", done.stdout)]
+        assert len(rates) == 2, done.stdout
+        for rate in rates:
+            assert 80 <= rate <= 101, rates  # shaped to 100 Mbit/s each way
+        left = subprocess.run(["ip", "netns", "list"], capture_output=True,
+                              text=True).stdout
+        assert f"{prefix}-h" not in left
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        assert f"{prefix}-" not in links
+    finally:
+        subprocess.run([str(EMULATED_CLUSTER), "down", "--prefix", prefix],
+                       capture_output=True, timeout=60)
