@@ -112,6 +112,12 @@ void OptimizerHost::StoreBroadcast(const wire::DataRequest& req, const void* dat
 
 absl::StatusOr<std::shared_ptr<OptimizerHost::Slot>> OptimizerHost::Find(
     const wire::DataRequest& req) {
+  if (!UpdateRule::SupportsDType(static_cast<DType>(req.dtype()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push_pull of ", Where(req.name(), req.part()), ": its dtype is ",
+        DTypeName(static_cast<DType>(req.dtype())), " but the servers' optimizer updates "
+        "float32, float16 and bfloat16 weights only"));
+  }
   const auto it = slots_.find({req.key(), req.part()});
   if (it == slots_.end()) {
     return absl::FailedPreconditionError(absl::StrCat(
