@@ -3,7 +3,8 @@
 Dense layers of ~25 M parameters on random data) with 2 workers on this machine, through
 dist_hybrid (2 servers), dist_allreduce, and MXNet's own dist_sync parameter server
 (2 servers, started here the way MXNet's tools/launch.py does, with its DMLC_*
-variables). The stores take turns in every repetition so that load drifts hit them alike.
+variables); `--stores ...,local2` adds the compute-only ceiling (2 processes training
+at once without communicating). The stores take turns in every repetition so that load drifts hit them alike.
 
     .venv/bin/python bench/mxnet_bench.py [--repeats 3] [--steps 10] [--model-params 25e6]
 
@@ -42,11 +43,15 @@ def base_env():
 
 
 def parse(stdout):
-    for line in stdout.splitlines():
-        if "RESULT " in line:
-            r = json.loads(line.split("RESULT ", 1)[1])
-            if r["rank"] == 0:
-                return r
+    """Rank 0's RESULT object (output lines of two processes may interleave)."""
+    decoder = json.JSONDecoder()
+    for chunk in stdout.split("RESULT ")[1:]:
+        try:
+            r, _ = decoder.raw_decode(chunk)
+        except ValueError:
+            continue
+        if r.get("rank") == 0:
+            return r
     return None
 
 
@@ -92,6 +97,31 @@ def run_dist_sync(train_args, timeout):
                 p.wait()
 
 
+def run_local_pair(train_args, timeout):
+    """The compute-only ceiling: 2 processes training at once with no communication
+    (--kvstore local), as 2 workers share this machine's cores. samples/s counts both."""
+    procs = [subprocess.Popen([PY, str(TRAIN), "--kvstore", "local", *train_args],
+                              env=base_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    out, code = "", 0
+    try:
+        for p in procs:
+            o, _ = p.communicate(timeout=timeout)
+            out += o
+            code = code or p.returncode
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    r = parse(out)
+    if r is not None:
+        r["samples_per_s"] *= 2
+        r["update_on_kvstore"] = False
+        out = "RESULT " + json.dumps(r)
+    return code, out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -112,6 +142,8 @@ def main():
             t = time.monotonic()
             if store == "dist_sync":
                 code, out = run_dist_sync(train_args, args.timeout)
+            elif store == "local2":
+                code, out = run_local_pair(train_args, args.timeout)
             else:
                 code, out = run_hybridps(store, train_args, args.timeout)
             r = parse(out)

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/options.h"
 #include "mxnet_kvstore/src/engine_bridge.h"
+#include "optimizers/lr_schedule.h"
 #include "optimizers/update_rule.h"
 #include "worker/kvstore.h"
 
@@ -51,6 +52,50 @@ struct Global {
 Global& G() {
   static Global* g = new Global();  // never destroyed: Python's atexit shuts the store down
   return *g;
+}
+
+// An LrSchedule from hybridps.mxnet.optimizer.schedule()'s dict (MXNet's field names).
+optimizers::LrSchedule ScheduleFromDict(const py::dict& d) {
+  optimizers::LrSchedule s;
+  auto kind = optimizers::ParseLrScheduleKind(py::str(d["kind"]).cast<std::string>());
+  ThrowIfError(kind.status());
+  s.kind = *kind;
+  auto get = [&d](const char* name, auto& field) {
+    if (d.contains(name)) field = d[name].cast<std::decay_t<decltype(field)>>();
+  };
+  get("base_lr", s.base_lr);
+  get("warmup_steps", s.warmup_steps);
+  get("warmup_begin_lr", s.warmup_begin_lr);
+  if (d.contains("warmup_mode")) {
+    std::string mode = d["warmup_mode"].cast<std::string>();
+    if (mode == "linear") {
+      s.warmup_mode = optimizers::WarmupMode::kLinear;
+    } else if (mode == "constant") {
+      s.warmup_mode = optimizers::WarmupMode::kConstant;
+    } else {
+      throw py::value_error(absl::StrCat("unknown warmup_mode '", mode,
+                                         "' (linear or constant)"));
+    }
+  }
+  get("step", s.step);
+  get("factor", s.factor);
+  get("stop_factor_lr", s.stop_factor_lr);
+  get("steps", s.steps);
+  get("max_update", s.max_update);
+  get("final_lr", s.final_lr);
+  get("pwr", s.pwr);
+  return s;
+}
+
+// Runs `fn` on the store without the GIL and raises its error.
+template <typename Fn>
+void CallReleased(Fn fn) {
+  absl::Status s;
+  {
+    py::gil_scoped_release release;
+    s = fn();
+  }
+  ThrowIfError(s);
 }
 
 // The Python object: a reference to the process's store.
@@ -124,12 +169,28 @@ class PyStore {
   bool optimizer_capable() const { return store_->IsCapable(Capability::kOptimizer); }
 
   void Barrier() {
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = store_->Barrier();
-    }
-    ThrowIfError(s);
+    CallReleased([this] { return store_->Barrier(); });
+  }
+
+  void SetOptimizer(const std::string& rule, const std::map<std::string, double>& params,
+                    const py::dict& schedule, bool multi_precision,
+                    const std::map<std::string, std::pair<double, double>>& multipliers) {
+    ServerOptimizer opt;
+    opt.spec.rule = rule;
+    opt.spec.params = params;
+    opt.spec.schedule = ScheduleFromDict(schedule);
+    opt.spec.multi_precision = multi_precision;
+    for (const auto& [name, m] : multipliers) opt.multipliers[name] = {m.first, m.second};
+    CallReleased([&] { return store_->SetOptimizer(opt); });
+  }
+  void SetOptimizerParam(const std::string& name, double value) {
+    CallReleased([&] { return store_->SetOptimizerParam(name, value); });
+  }
+  void SaveOptimizerStates(const std::string& path) {
+    CallReleased([&] { return store_->SaveOptimizerStates(path); });
+  }
+  void LoadOptimizerStates(const std::string& path) {
+    CallReleased([&] { return store_->LoadOptimizerStates(path); });
   }
 
   // Pushes an engine operation (see engine_bridge.h). Handles are NDArrayHandle values
@@ -215,6 +276,12 @@ PYBIND11_MODULE(_hybridps_core, m) {
       .def_property_readonly("local_size", &PyStore::local_size)
       .def_property_readonly("optimizer_capable", &PyStore::optimizer_capable)
       .def("barrier", &PyStore::Barrier)
+      .def("set_optimizer", &PyStore::SetOptimizer, py::arg("rule"), py::arg("params"),
+           py::arg("schedule"), py::arg("multi_precision"), py::arg("multipliers"))
+      .def("set_optimizer_param", &PyStore::SetOptimizerParam, py::arg("name"),
+           py::arg("value"))
+      .def("save_optimizer_states", &PyStore::SaveOptimizerStates, py::arg("path"))
+      .def("load_optimizer_states", &PyStore::LoadOptimizerStates, py::arg("path"))
       .def("push", &PyStore::Push, py::arg("kind"), py::arg("name"), py::arg("input"),
            py::arg("output"), py::arg("count"), py::arg("dtype"), py::arg("priority") = 0,
            py::arg("root_rank") = 0);

@@ -155,6 +155,11 @@ class Job:
                     raise self._failure(early[0] if early else proc)
                 if proc.role == "worker":
                     workers_left.discard(proc)
+                elif proc.role == "scheduler":
+                    # It exits 0 only once every worker has left the job: the workers
+                    # are exiting (a Python worker's teardown can take seconds).
+                    grace = max(self.options.early_exit_grace, self.options.shutdown_timeout)
+                    early = (early[0] if early else proc, time.monotonic() + grace)
                 elif early is None:
                     early = (proc, time.monotonic() + self.options.early_exit_grace)
             if early and workers_left and time.monotonic() >= early[1]:

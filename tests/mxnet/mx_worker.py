@@ -84,29 +84,46 @@ def digits(kv):
     report("digits", **result)
 
 
-def save_load(kv):
-    """Train, save the trainer's states, train on: a fresh trainer that loads the states
-    (and the saved weights) continues with identical weights."""
+def _save_load_setup(kv):
     x, y = digits_xy()
     n, r, b = kv.num_workers, kv.rank, 8
-    opt = dict(learning_rate=0.05, momentum=0.9)
     rows = lambda s: np.arange(s * n * b + r * b, s * n * b + (r + 1) * b)  # noqa: E731
+    # rescale_grad given up front and step(1): gluon.Trainer refuses a step whose
+    # rescale_grad differs from the one the store-side optimizer got, and load_states
+    # sets the optimizer up before any step(batch_size) could set it.
+    opt = dict(learning_rate=0.05, momentum=0.9, wd=1e-3, rescale_grad=1.0 / (n * b))
+    state_dir = os.environ["MXW_STATE_DIR"]
+    files = {k: os.path.join(state_dir, f"{k}-{r}") for k in ("params", "states", "expected")}
+    return x, y, n, r, b, rows, opt, files
+
+
+def save(kv):
+    """Job 1: train 5 steps, save the weights and the trainer's states, train 5 more and
+    record the weights. Uses the job's first store (tensor names 0/...), like a new job."""
+    x, y, n, r, b, rows, opt, files = _save_load_setup(kv)
     net = small_net()
     tr = gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=kv)
-    run_steps(net, tr, x, y, rows, 5, n * b)
-    tmp = tempfile.mkdtemp(prefix=f"hps-states-{r}-")
-    params_file, states_file = os.path.join(tmp, "p"), os.path.join(tmp, "s")
-    net.save_parameters(params_file)
-    tr.save_states(states_file)
-    run_steps(net, tr, x, y, lambda s: rows(s + 5), 5, n * b)
-    first = weights(net)
-    net2 = small_net(seed=99)
-    net2.load_parameters(params_file)
-    tr2 = gluon.Trainer(net2.collect_params(), "sgd", opt, kvstore=mx.kv.create(STORE))
-    tr2.load_states(states_file)
-    run_steps(net2, tr2, x, y, lambda s: rows(s + 5), 5, n * b)
-    diffs = [float(np.abs(a - w).max()) for a, w in zip(first, weights(net2))]
-    report("save_load", rank=r, max_abs_diff=max(diffs))
+    run_steps(net, tr, x, y, rows, 5, 1)
+    net.save_parameters(files["params"])
+    tr.save_states(files["states"])
+    run_steps(net, tr, x, y, lambda s: rows(s + 5), 5, 1)
+    np.save(files["expected"], np.concatenate([w.ravel() for w in weights(net)]))
+    report("save", rank=r, update_on_kvstore=bool(tr._update_on_kvstore))
+
+
+def load(kv):
+    """Job 2: load the weights and the states, train the same 5 steps: the weights must
+    be those job 1 recorded."""
+    x, y, n, r, b, rows, opt, files = _save_load_setup(kv)
+    net = small_net(seed=99)
+    net.load_parameters(files["params"])
+    tr = gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=kv)
+    tr.load_states(files["states"])
+    run_steps(net, tr, x, y, lambda s: rows(s + 5), 5, 1)
+    got = np.concatenate([w.ravel() for w in weights(net)])
+    expected = np.load(files["expected"] + ".npy")
+    report("load", rank=r, max_abs_diff=float(np.abs(got - expected).max()),
+           update_on_kvstore=bool(tr._update_on_kvstore))
 
 
 def overlap(kv):
@@ -180,6 +197,19 @@ def horovod_api():
            optimizer_diff=diffs["optimizer"])
 
 
+def plain_sum_after_optimizer():
+    """After a Trainer put the optimizer on the servers (dist_hybrid), a plain sum is
+    refused with a message saying why; dist_allreduce has no such mode."""
+    kv = mx.kv.create(STORE)
+    try:
+        a = mx.nd.ones((4,))
+        kv.pushpull("plain", a)
+        a.wait_to_read()
+        report("plain_sum", rank=kv.rank, error=None, value=a.asnumpy().tolist())
+    except (RuntimeError, mx.base.MXNetError) as exc:
+        report("plain_sum", rank=kv.rank, error=str(exc)[:600])
+
+
 def mismatch(kv):
     """Rank r offers a tensor of r+3 elements under one key: every worker gets an error."""
     a = mx.nd.ones((kv.rank + 3,))
@@ -192,22 +222,26 @@ def mismatch(kv):
 
 
 def main():
-    kv = mx.kv.create(STORE)
+    kv = mx.kv.create(STORE)  # the first store: save and load use it
     for scenario in SCENARIOS:
         if scenario == "sync_sgd":
-            sync_sgd(kv, None)
+            sync_sgd(mx.kv.create(STORE), None)
         elif scenario == "sync_sgd_workers":
             sync_sgd(mx.kv.create(STORE), False)
         elif scenario == "digits":
             digits(mx.kv.create(STORE))
-        elif scenario == "save_load":
-            save_load(mx.kv.create(STORE))
+        elif scenario == "save":
+            save(kv)
+        elif scenario == "load":
+            load(kv)
         elif scenario == "overlap":
             overlap(mx.kv.create(STORE))
+        elif scenario == "plain_sum":
+            plain_sum_after_optimizer()
         elif scenario == "horovod":
             horovod_api()
         elif scenario == "mismatch":
-            mismatch(kv)
+            mismatch(mx.kv.create(STORE))
         else:
             raise SystemExit(f"unknown scenario {scenario}")
     return 0

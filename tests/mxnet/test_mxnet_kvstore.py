@@ -34,28 +34,44 @@ def env():
     return e
 
 
-def run_job(store, scenarios, timeout=240):
+def run_job(store, scenarios, state_dir, timeout=240):
     backend = ["--backend", "dist_allreduce"] if store == "dist_allreduce" else [
         "--servers", "2"]
     cmd = [sys.executable, str(HYBRIDRUN), "-np", "2", *backend,
            "--bin-dir", str(BUILD), "--", sys.executable, str(WORKER), store, *scenarios]
-    proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, env=dict(env(), MXW_STATE_DIR=str(state_dir)),
+                          capture_output=True, text=True, timeout=timeout)
     results = {}
-    for line in proc.stdout.splitlines():
-        if "RESULT " in line:
-            r = json.loads(line.split("RESULT ", 1)[1])
-            results.setdefault(r["scenario"], {})[r["rank"]] = r
+    decoder = json.JSONDecoder()
+    for chunk in proc.stdout.split("RESULT ")[1:]:  # lines of two workers may interleave
+        try:
+            r, _ = decoder.raw_decode(chunk)
+        except ValueError:
+            continue
+        results.setdefault(r["scenario"], {})[r["rank"]] = r
     return proc, results
 
 
-@pytest.fixture(scope="module", params=["dist_hybrid", "dist_allreduce"])
-def job(request):
-    proc, results = run_job(request.param,
-                            ["sync_sgd", "digits", "save_load", "overlap", "horovod",
-                             "mismatch"])
-    if proc.returncode != 0 or len(results) < 6:
+def check_job(proc, results, count):
+    if proc.returncode != 0 or len(results) < count:
         pytest.fail(f"job failed (exit {proc.returncode}):\n{proc.stdout[-6000:]}\n"
                     f"{proc.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="module", params=["dist_hybrid", "dist_allreduce"])
+def job(request, tmp_path_factory):
+    """Job 1 runs every scenario (save first, on the job's first store); job 2 loads
+    what job 1 saved."""
+    state_dir = tmp_path_factory.mktemp(f"states-{request.param}")
+    # Plain sums first: once a Trainer runs the optimizer on dist_hybrid's servers, every
+    # push_pull of the job is an update.
+    scenarios = ["horovod", "mismatch", "save", "sync_sgd", "digits", "overlap",
+                 "plain_sum"]
+    proc, results = run_job(request.param, scenarios, state_dir)
+    check_job(proc, results, len(scenarios))
+    proc, loaded = run_job(request.param, ["load"], state_dir)
+    check_job(proc, loaded, 1)
+    results.update(loaded)
     return request.param, results
 
 
@@ -68,6 +84,8 @@ def both(results, scenario):
 def test_sync_sgd_matches_one_process_with_twice_the_batch(job):
     store, results = job
     for r in both(results, "sync_sgd"):
+        # dist_hybrid: the servers run SGD; dist_allreduce: the workers do.
+        assert r["update_on_kvstore"] == (store == "dist_hybrid"), r
         assert r["min_moved"] > 1e-3, "the weights did not move: nothing was tested"
         assert r["max_abs_diff"] <= TOLERANCE, (store, r)
 
@@ -84,8 +102,9 @@ def test_digits_reaches_95_percent(job):
 
 def test_save_load_states_continue_identically(job):
     store, results = job
-    for r in both(results, "save_load"):
+    for r in both(results, "load"):
         assert r["max_abs_diff"] <= 1e-6, r
+        assert r["update_on_kvstore"] == results["save"][r["rank"]]["update_on_kvstore"]
 
 
 def test_communication_overlaps_backward(job):
@@ -106,6 +125,16 @@ def test_horovod_style_helpers(job):
         assert r["sum"] == [n * (n + 1) / 2] * 5 and r["mean"] == [(n + 1) / 2] * 5, r
         assert r["broadcast"] == [10.0 * (n - 1)] * 3, r  # root_rank n-1's value
         assert r["trainer_diff"] <= TOLERANCE and r["optimizer_diff"] <= TOLERANCE, r
+
+
+def test_plain_sum_after_server_optimizer(job):
+    store, results = job
+    for r in both(results, "plain_sum"):
+        if store == "dist_hybrid":  # its servers run the Trainers' optimizer by now
+            assert results["sync_sgd"][r["rank"]]["update_on_kvstore"] is True
+            assert r["error"] and "update_on_kvstore=False" in r["error"], r
+        else:
+            assert r["error"] is None and r["value"] == [2.0] * 4, r
 
 
 def test_mismatched_shapes_name_the_tensor(job):

@@ -14,11 +14,15 @@ from mxnet.kvstore import KVStoreBase
 
 from .._core import core
 from .._mxnet_hook import STORE_NAMES
+from .optimizer import server_spec
 
 _attach_lock = threading.Lock()
 _attached = False
 _process_store = None  # the core.Store this process joined the job with
 _instances = 0  # KVStore objects created so far: the namespace of the next one's keys
+# Set once an optimizer runs on the servers: from then on every push_pull of the job goes
+# through it (the C++ store's mode is per job), so plain sums are refused up front.
+_servers_optimizer = None
 
 
 def _attach():
@@ -89,7 +93,9 @@ class _HybridKVStore(KVStoreBase):
         self._prefix = f"{_instances}/"
         _instances += 1
         self._optimizer_on_servers = False
+        self._optimizer = None
         self._updater = None
+        self._sent = {}
 
     # ---- properties ------------------------------------------------------------------
     @property
@@ -154,6 +160,15 @@ class _HybridKVStore(KVStoreBase):
         into `value` when out is None). With the optimizer on the servers (dist_hybrid
         after set_optimizer), `out` receives the updated weights instead."""
         name = self._name(key)
+        if self._optimizer_on_servers:
+            self._sync_optimizer_params()
+        elif _servers_optimizer is not None:
+            raise RuntimeError(
+                f"pushpull of key {key!r}: the servers of this dist_hybrid job run an "
+                f"optimizer ({_servers_optimizer}, set by a Trainer or set_optimizer), and "
+                "then every push_pull of the job is an update, not a plain sum. Create the "
+                "Trainers with update_on_kvstore=False (or set MXNET_UPDATE_ON_KVSTORE=0) "
+                "to sum gradients instead, or use dist_allreduce for plain sums")
         values = _as_list(value, "value", key)
         outs = values if out is None else _as_list(out, "out", key)
         shape, dtype = values[0].shape, values[0].dtype
@@ -178,20 +193,65 @@ class _HybridKVStore(KVStoreBase):
         raise ValueError(f"Unknown capability: {capability}")
 
     def set_optimizer(self, optimizer):
-        raise NotImplementedError(
-            f"{self._TYPE} does not run the optimizer in this build: the workers update "
-            "their weights (gluon.Trainer does so by itself: is_capable('optimizer') is "
-            "False)")
+        """Runs `optimizer` on the servers (dist_hybrid): collective, before the weights'
+        broadcast (gluon.Trainer's order). Afterwards pushpull(key, grads, out=weights)
+        returns the updated weights. Rules and schedulers the servers do not have are an
+        error naming them (run those on the workers: update_on_kvstore=False)."""
+        if not self._store.optimizer_capable:
+            raise NotImplementedError(
+                f"{self._TYPE} cannot run the optimizer: the workers update their weights "
+                "(gluon.Trainer does so by itself: is_capable('optimizer') is False)")
+        if not isinstance(optimizer, mx.optimizer.Optimizer):
+            raise TypeError(f"set_optimizer takes an mx.optimizer.Optimizer, not "
+                            f"{type(optimizer).__name__}")
+        global _servers_optimizer
+        spec = server_spec(optimizer, self._name)
+        mx.nd.waitall()
+        self._store.set_optimizer(spec["rule"], spec["params"], spec["schedule"],
+                                  spec["multi_precision"], spec["multipliers"])
+        self._optimizer_on_servers = True
+        _servers_optimizer = spec["rule"]
+        self._optimizer = optimizer
+        self._updater = mx.optimizer.get_updater(optimizer)  # Trainer.load_states reads it
+        self._sent = {"learning_rate": optimizer.lr, "rescale_grad": optimizer.rescale_grad,
+                      "wd": optimizer.wd}
+
+    def _sync_optimizer_params(self):
+        """Hyper-parameters the Trainer changes on its optimizer object between steps
+        (set_learning_rate, rescale_grad from step(batch_size), wd) reach the servers
+        before the next push."""
+        opt = self._optimizer
+        current = {"rescale_grad": opt.rescale_grad, "wd": opt.wd}
+        if opt.lr_scheduler is None:  # with one, the servers compute the rate
+            current["learning_rate"] = opt.lr
+        changed = {k: v for k, v in current.items() if v != self._sent.get(k)}
+        if not changed:
+            return
+        mx.nd.waitall()  # the previous step's updates keep the old values
+        for name, value in changed.items():
+            self._store.set_optimizer_param(name, float(value))
+            self._sent[name] = value
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
-        raise NotImplementedError(
-            f"{self._TYPE}: the optimizer runs on the workers; gluon.Trainer saves its "
-            "states itself")
+        """Worker 0 writes the servers' weights and optimizer states to `fname` (the
+        other workers write nothing). dump_optimizer: the spec is always in the file."""
+        if not self._optimizer_on_servers:
+            raise NotImplementedError(
+                f"{self._TYPE}: no optimizer on the servers (set_optimizer was not called); "
+                "with update_on_kvstore=False gluon.Trainer saves its states itself")
+        mx.nd.waitall()
+        if self.rank == 0:
+            self._store.save_optimizer_states(str(fname))
 
     def load_optimizer_states(self, fname):
-        raise NotImplementedError(
-            f"{self._TYPE}: the optimizer runs on the workers; gluon.Trainer loads its "
-            "states itself")
+        """Collective: worker 0 reads `fname` (written by save_optimizer_states, also by a
+        job with another number of servers) and the servers continue from it."""
+        if not self._optimizer_on_servers:
+            raise NotImplementedError(
+                f"{self._TYPE}: no optimizer on the servers (set_optimizer was not called); "
+                "with update_on_kvstore=False gluon.Trainer loads its states itself")
+        mx.nd.waitall()
+        self._store.load_optimizer_states(str(fname))
 
     def set_gradient_compression(self, compression_params):
         raise NotImplementedError(
