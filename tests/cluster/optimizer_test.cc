@@ -312,6 +312,25 @@ TEST(OptimizerClusterTest, LargePartitionsEqualOneProcess) {
   TrainAndCompare(cl.get(), defs, spec, 3, 0);
 }
 
+// A tensor broadcast again with another size replaces all of its old partitions (changing
+// the optimizer, which moves the weights, then still finds one consistent tensor).
+TEST(OptimizerClusterTest, BroadcastWithAnotherSizeReplacesTheWeights) {
+  auto cl = Start(2, 2);
+  ASSERT_NE(cl, nullptr);
+  OptimizerSpec spec;
+  spec.rule = "adam";
+  cl->RunOnWorkers([&](int, KVStore* kv) { ASSERT_TRUE(kv->SetOptimizer({spec, {}}).ok()); });
+  BroadcastAll(cl.get(), {{"w", DType::kFloat32, 1000, {}}});  // 8 partitions
+  const std::vector<TensorDef> defs = {{"w", DType::kFloat16, 100, {}}};
+  BroadcastAll(cl.get(), defs);  // 1 partition
+  spec.rule = "rmsprop";
+  cl->RunOnWorkers([&](int, KVStore* kv) {
+    absl::Status s = kv->SetOptimizer({spec, {}});
+    ASSERT_TRUE(s.ok()) << s;
+  });
+  TrainAndCompare(cl.get(), defs, spec, 2, 0);
+}
+
 OptimizerSpec Sgd(double lr) {
   OptimizerSpec spec;
   spec.rule = "sgd";
