@@ -141,8 +141,10 @@ absl::StatusOr<bool> ReadRecord(std::ifstream& in, const std::string& path,
 }  // namespace
 
 std::vector<Partition> PsStore::Place(uint64_t key, size_t count, DType dtype) const {
+  // Mixed deployments weight the extra server hosts by BytePS's optimum (partition.h).
   std::vector<Partition> parts =
-      PartitionTensor(key, count, dtype, options_.partition_bytes, num_servers_);
+      PartitionTensor(key, count, dtype, options_.partition_bytes,
+                      ServerPlacement{num_servers_, options_.extra_servers});
   if (one_server_per_tensor_.load(std::memory_order_relaxed)) {
     for (Partition& p : parts) p.server = parts[0].server;
   }
