@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <optional>
 #include <type_traits>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -40,6 +41,8 @@ absl::Status Options::Validate() const {
   if (rank >= (role == Role::kServer ? num_servers : num_workers)) return bad("rank", rank);
   if (local_size < 1) return bad("local_size", local_size);
   if (local_rank < 0 || local_rank >= local_size) return bad("local_rank", local_rank);
+  if (local_size > 64) return bad("local_size (at most 64)", local_size);
+  if (local_slots < 1 || local_slots > (1 << 22)) return bad("local_slots", local_slots);
   if (scheduler_port < 0 || scheduler_port > 65535) return bad("scheduler_port", scheduler_port);
   if (partition_bytes < 8) return bad("partition_bytes", partition_bytes);
   if (server_threads < 0 || server_threads > 256) return bad("server_threads", server_threads);
@@ -123,8 +126,21 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_NUM_WORKERS", &o.num_workers));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_NUM_SERVERS", &o.num_servers));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_RANK", &o.rank));
+  // Launchers' own variables first; HYBRIDPS_LOCAL_* override them.
+  for (auto [rank_var, size_var] : {std::pair{"OMPI_COMM_WORLD_LOCAL_RANK",
+                                              "OMPI_COMM_WORLD_LOCAL_SIZE"},
+                                    std::pair{"MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+                                    std::pair{"SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}}) {
+    if (Get(rank_var) && Get(size_var) && !Get("HYBRIDPS_LOCAL_SIZE")) {
+      RETURN_IF_ERROR(GetNumber(rank_var, &o.local_rank));
+      RETURN_IF_ERROR(GetNumber(size_var, &o.local_size));
+      break;
+    }
+  }
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_RANK", &o.local_rank));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_SIZE", &o.local_size));
+  if (auto v = Get("HYBRIDPS_NODE_ID")) o.node_id = *v;
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_SLOTS", &o.local_slots));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_PARTITION_BYTES", &o.partition_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_SERVER_THREADS", &o.server_threads));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_CREDIT_BYTES", &o.credit_bytes));

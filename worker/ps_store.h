@@ -26,6 +26,7 @@
 #include "common/partition.h"
 #include "common/transport.h"
 #include "worker/kvstore.h"
+#include "worker/local_reduce.h"
 
 namespace hybridps {
 
@@ -51,6 +52,8 @@ class PsStore : public KVStore {
 
   // Partitions per server dispatched so far (tests check placement and one push per node).
   std::vector<uint64_t> PushesPerServer() const;
+  // Where this worker sits (its node, the node's local ranks).
+  const NodeLayout& layout() const { return layout_; }
 
   struct Op;  // An operation in progress (ps_store.cc).
   // Payload bytes handed to ZeroMQ and not yet written out: the credit in use. Released by
@@ -69,6 +72,11 @@ class PsStore : public KVStore {
     uint64_t seq;  // op sequence number
     uint32_t part;
     std::shared_ptr<Op> op;
+    // Nodes of several local ranks: this rank pushes the node's partition, from `data`
+    // (nullptr: no payload); `fail` non-empty: a request that fails the server's round.
+    bool local = false;
+    const char* data = nullptr;
+    std::string fail;
     bool operator<(const PartTask& o) const {  // std::priority_queue: top = largest
       if (priority != o.priority) return priority < o.priority;
       if (seq != o.seq) return seq > o.seq;
@@ -102,6 +110,8 @@ class PsStore : public KVStore {
   void MaybeComplete(Op* op);
   void CheckDeadlines(absl::Time now);
   void Break(const absl::Status& status);
+  void TakeLocalEvents();
+  void SubmitLocal(Op* op);
   static void ReleaseFrame(void* data, void* hint);
 
   std::shared_ptr<Context> ctx_;
@@ -127,6 +137,8 @@ class PsStore : public KVStore {
   std::vector<std::shared_ptr<Op>> failing_;  // failed ops waiting for ZeroMQ to release their payloads
   absl::Time broken_at_ = absl::InfiniteFuture();
   std::unique_ptr<std::atomic<uint64_t>[]> pushes_per_server_;
+  NodeLayout layout_;
+  std::unique_ptr<LocalReducer> local_;  // nodes of several local ranks
 
   // Shared with user threads and ZeroMQ's threads.
   std::shared_ptr<Credits> credits_ = std::make_shared<Credits>();
@@ -136,6 +148,8 @@ class PsStore : public KVStore {
   absl::Status closed_ ABSL_GUARDED_BY(mu_);  // non-OK after Shutdown
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> io_exit_{false};
+  absl::Mutex local_mu_;
+  std::vector<LocalReducer::Event> local_events_ ABSL_GUARDED_BY(local_mu_);
   std::thread io_thread_;
 };
 

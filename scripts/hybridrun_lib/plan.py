@@ -77,11 +77,10 @@ class JobPlan:
 def worker_placement(rank: int, num_workers: int) -> tuple[int, int]:
     """Return (local rank, local size) of worker ``rank``.
 
-    In this version every worker is its own node. With several workers per host
-    this becomes (position of rank on its host, workers on that host).
+    All workers run on this host, so they form one node: the local ranks reduce in
+    shared memory and only one push per partition leaves the host.
     """
-    del rank, num_workers
-    return 0, 1
+    return rank, num_workers
 
 
 def build_plan(*, num_workers: int, num_servers: int, backend: str,
