@@ -69,14 +69,29 @@ uint64_t Fnv(absl::string_view s) {
 
 std::string OpName(uint32_t op) { return op == wire::OP_BROADCAST ? "broadcast" : "push_pull"; }
 
-// Spin lock of a slot: held only for a few field updates, never across a copy or a call.
-class SlotLock {
- public:
-  explicit SlotLock(SlotHeader* s) : s_(s) {
-    for (int n = 0; s_->lock.exchange(1, std::memory_order_acquire) != 0; ++n) {
-      if (n > 64) sched_yield();
+// Takes a spin lock in shared memory. It is held only for a few field updates, never
+// across a copy or a call, so one held for 10 s belongs to a process that died inside
+// that window: it is taken over (logged) rather than waited for forever.
+void SpinLock(std::atomic<uint32_t>& lock) {
+  absl::Time give_up = absl::InfiniteFuture();
+  for (int n = 0; lock.exchange(1, std::memory_order_acquire) != 0; ++n) {
+    if (n < 64) continue;
+    sched_yield();
+    if (n % 1024 != 0) continue;
+    const absl::Time now = absl::Now();
+    if (give_up == absl::InfiniteFuture()) {
+      give_up = now + absl::Seconds(10);
+    } else if (now > give_up) {
+      HPS_LOG(ERROR) << "a shared-memory lock of the local reduction was held for 10s (its "
+                        "holder died); taking it over";
+      return;
     }
   }
+}
+
+class SlotLock {
+ public:
+  explicit SlotLock(SlotHeader* s) : s_(s) { SpinLock(s_->lock); }
   ~SlotLock() { s_->lock.store(0, std::memory_order_release); }
   SlotLock(const SlotLock&) = delete;
   SlotLock& operator=(const SlotLock&) = delete;
@@ -589,6 +604,8 @@ bool LocalReducer::Step(Pending& t) {
         if (s->used && (s->in_use ? k.round < s->round : k.round <= s->round)) {
           // A late local rank: its round already ended without it (it failed, or the
           // others gave up on it).
+          // The pusher still forwards a local mismatch to the servers (see fail_from_slot).
+          mismatch = k.round == s->round && s->state == kFailed && s->local_mismatch != 0;
           failed = k.round == s->round && s->state == kFailed
                        ? SlotStatus(s)
                        : absl::AbortedError(absl::StrCat(
@@ -754,9 +771,7 @@ bool LocalReducer::Step(Pending& t) {
 absl::StatusOr<int> LocalReducer::FindSlot(uint64_t key, uint32_t part) {
   const int n = options_.local_slots;
   const uint64_t h = key ^ (uint64_t{part} * 0x9e3779b97f4a7c15ull);
-  for (int spin = 0; shared_->table_lock.exchange(1, std::memory_order_acquire) != 0; ++spin) {
-    if (spin > 64) sched_yield();
-  }
+  SpinLock(shared_->table_lock);
   absl::StatusOr<int> found = absl::ResourceExhaustedError(absl::StrCat(
       "node ", layout_.node, " has used all ", n, " slots of its local reduction (one per "
       "tensor partition): raise HYBRIDPS_LOCAL_SLOTS"));
