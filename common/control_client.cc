@@ -44,6 +44,7 @@ absl::StatusOr<wire::Welcome> ControlClient::Register(const std::string& data_en
   r->set_pid(static_cast<uint32_t>(getpid()));
   r->set_local_rank(options_.local_rank);
   r->set_local_size(options_.local_size);
+  r->set_node(options_.node_id.empty() ? std::string(host) : options_.node_id);
   Send(env);
   Poller poller;
   poller.Add(socket_.get());

@@ -4,6 +4,7 @@
 #include <initializer_list>
 #include <optional>
 #include <type_traits>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -43,6 +44,8 @@ absl::Status Options::Validate() const {
   if (rank >= (role == Role::kServer ? num_servers : num_workers)) return bad("rank", rank);
   if (local_size < 1) return bad("local_size", local_size);
   if (local_rank < 0 || local_rank >= local_size) return bad("local_rank", local_rank);
+  if (local_size > 64) return bad("local_size (at most 64)", local_size);
+  if (local_slots < 1 || local_slots > (1 << 22)) return bad("local_slots", local_slots);
   if (scheduler_port < 0 || scheduler_port > 65535) return bad("scheduler_port", scheduler_port);
   if (partition_bytes < 8) return bad("partition_bytes", partition_bytes);
   if (server_threads < 0 || server_threads > 256) return bad("server_threads", server_threads);
@@ -201,6 +204,8 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   }
   if (auto v = Get("HYBRIDPS_DEPLOYMENT")) o.deployment = *v;
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_EXTRA_SERVERS", &o.extra_servers));
+  if (auto v = Get("HYBRIDPS_NODE_ID")) o.node_id = *v;
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_SLOTS", &o.local_slots));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_PARTITION_BYTES", &o.partition_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_SERVER_THREADS", &o.server_threads));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_CREDIT_BYTES", &o.credit_bytes));

@@ -33,7 +33,11 @@ struct Options {
   // HYBRIDPS_RANK: the rank (among the workers, or among the servers) this process asks
   // for; -1: assigned by the scheduler in order of registration.
   int rank = -1;
-  // HYBRIDPS_LOCAL_RANK / HYBRIDPS_LOCAL_SIZE: position inside the node.
+  // HYBRIDPS_LOCAL_RANK / HYBRIDPS_LOCAL_SIZE: position inside the node. When not set,
+  // taken from Open MPI (OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_SIZE), MPICH/Hydra
+  // (MPI_LOCALRANKID / MPI_LOCALNRANKS) or Slurm (SLURM_LOCALID / SLURM_NTASKS_PER_NODE).
+  // With local_size > 1 the local ranks of a node reduce in shared memory first and only
+  // one push per partition leaves the node.
   int local_rank = 0;
   int local_size = 1;
   // Workers started by mpirun or srun: when a HYBRIDPS_ variable among RANK, NUM_WORKERS,
@@ -50,6 +54,13 @@ struct Options {
   // 2k(n-1)/(n(n+k)-2k) of the bytes (see partition.h).
   std::string deployment = "colocated";
   int extra_servers = 0;
+  // HYBRIDPS_NODE_ID: workers with local_size > 1 that give the same node id form one node
+  // (default: the host name). Lets several nodes share one host (tests, benchmarks).
+  std::string node_id;
+  // HYBRIDPS_LOCAL_SLOTS: tensor partitions a node can reduce locally over the job (one
+  // slot of about 512 bytes of shared memory each; the data itself takes local_size + 1
+  // copies of each tensor in /dev/shm).
+  int local_slots = 16384;
   // HYBRIDPS_BACKEND: dist_hybrid | dist_allreduce.
   std::string backend = "dist_hybrid";
   // HYBRIDPS_INTERFACE: the address servers bind and advertise (an IPv4 address or an

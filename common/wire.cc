@@ -82,7 +82,10 @@ absl::Status ValidateDataRequest(const wire::DataRequest& req,
                                                    " overflows"));
   }
   const uint64_t bytes = req.count() * es;
-  const bool needs_payload = req.op() == wire::OP_PUSHPULL;
+  const bool needs_payload = req.op() == wire::OP_PUSHPULL && req.fail().empty();
+  if (!req.fail().empty() && payload) {
+    return absl::InvalidArgumentError("a failing request carries no payload");
+  }
   if (needs_payload && !payload) {
     return absl::InvalidArgumentError("push without a payload frame");
   }

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -264,6 +266,25 @@ void Scheduler::HandleRegister(Node& node, uint64_t id, const wire::Register& re
   }
 }
 
+// Workers with local_size > 1 that name the same node form one node; a worker with
+// local_size 1 is a node of its own. Nodes are numbered in the order of their lowest rank.
+// (Workers check that each node is complete and consistent: see worker/local_reduce.cc.)
+std::vector<int> Scheduler::GroupNodes(const std::vector<Node*>& workers) {
+  std::vector<std::string> group(options_.num_workers);
+  for (Node* n : workers) {
+    group[n->rank] = n->reg.local_size() > 1
+                         ? absl::StrCat("node:", n->reg.node(), "/", n->reg.local_size())
+                         : absl::StrCat("rank:", n->rank);
+  }
+  std::vector<int> node_of(options_.num_workers, -1);
+  absl::flat_hash_map<std::string, int> index;
+  for (int r = 0; r < options_.num_workers; ++r) {
+    auto [it, inserted] = index.emplace(group[r], static_cast<int>(index.size()));
+    node_of[r] = it->second;
+  }
+  return node_of;
+}
+
 void Scheduler::AssignRanksAndWelcome() {
   std::vector<Node*> workers, servers;
   for (auto& [p, n] : nodes_) {
@@ -293,6 +314,9 @@ void Scheduler::AssignRanksAndWelcome() {
   assign(workers);
   assign(servers);
   wire::Welcome w;
+  const std::vector<int> node_of = GroupNodes(workers);
+  w.set_num_nodes(node_of.empty() ? 0 : *std::max_element(node_of.begin(), node_of.end()) + 1);
+  w.set_job_id(absl::Uniform<uint64_t>(absl::BitGen()) | 1);
   w.set_num_workers(options_.num_workers);
   w.set_num_servers(options_.num_servers);
   w.mutable_workers()->Reserve(options_.num_workers);
@@ -304,6 +328,9 @@ void Scheduler::AssignRanksAndWelcome() {
     info->set_rank(n->rank);
     info->set_host(n->reg.host());
     info->set_pid(n->reg.pid());
+    info->set_node(node_of[n->rank]);
+    info->set_local_rank(n->reg.local_size() > 1 ? n->reg.local_rank() : 0);
+    info->set_local_size(std::max(1, n->reg.local_size()));
   }
   for (Node* n : servers) {
     auto* info = w.mutable_servers(n->rank);

@@ -62,6 +62,7 @@ class Scheduler {
   void HandleMessage(Message msg);
   void HandleRegister(Node& node, uint64_t id, const wire::Register& reg);
   void AssignRanksAndWelcome();
+  std::vector<int> GroupNodes(const std::vector<Node*>& workers);
   void HandleBarrier(Node& node, uint64_t id, wire::BarrierGroup group);
   void CompleteBarriers();
   void HandleKvWait(Node& node, uint64_t id, const wire::KvWait& wait);

@@ -98,6 +98,9 @@ void KeyStore::Handle(const std::string& peer, int rank, uint64_t id,
                                                           Where(req), ": ", what)));
     }
   }
+  if (p.error.ok() && !req.fail().empty()) {  // the node's local ranks disagreed
+    FailRound(p, absl::InvalidArgumentError(absl::StrCat(Where(req), ": ", req.fail())));
+  }
   if (p.error.ok() && p.op == wire::OP_BROADCAST) {
     if (p.root < 0 || p.root >= num_workers_) {
       FailRound(p, absl::InvalidArgumentError(absl::StrCat(

@@ -99,8 +99,9 @@ absl::Status Server::Run() {
       waker_.Wake();
     }));
   }
+  // A round collects one push per node: the local ranks of a node reduce first.
   store_ = std::make_unique<KeyStore>(
-      welcome.num_workers(),
+      welcome.num_nodes() > 0 ? welcome.num_nodes() : welcome.num_workers(),
       [this](KeyStore::Reply r) {
         Message msg = Encode(r.peer, r.env, std::move(r.payload));
         if (auto s = data_->Send(msg); !s.ok()) {
@@ -307,6 +308,7 @@ void Server::HandleData(Message raw) {
     return Reject(d->peer, env.id(), absl::InvalidArgumentError(absl::StrCat(
         "tensor '", req.name(), "' partition ", req.part(), ": ", s.message())));
   }
+  stats_.data_requests.fetch_add(1, std::memory_order_relaxed);
   store_->Handle(d->peer, it->second.rank, env.id(), req, std::move(d->payload));
 }
 

@@ -27,6 +27,7 @@ class Server {
   struct Stats {
     std::atomic<uint64_t> requests{0};
     std::atomic<uint64_t> rejected{0};  // malformed, unexpected or unauthenticated
+    std::atomic<uint64_t> data_requests{0};  // partitions pushed or pulled (one per node)
   };
 
   // Binds the data endpoint (see Options::interface / transport) and connects to the

@@ -30,7 +30,10 @@ struct PsStore::Op {
   absl::Status status;
   bool activated = false;
   bool completed = false;
+  bool local = false;       // reduced across the node's local ranks first
   bool in_failing = false;  // listed in PsStore::failing_
+  int local_pending = 0;    // partitions the local reducer still works on (it may touch
+                            // in/out until it reports them done)
   std::shared_ptr<HandleState> handle = std::make_shared<HandleState>();
 
   std::string Describe() const {
@@ -65,6 +68,7 @@ absl::Status PsStore::Start() {
   num_servers_ = welcome.num_servers();
   servers_.assign(welcome.servers().begin(), welcome.servers().end());
   SetLogTag(absl::StrCat("worker ", rank_));
+  ASSIGN_OR_RETURN(layout_, NodeLayoutFromWelcome(welcome, rank_));
   if (num_servers_ < 1) {
     return absl::FailedPreconditionError("dist_hybrid needs at least one server");
   }
@@ -77,7 +81,8 @@ absl::Status PsStore::Start() {
                      Socket::Create(*ctx_, SocketType::kDealer, options_.max_message_bytes));
     RETURN_IF_ERROR(sock->Connect(servers_[i].endpoint()));
     inproc_.push_back(absl::StartsWith(servers_[i].endpoint(), "inproc://"));
-    Message hello = Encode("", MakeHello(Role::kWorker, rank_));
+    // Servers count pushes per node: a node introduces itself by its node index.
+    Message hello = Encode("", MakeHello(Role::kWorker, layout_.node));
     RETURN_IF_ERROR(sock->Send(hello));
     poller.Add(sock.get());
     data_.push_back(std::move(sock));
@@ -114,12 +119,26 @@ absl::Status PsStore::Start() {
       }
     }
   }
+  if (layout_.local_size > 1) {
+    ASSIGN_OR_RETURN(local_, LocalReducer::Create(options_, layout_,
+                                                  [this](LocalReducer::Event e) {
+      {
+        absl::MutexLock lock(&local_mu_);
+        local_events_.push_back(std::move(e));
+      }
+      credits_->waker.Wake();
+    }));
+  }
   io_thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "hps-worker-io");
     IoLoop();
   });
   HPS_LOG(INFO) << "joined the job as worker " << rank_ << " of " << num_workers_ << " with "
-                << num_servers_ << " servers";
+                << num_servers_ << " servers"
+                << (local_ ? absl::StrCat(", local rank ", layout_.local_rank, " of ",
+                                          layout_.local_size, " on node ", layout_.node, " of ",
+                                          layout_.num_nodes)
+                           : std::string());
   return absl::OkStatus();
 }
 
@@ -209,6 +228,7 @@ absl::Status PsStore::Shutdown() {
     credits_->waker.Wake();
     io_thread_.join();
   }
+  local_.reset();
   data_.clear();
   control_.reset();
   return s;
@@ -241,6 +261,7 @@ void PsStore::IoLoop() {
     }
     credits_->waker.Drain();
     TakeCommands();
+    TakeLocalEvents();
     for (size_t i = 0; i < data_.size(); ++i) {
       if (data_idx[i] < 0 || !poller.Readable(data_idx[i])) continue;
       while (data_[i]) {
@@ -323,8 +344,9 @@ void PsStore::Activate(Op* op) {
   // later round and the server abandons the stale ones instead of mixing their data in.
   const uint64_t round = rounds_[op->key]++;
   op->rounds.assign(op->parts.size(), round);
+  if (local_) return SubmitLocal(op);
   for (const Partition& p : op->parts) {
-    ready_.push(PartTask{op->priority, op->seq, p.index, active_.at(op->seq)});
+    ready_.push(PartTask{op->priority, op->seq, p.index, active_.at(op->seq), false, nullptr, ""});
   }
 }
 
@@ -350,9 +372,9 @@ void PsStore::Dispatch() {
   while (!ready_.empty()) {
     PartTask t = ready_.top();
     Op* op = t.op.get();
-    if (op->completed || !op->status.ok()) {
+    if ((op->completed || !op->status.ok()) && t.fail.empty()) {
       ready_.pop();
-      FinishPart(op, absl::OkStatus());
+      if (!t.local) FinishPart(op, absl::OkStatus());  // else the reducer reports it
       continue;
     }
     const Partition& part = op->parts[t.part];
@@ -371,14 +393,20 @@ void PsStore::Dispatch() {
     req->set_dtype(static_cast<uint32_t>(op->in.dtype));
     req->set_count(part.count);
     req->set_total_count(op->in.count);
-    req->set_root(op->root);
+    req->set_root(op->root >= 0 ? layout_.node_of[op->root] : op->root);
     req->set_name(op->name);
     req->set_offset(part.offset);
     req->set_num_parts(static_cast<uint32_t>(op->parts.size()));
+    req->set_fail(t.fail);
     std::optional<Frame> payload;
-    if (op->kind == wire::OP_PUSHPULL || rank_ == op->root) {
-      char* base = static_cast<char*>(op->in.data) + part.offset * es;
-      if (inproc_[part.server]) {
+    const bool pushes_data = op->kind == wire::OP_PUSHPULL ||
+                             (t.local ? t.data != nullptr : rank_ == op->root);
+    if (pushes_data && t.fail.empty()) {
+      char* base = t.local ? const_cast<char*>(t.data)
+                           : static_cast<char*>(op->in.data) + part.offset * es;
+      if (bytes == 0) {
+        payload.emplace(absl::string_view());  // an empty tensor still takes part
+      } else if (inproc_[part.server]) {
         // inproc:// hands the receiver our very buffer; the server keeps and sums into
         // what it receives, so it must get memory of its own.
         payload.emplace(absl::string_view(base, bytes));
@@ -393,10 +421,16 @@ void PsStore::Dispatch() {
     Message msg = Encode("", env, std::move(payload));
     absl::Status s = sock ? sock->Send(msg) : broken_;
     if (!s.ok()) {
-      FinishPart(op, absl::UnavailableError(absl::StrCat(
-          "send to server ", part.server, " failed: ", s.message())));
+      absl::Status err = absl::UnavailableError(
+          absl::StrCat("send to server ", part.server, " failed: ", s.message()));
+      if (!t.local) {
+        FinishPart(op, err);
+      } else if (t.fail.empty()) {
+        local_->Publish(op, part.index, err, std::nullopt);
+      }
       continue;
     }
+    if (!t.fail.empty()) continue;  // its answer is the failure every node gets
     pushes_per_server_[part.server].fetch_add(1, std::memory_order_relaxed);
     in_flight_.emplace(id, InFlight{active_.at(op->seq), part.index, op->rounds[part.index]});
   }
@@ -440,12 +474,17 @@ void PsStore::HandleReply(int server, Message raw) {
   in_flight_.erase(it);
   const Partition& part = op->parts[pi];
   const size_t es = DTypeSize(op->in.dtype);
-  if (env.body_case() == wire::Envelope::kError) {
-    return FinishPart(op.get(), FromWire(env.error()));
-  }
+  // A local rank that pushed for its node hands the answer to the reducer, which shares
+  // it with the node and reports the partition done.
+  auto finish = [&](const absl::Status& status, std::optional<Frame> payload = std::nullopt) {
+    if (op->local) return local_->Publish(op.get(), pi, status, std::move(payload));
+    FinishPart(op.get(), status);
+  };
+  if (env.body_case() == wire::Envelope::kError) return finish(FromWire(env.error()));
   auto bad = [&](std::string why) {
-    FinishPart(op.get(), absl::InternalError(absl::StrCat(
-        "server ", server, " sent a malformed reply for partition ", pi, ": ", why)));
+    finish(absl::InternalError(absl::StrCat("server ", server,
+                                            " sent a malformed reply for partition ", pi,
+                                            ": ", why)));
   };
   if (env.body_case() != wire::Envelope::kDataResponse) return bad("not a data response");
   const wire::DataResponse& resp = env.data_response();
@@ -459,18 +498,19 @@ void PsStore::HandleReply(int server, Message raw) {
       return bad(absl::StrCat("payload of ", d->payload ? d->payload->size() : 0,
                               " bytes instead of ", part.count * es));
     }
-    if (!op->completed && op->status.ok() && part.count > 0) {
+    if (!op->local && !op->completed && op->status.ok() && part.count > 0) {
       std::memcpy(static_cast<char*>(op->out.data) + part.offset * es, d->payload->data(),
                   part.count * es);
     }
   }
-  FinishPart(op.get(), absl::OkStatus());
+  finish(absl::OkStatus(), std::move(d->payload));
 }
 
 void PsStore::FinishPart(Op* op, const absl::Status& status) {
   if (!status.ok() && op->status.ok()) {
     op->status = absl::Status(status.code(),
                               absl::StrCat(op->Describe(), " failed: ", status.message()));
+    if (op->local_pending > 0) local_->Cancel(op, op->status);
   }
   if (op->remaining > 0) --op->remaining;
   MaybeComplete(op);
@@ -482,8 +522,8 @@ void PsStore::MaybeComplete(Op* op) {
     if (op->status.ok()) return;
     // Failed with partitions still out: complete once ZeroMQ no longer reads our input
     // (their late replies are dropped), or after a grace period once sockets were closed.
-    if (op->zc_pending.load(std::memory_order_acquire) > 0 &&
-        absl::Now() < broken_at_ + absl::Seconds(5)) {
+    if (op->local_pending > 0 || (op->zc_pending.load(std::memory_order_acquire) > 0 &&
+                                  absl::Now() < broken_at_ + absl::Seconds(5))) {
       if (!op->in_failing) {
         op->in_failing = true;
         failing_.push_back(active_.at(op->seq));
@@ -531,6 +571,8 @@ void PsStore::CheckDeadlines(absl::Time now) {
                                      ") partition ", f.part));
     }
   }
+  // Waiting for the node's local ranks: the reducer names who is missing at the deadline.
+  if (waiting.empty() && op->local_pending > 0 && now < op->deadline + absl::Seconds(1)) return;
   Break(absl::DeadlineExceededError(absl::StrCat(
       op->Describe(), " did not complete within ", absl::FormatDuration(options_.op_timeout),
       waiting.empty() ? std::string(" (it never started: an earlier operation on it is stuck)")
@@ -542,6 +584,7 @@ void PsStore::Break(const absl::Status& status) {
     broken_ = status;
     broken_at_ = absl::Now();
     HPS_LOG(ERROR) << "the store can no longer be used: " << status.message();
+    if (local_) local_->Abort(status);
   }
   // Close the data sockets without linger: ZeroMQ drops what it still queues for the
   // servers and releases our zero-copy payloads, so failed operations can complete.
@@ -564,6 +607,62 @@ void PsStore::Break(const absl::Status& status) {
     }
     if (!op->activated) op->remaining = 0;
     MaybeComplete(op);
+  }
+}
+
+}  // namespace hybridps
+
+namespace hybridps {
+
+void PsStore::SubmitLocal(Op* op) {
+  op->local = true;
+  const size_t es = DTypeSize(op->in.dtype);
+  for (const Partition& p : op->parts) {
+    LocalReducer::Task t;
+    t.owner = active_.at(op->seq);
+    t.part = p.index;
+    t.name = op->name;
+    t.key = op->key;
+    t.round = op->rounds[p.index];
+    t.op = op->kind;
+    t.dtype = op->in.dtype;
+    t.count = p.count;
+    t.offset = p.offset;
+    t.total_count = op->in.count;
+    t.root = op->root;
+    t.in = static_cast<const char*>(op->in.data) + p.offset * es;
+    t.out = static_cast<char*>(op->out.data) + p.offset * es;
+    t.deadline = op->deadline;
+    ++op->local_pending;
+    local_->Submit(std::move(t));
+  }
+}
+
+void PsStore::TakeLocalEvents() {
+  std::vector<LocalReducer::Event> events;
+  {
+    absl::MutexLock lock(&local_mu_);
+    events.swap(local_events_);
+  }
+  for (LocalReducer::Event& e : events) {
+    if (e.kind == LocalReducer::Event::kBroken) {
+      Break(e.status);
+      continue;
+    }
+    std::shared_ptr<Op> op = std::static_pointer_cast<Op>(std::move(e.owner));
+    if (e.kind == LocalReducer::Event::kPush) {
+      ready_.push(PartTask{op->priority, op->seq, e.part, std::move(op), true, e.data,
+                           std::move(e.fail)});
+      continue;
+    }
+    --op->local_pending;
+    // A local rank that timed out breaks the store, as a server that did would.
+    if (e.status.code() == absl::StatusCode::kDeadlineExceeded && broken_.ok()) {
+      FinishPart(op.get(), e.status);
+      Break(op->status);
+      continue;
+    }
+    FinishPart(op.get(), e.status);
   }
 }
 

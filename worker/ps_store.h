@@ -27,6 +27,7 @@
 #include "common/partition.h"
 #include "common/transport.h"
 #include "worker/kvstore.h"
+#include "worker/local_reduce.h"
 
 namespace hybridps {
 
@@ -60,6 +61,8 @@ class PsStore : public KVStore {
 
   // Partitions per server dispatched so far (tests check placement and one push per node).
   std::vector<uint64_t> PushesPerServer() const;
+  // Where this worker sits (its node, the node's local ranks).
+  const NodeLayout& layout() const { return layout_; }
 
   struct Op;  // An operation in progress (ps_store.cc).
   struct SavedTensor;  // A tensor's weights and state, gathered (ps_store_optimizer.cc).
@@ -79,6 +82,11 @@ class PsStore : public KVStore {
     uint64_t seq;  // op sequence number
     uint32_t part;
     std::shared_ptr<Op> op;
+    // Nodes of several local ranks: this rank pushes the node's partition, from `data`
+    // (nullptr: no payload); `fail` non-empty: a request that fails the server's round.
+    bool local = false;
+    const char* data = nullptr;
+    std::string fail;
     bool operator<(const PartTask& o) const {  // std::priority_queue: top = largest
       if (priority != o.priority) return priority < o.priority;
       if (seq != o.seq) return seq > o.seq;
@@ -119,6 +127,8 @@ class PsStore : public KVStore {
   void MaybeComplete(Op* op);
   void CheckDeadlines(absl::Time now);
   void Break(const absl::Status& status);
+  void TakeLocalEvents();
+  void SubmitLocal(Op* op);
   static void ReleaseFrame(void* data, void* hint);
   void FailServerCalls(const absl::Status& status, absl::Time now);
 
@@ -167,6 +177,9 @@ class PsStore : public KVStore {
   std::atomic<bool> one_server_per_tensor_{false};
   uint64_t optimizer_collectives_ = 0;  // user thread of the collective calls
 
+  NodeLayout layout_;
+  std::unique_ptr<LocalReducer> local_;  // nodes of several local ranks
+
   // Shared with user threads and ZeroMQ's threads.
   std::shared_ptr<Credits> credits_ = std::make_shared<Credits>();
   absl::Mutex mu_;
@@ -175,6 +188,8 @@ class PsStore : public KVStore {
   absl::Status closed_ ABSL_GUARDED_BY(mu_);  // non-OK after Shutdown
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> io_exit_{false};
+  absl::Mutex local_mu_;
+  std::vector<LocalReducer::Event> local_events_ ABSL_GUARDED_BY(local_mu_);
   std::thread io_thread_;
 };
 

@@ -44,8 +44,9 @@ binaries:
 
 environment of the workers:
   HYBRIDPS_ROLE=worker HYBRIDPS_RANK=0..N-1 HYBRIDPS_LOCAL_RANK HYBRIDPS_LOCAL_SIZE
-  (0 and 1 here; across hosts the position among, and number of, the workers of
-  the host) HYBRIDPS_SCHEDULER_ADDR HYBRIDPS_SCHEDULER_PORT HYBRIDPS_NUM_WORKERS
+  (here 0..N-1 and N: the workers of one host form one node and reduce locally;
+  across hosts the position among, and number of, the workers of the host, and
+  HYBRIDPS_NODE_ID=the host) HYBRIDPS_SCHEDULER_ADDR HYBRIDPS_SCHEDULER_PORT HYBRIDPS_NUM_WORKERS
   HYBRIDPS_NUM_SERVERS HYBRIDPS_BACKEND HYBRIDPS_JOB_TOKEN PYTHONUNBUFFERED=1;
   across hosts also HYBRIDPS_DEPLOYMENT HYBRIDPS_EXTRA_SERVERS and, with
   --network-interface, HYBRIDPS_INTERFACE. Local processes inherit the environment

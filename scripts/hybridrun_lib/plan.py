@@ -28,7 +28,7 @@ MANAGED_VARS = frozenset({
     "HYBRIDPS_ROLE", "HYBRIDPS_RANK", "HYBRIDPS_LOCAL_RANK", "HYBRIDPS_LOCAL_SIZE",
     "HYBRIDPS_SCHEDULER_ADDR", "HYBRIDPS_SCHEDULER_PORT", "HYBRIDPS_NUM_WORKERS",
     "HYBRIDPS_NUM_SERVERS", "HYBRIDPS_PORT_FILE", "HYBRIDPS_BACKEND",
-    "HYBRIDPS_JOB_TOKEN", "HYBRIDPS_INTERFACE", "HYBRIDPS_DEPLOYMENT",
+    "HYBRIDPS_JOB_TOKEN", "HYBRIDPS_INTERFACE", "HYBRIDPS_DEPLOYMENT", "HYBRIDPS_NODE_ID",
     "HYBRIDPS_EXTRA_SERVERS",
 })
 CHILD_DEFAULTS = {"PYTHONUNBUFFERED": "1"}
@@ -87,12 +87,12 @@ def worker_placement(rank: int, num_workers: int,
                      placement: Placement | None = None) -> tuple[int, int]:
     """Return (local rank, local size) of worker ``rank``.
 
-    Local mode: every worker is its own node. Multi-host mode: (position of the rank
-    among the workers of its host, workers on that host).
+    Local mode: all workers run on this host, so they form one node: the local ranks
+    reduce in shared memory and only one push per partition leaves the host. Multi-host
+    mode: (position of the rank among the workers of its host, workers on that host).
     """
-    del num_workers
     if placement is None:
-        return 0, 1
+        return rank, num_workers
     return placement.local_placement(rank)
 
 
@@ -153,6 +153,9 @@ def build_plan(*, num_workers: int, num_servers: int, backend: str,
             "HYBRIDPS_ROLE": "worker", **others, "HYBRIDPS_RANK": str(rank),
             "HYBRIDPS_LOCAL_RANK": str(local_rank),
             "HYBRIDPS_LOCAL_SIZE": str(local_size),
+            # The node is the host as named here (hosts such as network namespaces may
+            # share one host name); locally the default, the host name, is right.
+            **({"HYBRIDPS_NODE_ID": placement.worker_hosts[rank]} if placement else {}),
         }, host_of(placement.worker_hosts if placement else [], rank),
             show_host=multi is not None))
     return JobPlan(scheduler, servers, workers)

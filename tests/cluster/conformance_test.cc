@@ -12,6 +12,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -29,6 +30,7 @@ struct Param {
   std::string transport;
   int workers;
   int servers;  // dist_hybrid only
+  int local = 1;  // dist_hybrid: local ranks per node (reduced in shared memory first)
 };
 
 std::string Name(const ::testing::TestParamInfo<Param>& info) {
@@ -36,6 +38,7 @@ std::string Name(const ::testing::TestParamInfo<Param>& info) {
   std::string name = absl::StrCat(p.backend == "dist_allreduce" ? "allreduce" : "hybrid", "_",
                                   p.transport, "_w", p.workers);
   if (p.backend != "dist_allreduce") absl::StrAppend(&name, "_s", p.servers);
+  if (p.local > 1) absl::StrAppend(&name, "_l", p.local);
   return name;
 }
 
@@ -56,6 +59,7 @@ class ConformanceTest : public ::testing::TestWithParam<Param> {
     c.transport = GetParam().transport;
     c.workers = GetParam().workers;
     c.servers = GetParam().servers;
+    c.local_size = GetParam().local;
     c.partition_bytes = 1024;  // small tensors still span partitions (dist_hybrid)
     // Death detection is not under test here; on a loaded 2-core machine a thread can
     // stall for a second.
@@ -323,6 +327,14 @@ std::vector<Param> Params() {
   std::vector<Param> p = {{"dist_hybrid", "inproc", 1, 1}, {"dist_hybrid", "inproc", 2, 2},
                           {"dist_hybrid", "inproc", 3, 2}, {"dist_hybrid", "inproc", 4, 3},
                           {"dist_hybrid", "tcp", 2, 2},    {"dist_hybrid", "tcp", 4, 2}};
+  // Nodes of several local ranks: 1-3 nodes of 2-4 local ranks.
+  for (auto [transport, workers, servers, local] :
+       {std::tuple{"inproc", 2, 1, 2}, std::tuple{"inproc", 4, 2, 2},
+        std::tuple{"tcp", 6, 2, 2}, std::tuple{"inproc", 3, 1, 3},
+        std::tuple{"ipc", 6, 2, 3}, std::tuple{"inproc", 4, 1, 4},
+        std::tuple{"tcp", 8, 2, 4}}) {
+    p.push_back({"dist_hybrid", transport, workers, servers, local});
+  }
 #if HYBRIDPS_HAVE_GLOO
   for (int w = 1; w <= 4; ++w) p.push_back({"dist_allreduce", "inproc", w, 0});
   p.push_back({"dist_allreduce", "tcp", 2, 0});

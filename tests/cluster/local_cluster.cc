@@ -63,6 +63,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterC
       Options wo = o;
       wo.role = Role::kWorker;
       wo.rank = i;
+      wo.local_size = c.local_size;
+      wo.local_rank = i % c.local_size;
+      wo.node_id = absl::StrCat("node", i / c.local_size);
       auto store = KVStore::Create(c.backend, wo, cl->ctx_);
       if (store.ok()) {
         cl->workers_[i] = std::move(*store);

@@ -26,6 +26,9 @@ struct ClusterConfig {
   std::string backend = "dist_hybrid";
   int workers = 2;
   int servers = 1;
+  // Local ranks per node (dist_hybrid): workers i*local_size .. (i+1)*local_size-1 form
+  // node i and reduce in shared memory first. `workers` must be a multiple.
+  int local_size = 1;
   std::string transport = "inproc";  // inproc | ipc | tcp
   size_t partition_bytes = 4 << 20;
   size_t credit_bytes = 64 << 20;

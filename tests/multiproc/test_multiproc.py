@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -225,7 +225,9 @@ class DirectJob:
     group, left to end by themselves after a failure."""
 
     def __init__(self, job: JobEnv, tmp: Path, workers: int, servers: int,
-                 worker_args: list[str], backend: str = "dist_hybrid") -> None:
+                 worker_args: list[str], backend: str = "dist_hybrid",
+                 worker_env: Callable[[int], dict[str, str]] = lambda rank: {},
+                 before_workers: Callable[[int], None] = lambda port: None) -> None:
         self.job = job
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.output: dict[str, Lines] = {}
@@ -245,12 +247,14 @@ class DirectJob:
             assert self.procs["scheduler"].poll() is None, self.output["scheduler"].text()
             time.sleep(0.02)
         common["HYBRIDPS_SCHEDULER_PORT"] = port_file.read_text().strip()
+        before_workers(int(common["HYBRIDPS_SCHEDULER_PORT"]))
         for i in range(servers):
             self._start(f"server {i}", [str(SERVER)],
                         {**common, "HYBRIDPS_ROLE": "server", "HYBRIDPS_RANK": str(i)})
         for r in range(workers):
             self._start(f"worker {r}", [str(TEST_WORKER), *worker_args],
-                        {**common, "HYBRIDPS_ROLE": "worker", "HYBRIDPS_RANK": str(r)})
+                        {**common, "HYBRIDPS_ROLE": "worker", "HYBRIDPS_RANK": str(r),
+                         **worker_env(r)})
 
     def _start(self, label: str, argv: list[str], env: dict[str, str]) -> None:
         proc = subprocess.Popen(argv, env={**self.job.env, **env}, stdin=subprocess.DEVNULL,
@@ -419,4 +423,62 @@ def test_logistic_regression_demo(job: JobEnv) -> None:
     code, out, err, _ = run.finish(RUN_TIMEOUT)
     assert code == 0, f"{out}\n{err}"
     assert re.search(r"^\[worker 0\] final loss \d", out, re.MULTILINE), out
+    assert_nothing_left(job.marker)
+
+
+# ---- nodes of several local ranks --------------------------------------------------------
+
+def two_nodes_of_two(rank: int) -> dict[str, str]:
+    """Workers 0,1 and 2,3: two nodes of two local ranks on this host."""
+    return {"HYBRIDPS_LOCAL_RANK": str(rank % 2), "HYBRIDPS_LOCAL_SIZE": "2",
+            "HYBRIDPS_NODE_ID": f"node{rank // 2}"}
+
+
+def segment_prefix(port: int, token: str, node: int) -> str:
+    """The /dev/shm name prefix of a node's segments (worker/local_reduce.cc)."""
+    h = 1469598103934665603
+    for byte in f"tcp://127.0.0.1:{port}|{token}".encode():
+        h = ((h ^ byte) * 1099511628211) % (1 << 64)
+    return f"hybridps-{h:016x}-n{node}-"
+
+
+def test_local_ranks_exact_sums_and_no_shared_memory_left(job: JobEnv, tmp_path: Path,
+                                                          direct: list[DirectJob]) -> None:
+    prefixes: list[str] = []
+
+    def plant_stale(port: int) -> None:  # as if an earlier job on this port had crashed
+        for node in (0, 1):
+            prefixes.append(segment_prefix(port, job.marker, node))
+            Path("/dev/shm", prefixes[-1] + "00000000deadbeef").write_bytes(b"stale")
+
+    j = DirectJob(job, tmp_path, workers=4, servers=2, worker_args=["--rounds", "5"],
+                  worker_env=two_nodes_of_two, before_workers=plant_stale)
+    direct.append(j)
+    codes = j.wait_all(RUN_TIMEOUT)
+    assert all(code == 0 for code in codes.values()), j.text()
+    for rank in range(4):
+        lines = j.lines(f"worker {rank}")
+        assert [line for line in lines if line.startswith("round ")] == [
+            f"round {k} ok" for k in range(5)], j.text()
+    left = [n for n in os.listdir("/dev/shm") if n.startswith(tuple(prefixes))]
+    assert not left, left
+    assert_nothing_left(job.marker)
+
+
+def test_killed_local_rank_fails_its_node_peers(job: JobEnv, tmp_path: Path,
+                                                direct: list[DirectJob]) -> None:
+    j = DirectJob(job, tmp_path, workers=4, servers=1,
+                  worker_args=["--rounds", "200", "--sleep-ms", "20", "--die-rank", "1",
+                               "--die-round", "2", "--expect-failure"],
+                  worker_env=two_nodes_of_two)
+    direct.append(j)
+    assert j.wait("worker 1", RUN_TIMEOUT) == -signal.SIGKILL, j.text()
+    died = j.exited["worker 1"]
+    codes = j.wait_all(RUN_TIMEOUT)  # no hang in the node's shared memory
+    for rank in (0, 2, 3):
+        label = f"worker {rank}"
+        assert codes[label] == 3, j.text()
+        assert j.exited[label] - died < DETECTION_BOUND, j.text()
+        errors = error_lines(j.lines(label))
+        assert len(errors) == 1 and "worker 1" in errors[0], j.text()
     assert_nothing_left(job.marker)

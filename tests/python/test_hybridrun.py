@@ -240,8 +240,9 @@ def test_success_prefixes_and_environment(standins: Standins) -> None:
     for name, e in workers.items():
         assert name == f"worker.{e['HYBRIDPS_RANK']}"
         assert e["HYBRIDPS_ROLE"] == "worker"
-        assert e["HYBRIDPS_LOCAL_RANK"] == "0"
-        assert e["HYBRIDPS_LOCAL_SIZE"] == "1"
+        # One host: the workers are the local ranks of one node.
+        assert e["HYBRIDPS_LOCAL_RANK"] == e["HYBRIDPS_RANK"]
+        assert e["HYBRIDPS_LOCAL_SIZE"] == "3"
     assert_all_dead(standins)  # the workers' background sleeps included
     assert not Path(sched["HYBRIDPS_PORT_FILE"]).parent.exists()
 
@@ -368,7 +369,7 @@ def test_dry_run(standins: Standins) -> None:
     assert f"[scheduler] on localhost: {standins.bin_dir / 'hybridps-scheduler'}" in out
     assert "    HYBRIDPS_ROLE=worker" in out
     assert "    HYBRIDPS_RANK=1" in out
-    assert "    HYBRIDPS_LOCAL_RANK=0" in out and "    HYBRIDPS_LOCAL_SIZE=1" in out
+    assert "    HYBRIDPS_LOCAL_RANK=1" in out and "    HYBRIDPS_LOCAL_SIZE=2" in out
     assert "    HYBRIDPS_NUM_SERVERS=2" in out
     assert not standins.pids()
 

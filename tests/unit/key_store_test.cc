@@ -7,6 +7,7 @@
 
 #include "common/dtype.h"
 #include "common/reduce.h"
+#include "common/wire.h"
 
 namespace hybridps {
 namespace {
@@ -57,6 +58,30 @@ TEST_F(KeyStoreTest, SumsARoundAndAnswersEveryoneWhenTheLastArrives) {
   EXPECT_EQ(replies_[0].peer, "a");
   EXPECT_EQ(replies_[0].env.id(), 1u);
   // The next round starts from scratch.
+  replies_.clear();
+  for (int r = 0; r < 3; ++r) store_.Handle("p", r, 10 + r, Req("w", 1, 2), Floats({1, 1}));
+  ASSERT_EQ(replies_.size(), 3u);
+  EXPECT_EQ(AsFloats(*replies_[2].payload), (std::vector<float>{3, 3}));
+}
+
+// A node whose local ranks disagreed sends a failing request (no payload): the round
+// fails for every node at once with its message, and the next round is unaffected.
+TEST_F(KeyStoreTest, AFailingRequestFailsTheRoundForEveryNode) {
+  store_.Handle("a", 0, 1, Req("w", 0, 2), Floats({1, 2}));
+  wire::DataRequest fail = Req("w", 0, 2);
+  fail.set_fail("local rank 1 sent 12 float32 elements but local rank 0 sent 2");
+  ASSERT_TRUE(ValidateDataRequest(fail, std::nullopt).ok());
+  EXPECT_FALSE(ValidateDataRequest(fail, Floats({1, 2})).ok());  // no payload with it
+  store_.Handle("b", 1, 2, fail, std::nullopt);
+  ASSERT_EQ(replies_.size(), 2u);
+  for (auto& r : replies_) {
+    ASSERT_TRUE(r.env.has_error()) << r.env.DebugString();
+    EXPECT_NE(r.env.error().message().find("'w'"), std::string::npos);
+    EXPECT_NE(r.env.error().message().find("local rank 1 sent 12"), std::string::npos);
+  }
+  store_.Handle("c", 2, 3, Req("w", 0, 2), Floats({1, 2}));
+  ASSERT_EQ(replies_.size(), 3u);
+  EXPECT_TRUE(replies_[2].env.has_error());
   replies_.clear();
   for (int r = 0; r < 3; ++r) store_.Handle("p", r, 10 + r, Req("w", 1, 2), Floats({1, 1}));
   ASSERT_EQ(replies_.size(), 3u);

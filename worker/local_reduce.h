@@ -1,0 +1,179 @@
+// Local reduction for nodes of several local ranks on CPUs: the ranks of one node sum
+// each partition in POSIX shared memory, one of them (the partition's "pusher", spread
+// over the local ranks by key and partition) push_pulls the node's sum, and every local
+// rank copies the result back out. Only one push per node and partition leaves the host;
+// the servers count one push per node.
+//
+// Shared memory: a control segment per node and job, created by local rank 0 and unlinked
+// as soon as every local rank has mapped it, named after the scheduler endpoint, the node
+// and the job id; stale segments of earlier jobs on the same scheduler endpoint and node
+// are unlinked at start. It holds the slot table: one slot per tensor partition (key,
+// part), registered on first use and kept for the job, with that partition's round state
+// (who joined, contributed, copied out; the result state or the error). Data lives in one
+// segment per tensor (key and size): local_size contribution regions and a result region,
+// each the tensor's size, created by the first local rank that needs it and removed by the
+// last local rank to leave the job. Because every partition has its own slot and memory,
+// a partition only ever waits for its own previous round, never for another tensor, so
+// nodes that issue tensors in different orders cannot deadlock on shared resources.
+//
+// Threading: one reducer thread per process ("hps-local") does every copy, sum and wait;
+// Submit/Publish/Cancel/Abort only queue work for it and may be called from any thread.
+// Events go back through `notify` (called on the reducer thread). Waits sleep on a futex
+// in the shared segment (a doorbell every state change rings), each with a deadline; a
+// local rank whose reducer thread shows no sign of life for heartbeat_timeout (its
+// process died or hangs) fails the node's operations.
+#ifndef HYBRIDPS_WORKER_LOCAL_REDUCE_H_
+#define HYBRIDPS_WORKER_LOCAL_REDUCE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/dtype.h"
+#include "common/hybridps.pb.h"
+#include "common/options.h"
+#include "common/transport.h"
+
+namespace hybridps {
+
+// Where a worker sits: its node and the node's ranks, from the scheduler's Welcome.
+struct NodeLayout {
+  int node = 0;  // this worker's node (0 .. num_nodes-1)
+  int num_nodes = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  std::vector<int> node_of;   // by worker rank
+  std::vector<int> members;   // worker ranks of this node, by local rank
+  std::vector<uint32_t> pids;  // of the members, by local rank
+  uint64_t job_id = 0;
+  std::string host;
+};
+// Checks that this worker's node is complete and consistent (local_size ranks with local
+// ranks 0 .. local_size-1); the error names the node's ranks and what they said.
+absl::StatusOr<NodeLayout> NodeLayoutFromWelcome(const wire::Welcome& welcome, int rank);
+
+class LocalReducer {
+ public:
+  // One partition of one operation at this local rank.
+  struct Task {
+    std::shared_ptr<void> owner;  // the operation; kept alive until the task's kDone
+    uint32_t part = 0;
+    std::string name;  // the tensor's name, for errors
+    uint64_t key = 0;
+    uint64_t round = 0;
+    wire::DataOp op = wire::OP_PUSHPULL;
+    DType dtype = DType::kFloat32;
+    uint64_t count = 0;        // elements of this partition
+    uint64_t offset = 0;       // its first element in the tensor
+    uint64_t total_count = 0;  // of the whole tensor
+    int root = -1;             // broadcast: the root's worker rank
+    const char* in = nullptr;  // this partition's bytes
+    char* out = nullptr;
+    absl::Time deadline;
+  };
+  struct Event {
+    enum Kind {
+      kPush,    // this rank pushes the node's partition: `data` (nullptr: no payload)
+      kDone,    // the task ended with `status`; nothing of it touches memory any more
+      kBroken,  // a local rank died: the store must fail
+    };
+    Kind kind = kDone;
+    std::shared_ptr<void> owner;
+    uint32_t part = 0;
+    const char* data = nullptr;
+    std::string fail;  // kPush: non-empty: push a request that fails the server's round
+    absl::Status status;
+  };
+  using Notify = std::function<void(Event)>;
+
+  // Opens (local rank 0: creates) the node's segment; waits until every local rank has
+  // attached, at most until `deadline`.
+  static absl::StatusOr<std::unique_ptr<LocalReducer>> Create(const Options& options,
+                                                              const NodeLayout& layout,
+                                                              Notify notify);
+  ~LocalReducer();
+
+  // The local rank that pushes partition `part` of tensor `key` for the node.
+  int PusherOf(uint64_t key, uint32_t part, int root_rank) const;
+  void Submit(Task task);
+  // The pusher's server round ended: its reply payload (absent for a broadcast root).
+  void Publish(const void* owner, uint32_t part, absl::Status status,
+               std::optional<Frame> payload);
+  // Fails the tasks of `owner` still running (their operation failed elsewhere).
+  void Cancel(const void* owner, const absl::Status& status);
+  // Fails every task, now and later.
+  void Abort(const absl::Status& status);
+
+  struct Shared;  // the segment's layout (local_reduce.cc)
+
+ private:
+  struct Pending {  // a task at this rank, as the reducer thread advances it
+    Task task;
+    enum Stage { kClaim, kArrivals, kWaitPublish, kWaitResult, kCopyOut } stage = kClaim;
+    int slot = -1;        // in the node's slot table (one per tensor partition)
+    char* base = nullptr;  // the tensor's shared memory
+    bool joined = false;  // counted in the slot: must leave it
+    bool pusher = false;
+    bool published = false;
+    absl::Status pub_status;
+    std::optional<Frame> payload;
+    size_t bytes = 0;
+  };
+  struct Inbox {
+    std::vector<Task> submitted;
+    struct Pub {
+      const void* owner;
+      uint32_t part;
+      absl::Status status;
+      std::optional<Frame> payload;
+    };
+    std::vector<Pub> published;
+    std::vector<std::pair<const void*, absl::Status>> cancelled;
+    absl::Status aborted;
+  };
+
+  LocalReducer(const Options& options, const NodeLayout& layout, Notify notify)
+      : options_(options), layout_(layout), notify_(std::move(notify)) {}
+  absl::Status Attach();
+  void Loop();
+  void Ring();
+  bool Step(Pending& t);
+  void Leave(Pending& t, const absl::Status& status);
+  absl::StatusOr<int> FindSlot(uint64_t key, uint32_t part);
+  absl::StatusOr<char*> TensorSegment(uint64_t key, uint64_t bytes);
+  static void RemoveSegments(const std::string& prefix);
+  std::string Who(int local_rank) const;
+
+  Options options_;
+  NodeLayout layout_;
+  Notify notify_;
+  std::string shm_name_;
+  std::string job_prefix_;  // names of this job's tensor segments (without the '/')
+  size_t map_bytes_ = 0;
+  Shared* shared_ = nullptr;
+
+  // Reducer thread only.
+  std::list<Pending> tasks_;
+  std::map<std::pair<uint64_t, uint64_t>, std::pair<void*, size_t>> segments_;  // mapped
+  absl::Status broken_;
+  absl::Time next_peer_check_;
+
+  absl::Mutex mu_;
+  Inbox inbox_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> exit_{false};
+  std::thread thread_;
+};
+
+}  // namespace hybridps
+
+#endif  // HYBRIDPS_WORKER_LOCAL_REDUCE_H_
