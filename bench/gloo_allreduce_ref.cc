@@ -37,6 +37,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "bench/models.h"
 #include "common/log.h"
 #include "common/options.h"
 #include "common/status.h"
@@ -105,23 +106,6 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   }
   if (f.min_bytes < 4 || f.min_bytes > f.max_bytes) return absl::InvalidArgumentError("bad sizes");
   return f;
-}
-
-// Element counts of ResNet-50's parameters in torchvision's order (161 tensors).
-std::vector<size_t> ResNet50() {
-  std::vector<size_t> t = {64 * 3 * 7 * 7, 64, 64};
-  size_t in = 64;
-  const size_t planes[] = {64, 128, 256, 512}, blocks[] = {3, 4, 6, 3};
-  for (int s = 0; s < 4; ++s) {
-    const size_t p = planes[s];
-    for (size_t b = 0; b < blocks[s]; ++b) {
-      t.insert(t.end(), {p * in, p, p, p * p * 9, p, p, 4 * p * p, 4 * p, 4 * p});
-      if (b == 0) t.insert(t.end(), {4 * p * in, 4 * p, 4 * p});
-      in = 4 * p;
-    }
-  }
-  t.insert(t.end(), {1000 * 2048, 1000});
-  return t;
 }
 
 // Rank r's value of element i on iterations of parity p: 1..8, exact in float32 sums.
@@ -266,7 +250,7 @@ class Bench {
   }
 
   absl::Status Model() {
-    const std::vector<size_t> sizes = ResNet50();
+    const std::vector<size_t> sizes = bench::ResNet50();
     size_t total = 0;
     for (size_t c : sizes) total += c;
     std::vector<float> work(total);

@@ -1,11 +1,14 @@
 #include "common/options.h"
 
 #include <cstdlib>
+#include <initializer_list>
 #include <optional>
 #include <type_traits>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/status.h"
 
 namespace hybridps {
@@ -60,6 +63,20 @@ absl::Status Options::Validate() const {
     return bad("cycle_time_ms", cycle_time);
   }
   if (stall_warning <= absl::ZeroDuration()) return bad("stall_warning_ms", stall_warning);
+  if (deployment != "colocated" && deployment != "dedicated" && deployment != "mixed") {
+    return bad("deployment", deployment);
+  }
+  if (deployment == "mixed" && backend == "dist_hybrid" &&
+      (extra_servers < 1 || extra_servers >= num_servers)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "deployment=mixed needs 1 <= extra_servers < num_servers (a server on every worker "
+        "host plus the extra ones); got extra_servers=", extra_servers,
+        ", num_servers=", num_servers));
+  }
+  if (deployment != "mixed" && extra_servers != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "extra_servers=", extra_servers, " needs deployment=mixed, not ", deployment));
+  }
   return absl::OkStatus();
 }
 
@@ -87,6 +104,36 @@ absl::Status GetNumber(const char* name, T* out) {
   }
   *out = static_cast<T>(x);
   return absl::OkStatus();
+}
+
+// The first of `names` that is set, parsed like GetNumber; `source` gets its name.
+template <typename T>
+absl::Status GetFirstNumber(std::initializer_list<const char*> names, T* out,
+                            std::string* source = nullptr) {
+  for (const char* name : names) {
+    if (!Get(name)) continue;
+    RETURN_IF_ERROR(GetNumber(name, out));
+    if (source != nullptr) *source = name;
+    return absl::OkStatus();
+  }
+  return absl::OkStatus();
+}
+
+// Slurm's SLURM_TASKS_PER_NODE ("2(x3),1": two tasks on each of 3 nodes, then one) at
+// node `node`; 0 when malformed or out of range.
+int SlurmTasksOnNode(absl::string_view spec, int node) {
+  for (absl::string_view part : absl::StrSplit(spec, ',')) {
+    int tasks = 0, repeat = 1;
+    const size_t paren = part.find("(x");
+    if (!absl::SimpleAtoi(part.substr(0, paren), &tasks)) return 0;
+    if (paren != absl::string_view::npos) {
+      absl::string_view count = part.substr(paren + 2);
+      if (!absl::ConsumeSuffix(&count, ")") || !absl::SimpleAtoi(count, &repeat)) return 0;
+    }
+    if (node < repeat) return tasks;
+    node -= repeat;
+  }
+  return 0;
 }
 
 absl::Status GetMillis(const char* name, absl::Duration* out) {
@@ -122,9 +169,38 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_SCHEDULER_PORT", &o.scheduler_port));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_NUM_WORKERS", &o.num_workers));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_NUM_SERVERS", &o.num_servers));
-  RETURN_IF_ERROR(GetNumber("HYBRIDPS_RANK", &o.rank));
-  RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_RANK", &o.local_rank));
-  RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_SIZE", &o.local_size));
+  if (o.role == Role::kWorker) {  // started by mpirun/srun: their variables stand in
+    RETURN_IF_ERROR(GetFirstNumber(
+        {"HYBRIDPS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, &o.rank));
+    RETURN_IF_ERROR(GetFirstNumber({"HYBRIDPS_NUM_WORKERS", "OMPI_COMM_WORLD_SIZE",
+                                    "PMI_SIZE", "SLURM_NTASKS"},
+                                   &o.num_workers));
+    RETURN_IF_ERROR(GetFirstNumber({"HYBRIDPS_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                    "MPI_LOCALRANKID", "SLURM_LOCALID"},
+                                   &o.local_rank));
+    std::string size_source;
+    RETURN_IF_ERROR(GetFirstNumber({"HYBRIDPS_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                    "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"},
+                                   &o.local_size, &size_source));
+    auto per_node = Get("SLURM_TASKS_PER_NODE");
+    if (size_source.empty() && per_node) {
+      int node = 0;
+      RETURN_IF_ERROR(GetNumber("SLURM_NODEID", &node));
+      const int tasks = SlurmTasksOnNode(*per_node, node);
+      if (tasks < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "environment variable SLURM_TASKS_PER_NODE='", *per_node,
+            "' has no entry for SLURM_NODEID=", node));
+      }
+      o.local_size = tasks;
+    }
+  } else {
+    RETURN_IF_ERROR(GetNumber("HYBRIDPS_RANK", &o.rank));
+    RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_RANK", &o.local_rank));
+    RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_SIZE", &o.local_size));
+  }
+  if (auto v = Get("HYBRIDPS_DEPLOYMENT")) o.deployment = *v;
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_EXTRA_SERVERS", &o.extra_servers));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_PARTITION_BYTES", &o.partition_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_SERVER_THREADS", &o.server_threads));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_CREDIT_BYTES", &o.credit_bytes));

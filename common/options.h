@@ -36,6 +36,20 @@ struct Options {
   // HYBRIDPS_LOCAL_RANK / HYBRIDPS_LOCAL_SIZE: position inside the node.
   int local_rank = 0;
   int local_size = 1;
+  // Workers started by mpirun or srun: when a HYBRIDPS_ variable among RANK, NUM_WORKERS,
+  // LOCAL_RANK and LOCAL_SIZE is absent it is taken from the launcher's own, first found:
+  //   rank        OMPI_COMM_WORLD_RANK, PMI_RANK, SLURM_PROCID
+  //   num_workers OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS
+  //   local_rank  OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, SLURM_LOCALID
+  //   local_size  OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS, SLURM_NTASKS_PER_NODE,
+  //               this node's entry of SLURM_TASKS_PER_NODE ("2(x3),1") by SLURM_NODEID
+  // HYBRIDPS_DEPLOYMENT: colocated | dedicated | mixed — where the servers run, which
+  // decides key placement. colocated and dedicated spread bytes evenly over the servers;
+  // mixed (a server on each of the n worker hosts plus HYBRIDPS_EXTRA_SERVERS=k servers
+  // on extra hosts, ranks n..n+k-1) gives the k extra servers the BytePS-optimal share
+  // 2k(n-1)/(n(n+k)-2k) of the bytes (see partition.h).
+  std::string deployment = "colocated";
+  int extra_servers = 0;
   // HYBRIDPS_BACKEND: dist_hybrid | dist_allreduce.
   std::string backend = "dist_hybrid";
   // HYBRIDPS_INTERFACE: the address servers bind and advertise (an IPv4 address or an

@@ -1,6 +1,7 @@
 #include "common/partition.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace hybridps {
 
@@ -40,6 +41,93 @@ std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
     p.count = base + (i < extra ? 1 : 0);
     p.server = static_cast<int>((start + i) % static_cast<uint64_t>(num_servers));
     offset += p.count;
+  }
+  return out;
+}
+
+double MixedExtraShare(int colocated, int extra) {
+  if (extra <= 0 || colocated <= 1) return 0;
+  const double n = colocated, k = extra;
+  // n >= 2, k >= 1: n(n+k) - 2k = n^2 + k(n-2) > 0, and the share is below 1.
+  return 2 * k * (n - 1) / (n * (n + k) - 2 * k);
+}
+
+double ServerShare(const ServerPlacement& placement, int server) {
+  const int k = placement.extra_servers, n = placement.num_servers - k;
+  if (k == 0) return 1.0 / placement.num_servers;
+  const double f = MixedExtraShare(n, k);
+  return server >= n ? f / k : (1 - f) / n;
+}
+
+namespace {
+
+// Cuts `count` elements starting at `offset` into ceil(bytes / partition_bytes) pieces
+// of nearly equal size for `server`.
+void AppendRun(size_t offset, size_t count, size_t max_elems, int server,
+               std::vector<Partition>* out) {
+  const size_t parts = std::max<size_t>(1, (count + max_elems - 1) / max_elems);
+  const size_t base = count / parts, extra = count % parts;
+  for (size_t i = 0; i < parts; ++i) {
+    Partition p;
+    p.index = static_cast<uint32_t>(out->size());
+    p.offset = offset;
+    p.count = base + (i < extra ? 1 : 0);
+    p.server = server;
+    offset += p.count;
+    out->push_back(p);
+  }
+}
+
+// Server whose cumulative share interval holds u in [0, 1).
+int PickByShare(const ServerPlacement& placement, double u) {
+  double cumulative = 0;
+  for (int s = 0; s < placement.num_servers; ++s) {
+    cumulative += ServerShare(placement, s);
+    if (u < cumulative) return s;
+  }
+  return placement.num_servers - 1;
+}
+
+uint64_t Mix64(uint64_t h) {
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  return h;
+}
+
+}  // namespace
+
+std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
+                                       size_t partition_bytes,
+                                       const ServerPlacement& placement) {
+  if (placement.extra_servers == 0) {
+    return PartitionTensor(key, count, dtype, partition_bytes, placement.num_servers);
+  }
+  const size_t elem = DTypeSize(dtype);
+  const size_t max_elems = std::max<size_t>(1, partition_bytes / elem);
+  const int servers = placement.num_servers;
+  std::vector<Partition> out;
+  if (count * elem >= static_cast<size_t>(servers) * kSplitBytesPerServer) {
+    // One run per server, in a key-dependent rotation so rounding leftovers spread.
+    const int start = static_cast<int>((key >> 32) % static_cast<uint64_t>(servers));
+    size_t offset = 0;
+    double cumulative = 0;
+    for (int i = 0; i < servers; ++i) {
+      const int s = (start + i) % servers;
+      cumulative += ServerShare(placement, s);
+      const size_t end = i + 1 == servers
+                             ? count
+                             : std::min(count, static_cast<size_t>(std::llround(
+                                                   cumulative * static_cast<double>(count))));
+      if (end > offset) AppendRun(offset, end - offset, max_elems, s, &out);
+      offset = std::max(offset, end);
+    }
+    return out;
+  }
+  out = PartitionTensor(key, count, dtype, partition_bytes, servers);
+  for (Partition& p : out) {
+    const uint64_t h = Mix64(key ^ (0x9e3779b97f4a7c15ull * (p.index + 1)));
+    p.server = PickByShare(placement, static_cast<double>(h >> 11) * 0x1.0p-53);
   }
   return out;
 }

@@ -38,6 +38,35 @@ inline constexpr size_t kSplitBytesPerServer = 256 << 10;
 std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
                                        size_t partition_bytes, int num_servers);
 
+// Where the servers run. colocated (a server beside each worker) and dedicated (servers
+// on their own hosts) both spread the bytes evenly: extra_servers == 0. mixed: servers
+// 0..n-1 beside the n worker hosts, n..n+k-1 on k extra hosts (extra_servers = k). An
+// extra server only receives (its host sends nothing of its own), a colocated one also
+// sends its worker's share, so BytePS's optimum gives the extra ones more bytes:
+// MixedExtraShare(n, k) = 2k(n-1) / (n(n+k) - 2k) of the total, the iteration time then
+// being 2n(n-1)S / ((n^2+kn-2k)B).
+struct ServerPlacement {
+  int num_servers = 1;
+  int extra_servers = 0;  // 0 <= extra_servers < num_servers
+};
+
+// Fraction of the bytes the k extra servers get with n colocated ones; 0 when k == 0 or
+// n <= 1 (one worker host: its colocated server is reached without the network).
+double MixedExtraShare(int colocated, int extra);
+
+// Share of the bytes server `server` should own under `placement` (sums to 1).
+double ServerShare(const ServerPlacement& placement, int server);
+
+// As above, with the servers weighted by ServerShare. extra_servers == 0 gives exactly
+// the uniform placement above. Otherwise a tensor of at least
+// num_servers * kSplitBytesPerServer bytes is cut into one run of elements per server in
+// proportion to its share (each run into pieces of at most partition_bytes); smaller
+// tensors put each partition on a server drawn from the shares by the key's hash, so the
+// shares hold over many tensors.
+std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
+                                       size_t partition_bytes,
+                                       const ServerPlacement& placement);
+
 }  // namespace hybridps
 
 #endif  // HYBRIDPS_COMMON_PARTITION_H_

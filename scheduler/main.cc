@@ -1,6 +1,9 @@
 // hybridps-scheduler: configured by HYBRIDPS_* environment variables (see README).
+// `hybridps-scheduler --build-info` prints which engines this build has (what
+// `hybridrun --check-build` shows) and exits.
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 
 #include "common/log.h"
 #include "common/options.h"
@@ -14,7 +17,19 @@ void OnSignal(int) {
 }
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "--build-info") == 0) {
+    // Set by scheduler/CMakeLists.txt from the top-level feature detection.
+    std::printf("CUDA: %s\nNCCL: %s\nGloo: %s\n", HYBRIDPS_BUILT_CUDA ? "yes" : "no",
+                HYBRIDPS_BUILT_NCCL ? "yes" : "no", HYBRIDPS_BUILT_GLOO ? "yes" : "no");
+    return 0;
+  }
+  if (argc > 1) {
+    std::fprintf(stderr,
+                 "usage: hybridps-scheduler [--build-info]\n"
+                 "(configured by HYBRIDPS_* environment variables; see the README)\n");
+    return 2;
+  }
   auto options = hybridps::OptionsFromEnvironment();
   if (!options.ok()) {
     std::fprintf(stderr, "hybridps-scheduler: %s\n", options.status().ToString().c_str());

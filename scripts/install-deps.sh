@@ -33,10 +33,12 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "install-deps: creating virtual environment $venv"
   "$py" -m venv "$venv"
 fi
-want=(numpy==1.23.5 mxnet==1.9.1 pytest scikit-learn)
+# matplotlib: the plots of bench/ (cluster_bench.py)
+want=(numpy==1.23.5 mxnet==1.9.1 pytest scikit-learn matplotlib)
 if ! "$venv/bin/python" - <<'PY' 2>/dev/null
 import importlib.metadata as m, sys
-need = {"numpy": "1.23.5", "mxnet": "1.9.1", "pytest": None, "scikit-learn": None}
+need = {"numpy": "1.23.5", "mxnet": "1.9.1", "pytest": None, "scikit-learn": None,
+        "matplotlib": None}
 for name, ver in need.items():
     have = m.version(name)
     if ver and have != ver:

@@ -52,7 +52,8 @@ class KeyStore {
   using Offload = std::function<void(SumTask)>;
   // The server-side optimizer. `update` gets each closed push_pull round (the first
   // request's fields, with the summed gradient in *sum): false leaves the round to close
-  // as usual; true means it took *sum and will call UpdateDone; an error fails the round.
+  // as usual with *sum (which it may have overwritten with the new weights); true means it
+  // took *sum and will call UpdateDone; an error fails the round.
   // `broadcast` sees each closed broadcast round's value.
   using Update = std::function<absl::StatusOr<bool>(const wire::DataRequest& req,
                                                     std::optional<Frame>* sum)>;

@@ -91,6 +91,16 @@ absl::Status OptimizerHost::SetParam(const wire::SetOptimizerParam& param, bool 
 void OptimizerHost::StoreBroadcast(const wire::DataRequest& req, const void* data) {
   const DType dt = static_cast<DType>(req.dtype());
   if (!UpdateRule::SupportsDType(dt)) return;
+  // The tensor broadcast with another size or dtype: its old partitions go.
+  for (auto it = slots_.lower_bound({req.key(), 0});
+       it != slots_.end() && it->first.first == req.key();) {
+    const Slot& old = *it->second;
+    if (old.total_count != req.total_count() || old.dtype != dt) {
+      it = slots_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   std::shared_ptr<Slot>& slot = slots_[{req.key(), req.part()}];
   if (!slot || slot->dtype != dt || slot->count != req.count() ||
       slot->total_count != req.total_count() || slot->offset != req.offset() ||
@@ -104,6 +114,7 @@ void OptimizerHost::StoreBroadcast(const wire::DataRequest& req, const void* dat
     slot->offset = req.offset();
     slot->count = req.count();
   }
+  slot->generation = req.round();
   absl::MutexLock lock(&slot->mu);
   slot->weight.assign(static_cast<const char*>(data), req.count() * DTypeSize(dt));
   slot->state.clear();
@@ -112,6 +123,12 @@ void OptimizerHost::StoreBroadcast(const wire::DataRequest& req, const void* dat
 
 absl::StatusOr<std::shared_ptr<OptimizerHost::Slot>> OptimizerHost::Find(
     const wire::DataRequest& req) {
+  if (!UpdateRule::SupportsDType(static_cast<DType>(req.dtype()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push_pull of ", Where(req.name(), req.part()), ": its dtype is ",
+        DTypeName(static_cast<DType>(req.dtype())), " but the servers' optimizer updates "
+        "float32, float16 and bfloat16 weights only"));
+  }
   const auto it = slots_.find({req.key(), req.part()});
   if (it == slots_.end()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -290,6 +307,7 @@ void OptimizerHost::Dump(uint64_t from, size_t budget, wire::OptimizerResponse* 
     ps->set_offset(s.offset);
     ps->set_count(s.count);
     ps->set_updates(s.updates);
+    ps->set_generation(s.generation);
     ps->set_weight(s.weight);
     if (active() && !s.state.empty()) {
       for (const std::string& b : rule_->Layout(s.dtype).buffers) ps->add_buffers(b);

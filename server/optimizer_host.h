@@ -49,6 +49,7 @@ class OptimizerHost {
     uint64_t total_count = 0;
     uint64_t offset = 0;
     uint64_t count = 0;
+    uint64_t generation = 0;  // wire::PartState::generation
     absl::Mutex mu;
     std::string weight ABSL_GUARDED_BY(mu);  // count elements of dtype
     // Layout().num_buffers() * count floats; empty until the first update (then zeroed,

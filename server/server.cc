@@ -167,6 +167,13 @@ void Server::TakeSumsDone() {
 absl::StatusOr<bool> Server::StartUpdate(const wire::DataRequest& req,
                                          std::optional<Frame>* sum) {
   const bool grouped = optimizer_.needs_tensor_norms() && req.num_parts() > 1;
+  if (!grouped && (*sum)->size() < KeyStore::kInlineSumBytes) {
+    // Small: update on this thread, like small sums, and let the round close as usual
+    // with the new weights in the sum's buffer (no thread hand-off).
+    ASSIGN_OR_RETURN(OptimizerHost::Job job, optimizer_.MakeJob(req, (*sum)->data()));
+    RETURN_IF_ERROR(OptimizerHost::Run(job));
+    return false;
+  }
   std::shared_ptr<PendingUpdate> u;
   if (grouped) {
     std::shared_ptr<PendingUpdate>& g = groups_[req.key()];

@@ -217,6 +217,7 @@ bool AllreduceStore::RunRound(bool* job_active) {
     }
     Warn(plan, listed, now);
   }
+  if (failure.code() == absl::StatusCode::kUnavailable) AwaitPeerVerdict();
   absl::MutexLock lock(&mu_);
   ++stats_.rounds;
   stats_.negotiating += t1 - t0;
@@ -237,6 +238,16 @@ bool AllreduceStore::RunRound(bool* job_active) {
     return false;
   }
   return true;
+}
+
+void AllreduceStore::AwaitPeerVerdict() {
+  // Gloo only says that a connection closed, to an address. When the peer died, the
+  // scheduler names it (NodeFailed -> Break) within the heartbeat timeout; the operations
+  // then fail with that, so users read which rank died instead of a socket address.
+  const absl::Duration wait = options_.heartbeat_timeout + 2 * options_.heartbeat_interval;
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(+[](absl::Status* b) { return !b->ok(); }, &broken_),
+                       wait);
 }
 
 void AllreduceStore::Finish(Op* op, absl::Status status) {

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <pthread.h>
+#include <signal.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -32,7 +33,23 @@ absl::StatusOr<std::unique_ptr<AllreduceStore>> AllreduceStore::Create(
   return s;
 }
 
+namespace {
+
+// Gloo writes to its TCP pairs without MSG_NOSIGNAL: when a peer dies, the next write
+// raises SIGPIPE, whose default action kills this process before anything can report
+// which peer died. Ignore it (only when nobody installed a handler; Python already
+// ignores it), so the write fails with EPIPE and becomes an error naming the peer.
+void IgnoreSigpipe() {
+  struct sigaction old {};
+  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+}  // namespace
+
 absl::Status AllreduceStore::Start() {
+  IgnoreSigpipe();
   ControlClient::Callbacks cb;
   cb.node_failed = [this](const wire::NodeFailed& f) {
     Break(absl::UnavailableError(f.reason()));

@@ -108,6 +108,9 @@ class AllreduceStore : public KVStore {
   void Warn(const negotiation::Plan& plan, const std::vector<std::shared_ptr<Op>>& listed,
             absl::Time now);
   void Finish(Op* op, absl::Status status);
+  // After a transport failure: waits (at most the heartbeat timeout and a little more)
+  // for the scheduler to say which peer died.
+  void AwaitPeerVerdict() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The I/O thread.
   void IoLoop();

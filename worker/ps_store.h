@@ -62,6 +62,7 @@ class PsStore : public KVStore {
   std::vector<uint64_t> PushesPerServer() const;
 
   struct Op;  // An operation in progress (ps_store.cc).
+  struct SavedTensor;  // A tensor's weights and state, gathered (ps_store_optimizer.cc).
   // Payload bytes handed to ZeroMQ and not yet written out: the credit in use. Released by
   // ZeroMQ's I/O thread when it is done with a payload — not when the round completes, so
   // a worker never stops sending while it waits for the others: two workers that issue
@@ -135,7 +136,8 @@ class PsStore : public KVStore {
                                    const std::function<absl::StatusOr<wire::CollectiveResult>()>& rank0);
   absl::Status ConfigureServers(const wire::OptimizerSpec& spec, bool validate_only);
   absl::StatusOr<std::vector<wire::PartState>> GatherParts(wire::OptimizerResponse* spec);
-  absl::Status ScatterParts(const std::vector<wire::PartState>& parts, bool with_state);
+  // Sends whole tensors to the servers, split as Place() says.
+  absl::Status ScatterTensors(const std::map<std::string, SavedTensor>& tensors);
 
   std::shared_ptr<Context> ctx_;
   Options options_;

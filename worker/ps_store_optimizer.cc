@@ -33,17 +33,22 @@ namespace {
 constexpr char kFileMagic[8] = {'H', 'P', 'S', 'O', 'P', 'T', '0', '1'};
 constexpr size_t kBatchBytes = 32 << 20;
 
+}  // namespace
+
 // A whole tensor, reassembled from its partitions.
-struct TensorState {
+struct PsStore::SavedTensor {
   wire::PartState meta;  // name, key, dtype, total_count, updates, buffers (no data)
   std::string weight;    // total_count elements
   std::string state;     // buffers one after another, total_count floats each
   uint64_t covered = 0;
 };
 
-absl::Status AddPart(std::map<std::string, TensorState>& tensors, const wire::PartState& p,
-                     bool with_state) {
-  TensorState& t = tensors[p.name()];
+namespace {
+
+using SavedTensors = std::map<std::string, PsStore::SavedTensor>;
+
+absl::Status AddPart(SavedTensors& tensors, const wire::PartState& p, bool with_state) {
+  PsStore::SavedTensor& t = tensors[p.name()];
   const size_t es = DTypeSize(static_cast<DType>(p.dtype()));
   const size_t nbuf = with_state ? p.buffers_size() : 0;
   if (t.covered == 0 && t.weight.empty()) {
@@ -57,9 +62,10 @@ absl::Status AddPart(std::map<std::string, TensorState>& tensors, const wire::Pa
   const bool same_buffers = !with_state || std::equal(p.buffers().begin(), p.buffers().end(),
                                                       t.meta.buffers().begin(),
                                                       t.meta.buffers().end());
-  if (p.dtype() != t.meta.dtype() || p.total_count() != t.meta.total_count() ||
-      !same_buffers || p.count() > p.total_count() ||
-      p.offset() > p.total_count() - p.count() || p.weight().size() != p.count() * es ||
+  if (!IsValidDType(p.dtype()) || p.dtype() != t.meta.dtype() ||
+      p.total_count() != t.meta.total_count() || !same_buffers ||
+      p.count() > p.total_count() || p.offset() > p.total_count() - p.count() ||
+      p.weight().size() != p.count() * es ||
       p.state().size() != (with_state ? nbuf * p.count() * sizeof(float) : p.state().size())) {
     return absl::DataLossError(absl::StrCat(
         "tensor '", p.name(), "': its saved partitions disagree (partition at offset ",
@@ -74,6 +80,31 @@ absl::Status AddPart(std::map<std::string, TensorState>& tensors, const wire::Pa
   t.meta.set_updates(with_state ? std::max(t.meta.updates(), p.updates()) : 0);
   t.covered += p.count();
   return absl::OkStatus();
+}
+
+// The tensors of `parts` (their latest generation; older partitions, left behind by a
+// broadcast with another size, are dropped), each checked to be whole. `with_state`:
+// keep the optimizer state and update counts, else weights only.
+absl::StatusOr<SavedTensors> Assemble(const std::vector<wire::PartState>& parts,
+                                      bool with_state) {
+  std::map<std::string, uint64_t> latest;
+  for (const wire::PartState& p : parts) {
+    uint64_t& g = latest[p.name()];
+    g = std::max(g, p.generation());
+  }
+  SavedTensors tensors;
+  for (const wire::PartState& p : parts) {
+    if (p.generation() != latest[p.name()]) continue;
+    RETURN_IF_ERROR(AddPart(tensors, p, with_state));
+  }
+  for (const auto& [name, t] : tensors) {
+    if (t.covered != t.meta.total_count()) {
+      return absl::DataLossError(absl::StrCat("tensor '", name, "': its partitions cover ",
+                                              t.covered, " of ", t.meta.total_count(),
+                                              " elements"));
+    }
+  }
+  return tensors;
 }
 
 absl::Status WriteRecord(std::ofstream& out, const google::protobuf::MessageLite& m) {
@@ -285,9 +316,7 @@ absl::StatusOr<std::vector<wire::PartState>> PsStore::GatherParts(
   return parts;
 }
 
-absl::Status PsStore::ScatterParts(const std::vector<wire::PartState>& saved, bool with_state) {
-  std::map<std::string, TensorState> tensors;
-  for (const wire::PartState& p : saved) RETURN_IF_ERROR(AddPart(tensors, p, with_state));
+absl::Status PsStore::ScatterTensors(const SavedTensors& tensors) {
   std::vector<wire::OptimizerLoad> batch(num_servers_);
   std::vector<size_t> batch_bytes(num_servers_, 0);
   auto flush = [&](bool all) -> absl::Status {
@@ -303,11 +332,6 @@ absl::Status PsStore::ScatterParts(const std::vector<wire::PartState>& saved, bo
     return CallServers(std::move(reqs)).status();
   };
   for (const auto& [name, t] : tensors) {
-    if (t.covered != t.meta.total_count()) {
-      return absl::DataLossError(absl::StrCat("tensor '", name, "': its partitions cover ",
-                                              t.covered, " of ", t.meta.total_count(),
-                                              " elements"));
-    }
     const DType dt = static_cast<DType>(t.meta.dtype());
     const size_t es = DTypeSize(dt);
     const size_t nbuf = t.meta.buffers_size();
@@ -345,9 +369,11 @@ absl::Status PsStore::SetOptimizer(const ServerOptimizer& optimizer) {
     // to the placement the rule wants, with fresh state.
     RETURN_IF_ERROR(ConfigureServers(spec, /*validate_only=*/true));
     ASSIGN_OR_RETURN(std::vector<wire::PartState> parts, GatherParts(nullptr));
+    ASSIGN_OR_RETURN(SavedTensors tensors, Assemble(parts, /*with_state=*/false));
+    parts.clear();
     RETURN_IF_ERROR(ConfigureServers(spec, /*validate_only=*/false));
     one_server_per_tensor_.store(rule->needs_tensor_norms());
-    RETURN_IF_ERROR(ScatterParts(parts, /*with_state=*/false));
+    RETURN_IF_ERROR(ScatterTensors(tensors));
     wire::CollectiveResult result;
     result.set_rule(rule->name());
     result.set_tensor_norms(rule->needs_tensor_norms());
@@ -428,17 +454,15 @@ absl::Status PsStore::LoadOptimizerStates(const std::string& path) {
         }
         ASSIGN_OR_RETURN(optimizers::OptimizerSpec parsed, optimizers::SpecFromWire(spec));
         ASSIGN_OR_RETURN(auto rule, optimizers::MakeUpdateRule(parsed));
-        // Check the whole file before anything changes on the servers.
-        std::map<std::string, TensorState> check;
-        for (const wire::PartState& p : parts) {
-          RETURN_IF_ERROR(AddPart(check, p, /*with_state=*/true));
-        }
-        check.clear();
+        // The whole file is checked before anything changes on the servers.
+        ASSIGN_OR_RETURN(SavedTensors tensors, Assemble(parts, /*with_state=*/true));
+        const size_t num_parts = parts.size();
+        parts.clear();
         RETURN_IF_ERROR(ConfigureServers(spec, /*validate_only=*/true));
         RETURN_IF_ERROR(ConfigureServers(spec, /*validate_only=*/false));
         one_server_per_tensor_.store(rule->needs_tensor_norms());
-        RETURN_IF_ERROR(ScatterParts(parts, /*with_state=*/true));
-        HPS_LOG(INFO) << "loaded the optimizer state of " << parts.size()
+        RETURN_IF_ERROR(ScatterTensors(tensors));
+        HPS_LOG(INFO) << "loaded the optimizer state of " << num_parts
                       << " saved partitions from " << path;
         wire::CollectiveResult result;
         result.set_rule(rule->name());

@@ -4,24 +4,37 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .binaries import SCHEDULER_BINARY, SERVER_BINARY, BinaryNotFoundError, find_binary
+from .binaries import (BIN_DIR_ENV, SCHEDULER_BINARY, SERVER_BINARY, BinaryNotFoundError,
+                       find_binary)
+from .hosts import LOCAL_NAMES, HostSpecError, parse_host_list, parse_hostfile, place
 from .job import Job, JobOptions
-from .plan import BACKENDS, DEFAULT_BACKEND, JobPlan, build_plan, describe
+from .plan import (BACKENDS, DEFAULT_BACKEND, LOCALHOST, MANAGED_VARS, Host, JobPlan,
+                   MultiHost, build_plan, describe)
+from .remote import (DEFAULT_REMOTE_SHELL, InterfaceError, TemplateError, check_hosts,
+                     check_template, guess_scheduler_address, interface_ipv4)
 from .process import OutputSink
 
-USAGE = ("hybridrun -np N [--servers M] [--backend {dist_hybrid,dist_allreduce}]\n"
-         "                 [--start-timeout S] [--shutdown-timeout S] [--bin-dir DIR]\n"
-         "                 [--dry-run] [--verbose] -- COMMAND [ARGS...]")
+USAGE = ("hybridrun -np N [-H HOST:SLOTS,... | --hostfile FILE] [--servers M]\n"
+         "                 [--server-hosts HOST[:COUNT],...] [--colocated]\n"
+         "                 [--backend {dist_hybrid,dist_allreduce}] [--network-interface IF]\n"
+         "                 [-x VAR[=VALUE]]... [--remote-shell TEMPLATE] [--start-timeout S]\n"
+         "                 [--shutdown-timeout S] [--bin-dir DIR] [--dry-run] [--verbose]\n"
+         "                 -- COMMAND [ARGS...]\n"
+         "       hybridrun --check-build [--bin-dir DIR]")
 
 DESCRIPTION = """\
-Launch a hybridps job on this machine: one scheduler, M servers and N workers
-(N copies of COMMAND). Output lines of every process are printed on stdout with
-a prefix such as [scheduler], [server 0] or [worker 1]."""
+Launch a hybridps job: one scheduler (always on this machine), M servers and N
+workers (N copies of COMMAND). Without -H/--hostfile everything runs here, each
+worker its own node. With them, workers fill the hosts' slots in order and the
+servers run colocated (one per worker host), on dedicated --server-hosts, or both
+(mixed: --colocated --server-hosts). Output lines of every process are printed on
+stdout with a prefix such as [scheduler], [server 0] or, across hosts, [worker 1@h2]."""
 
 EPILOG = """\
 binaries:
@@ -30,15 +43,30 @@ binaries:
   <repo>/build/{scheduler,server}/, else from PATH.
 
 environment of the workers:
-  HYBRIDPS_ROLE=worker HYBRIDPS_RANK=0..N-1 HYBRIDPS_LOCAL_RANK=0
-  HYBRIDPS_LOCAL_SIZE=1 HYBRIDPS_SCHEDULER_ADDR HYBRIDPS_SCHEDULER_PORT
-  HYBRIDPS_NUM_WORKERS HYBRIDPS_NUM_SERVERS HYBRIDPS_BACKEND HYBRIDPS_JOB_TOKEN
-  PYTHONUNBUFFERED=1, plus the inherited environment. stdin is /dev/null.
+  HYBRIDPS_ROLE=worker HYBRIDPS_RANK=0..N-1 HYBRIDPS_LOCAL_RANK HYBRIDPS_LOCAL_SIZE
+  (0 and 1 here; across hosts the position among, and number of, the workers of
+  the host) HYBRIDPS_SCHEDULER_ADDR HYBRIDPS_SCHEDULER_PORT HYBRIDPS_NUM_WORKERS
+  HYBRIDPS_NUM_SERVERS HYBRIDPS_BACKEND HYBRIDPS_JOB_TOKEN PYTHONUNBUFFERED=1;
+  across hosts also HYBRIDPS_DEPLOYMENT HYBRIDPS_EXTRA_SERVERS and, with
+  --network-interface, HYBRIDPS_INTERFACE. Local processes inherit the environment
+  of hybridrun; remote ones get only these, the -x variables and the HYBRIDPS_*
+  variables set here. stdin is /dev/null.
+
+remote hosts:
+  A host other than localhost is reached through the --remote-shell template
+  (default: ssh -o BatchMode=yes ... {host} {command}); {command} is one argument, a
+  POSIX shell command line. For network namespaces as hosts use
+  --remote-shell 'ip netns exec {host} sh -c {command}'. Every host is checked
+  first (the template running 'true'); the binaries and COMMAND must exist under
+  the same paths there; the processes run in the current folder when it exists.
+  When hybridrun stops a remote process (a rank failed, Ctrl-C) or dies, the remote
+  side kills that process's whole process group.
 
 exit status:
   0 when every worker exited 0; the code of the first process that failed
-  (128+N for signal N); 1 for a scheduler start failure or a scheduler/server
-  exiting while workers run; 2 for usage errors and missing binaries;
+  (128+N for signal N); 1 for a scheduler start failure, a scheduler/server
+  exiting while workers run, or an unreachable host; 2 for usage errors, bad
+  host lists and missing binaries;
   130/143/129 when hybridrun gets SIGINT/SIGTERM/SIGHUP."""
 
 
@@ -46,15 +74,39 @@ def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hybridrun", usage=USAGE, description=DESCRIPTION, epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-np", "--num-workers", dest="np", type=int, required=True,
-                        metavar="N", help="number of worker processes")
+    parser.add_argument("-np", "--num-workers", dest="np", type=int, default=None,
+                        metavar="N", help="number of worker processes (default with "
+                                          "hosts: all their slots)")
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...",
+                       help="worker hosts and their slots (HOST alone: 1 slot)")
+    hosts.add_argument("--hostfile", metavar="FILE",
+                       help="worker hosts, one per line: 'HOST slots=N'")
     parser.add_argument("--servers", type=int, default=None, metavar="M",
-                        help="number of server processes (default: N); "
-                             "none with dist_allreduce")
+                        help="number of server processes (default: N here; one per "
+                             "worker host or server host across hosts); none with "
+                             "dist_allreduce")
+    parser.add_argument("--server-hosts", metavar="HOST[:COUNT],...",
+                        help="dedicated server hosts (COUNT servers each, default 1)")
+    parser.add_argument("--colocated", action="store_true",
+                        help="a server on every worker host (the default across hosts); "
+                             "with --server-hosts: mixed deployment")
+    parser.add_argument("--network-interface", metavar="IF",
+                        help="interface the job talks over: the scheduler listens on "
+                             "its address here, every process gets HYBRIDPS_INTERFACE=IF")
+    parser.add_argument("-x", dest="export", action="append", default=[],
+                        metavar="VAR[=VALUE]",
+                        help="set VAR for every process (its value here unless given)")
+    parser.add_argument("--remote-shell", default=DEFAULT_REMOTE_SHELL,
+                        metavar="TEMPLATE",
+                        help="how to run a command on a host (default: %(default)s)")
+    parser.add_argument("--check-build", action="store_true",
+                        help="print which engines the binaries were built with and exit")
     parser.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND,
                         help=f"value of HYBRIDPS_BACKEND (default: {DEFAULT_BACKEND})")
     parser.add_argument("--start-timeout", type=float, default=60.0, metavar="S",
-                        help="seconds to wait for the scheduler's port (default: 60)")
+                        help="seconds to wait for the hosts to answer and for the "
+                             "scheduler's port (default: 60)")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
                         help="seconds the scheduler and servers get to exit after "
                              "the workers finished (default: 30)")
@@ -71,6 +123,9 @@ def make_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = make_parser()
     argv = list(argv)
+    if "--check-build" in argv[:argv.index("--") if "--" in argv else len(argv)]:
+        args = parser.parse_args([a for a in argv if a != "--"])
+        return args
     if "--" in argv:
         cut = argv.index("--")
         args = parser.parse_args(argv[:cut])
@@ -81,15 +136,26 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         args = parser.parse_args(argv)
     if not args.command:
         parser.error("no command given; put the worker command after '--'")
-    if args.np < 1:
+    multi = bool(args.hosts or args.hostfile)
+    if args.np is None and not multi:
+        parser.error("-np is required without -H/--hostfile")
+    if args.np is not None and args.np < 1:
         parser.error("-np must be at least 1")
+    if not multi and (args.server_hosts or args.colocated):
+        parser.error("--server-hosts and --colocated need -H or --hostfile")
+    for item in args.export:
+        name = item.split("=", 1)[0]
+        if not name.isidentifier():
+            parser.error(f"-x {item}: {name!r} is not a variable name")
+        if "=" not in item and name not in os.environ:
+            parser.error(f"-x {name}: {name} is not set here (use -x {name}=VALUE)")
     if args.backend == "dist_allreduce":
         if args.servers:
             print("hybridrun: note: --servers is ignored with dist_allreduce",
                   file=sys.stderr)
         args.servers = 0
     elif args.servers is None:
-        args.servers = args.np
+        args.servers = None if multi else args.np
     elif args.servers < 1:
         parser.error(f"--backend {args.backend} needs --servers of at least 1")
     if args.start_timeout <= 0 or args.shutdown_timeout < 0:
@@ -97,18 +163,110 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+class SetupError(Exception):
+    """Bad hosts, template or interface: exit code 2 with this message."""
+
+
+def forwarded_environment(args: argparse.Namespace) -> dict[str, str]:
+    """-x variables, and across hosts the HYBRIDPS_* knobs set here (the local
+    processes inherit them anyway; remote ones would not)."""
+    env = {}
+    if args.hosts or args.hostfile:
+        env = {k: v for k, v in os.environ.items()
+               if k.startswith("HYBRIDPS_") and k not in MANAGED_VARS
+               and k != BIN_DIR_ENV}
+    for item in args.export:
+        name, sep, value = item.partition("=")
+        env[name] = value if sep else os.environ[name]
+    return env
+
+
+def multi_host(args: argparse.Namespace) -> tuple[MultiHost, Host] | None:
+    """Placement and hosts of a multi-host job, and the scheduler's host; None in
+    local mode. Raises SetupError."""
+    if not (args.hosts or args.hostfile):
+        return None
+    try:
+        check_template(args.remote_shell)
+        hosts = (parse_host_list(args.hosts) if args.hosts
+                 else parse_hostfile(Path(args.hostfile)))
+        server_hosts = (parse_host_list(args.server_hosts, "--server-hosts")
+                        if args.server_hosts else None)
+        placement = place(hosts=hosts, num_workers=args.np, num_servers=args.servers,
+                          server_hosts=server_hosts, colocated=args.colocated,
+                          backend_has_servers=args.backend != "dist_allreduce")
+    except (HostSpecError, TemplateError) as exc:
+        raise SetupError(str(exc)) from exc
+    names = [h.name for h in [*hosts, *(server_hosts or [])]]
+    remote = [n for n in names if n not in LOCAL_NAMES]
+    try:
+        if args.network_interface:
+            address = interface_ipv4(args.network_interface)
+        elif remote:
+            address = guess_scheduler_address(remote)
+        else:
+            address = "127.0.0.1"
+    except InterfaceError as exc:
+        raise SetupError(str(exc)) from exc
+    by_name = {n: Host(n, address, None if n in LOCAL_NAMES else args.remote_shell)
+               for n in names}
+    return MultiHost(placement, by_name), Host("localhost", address)
+
+
 def make_plan(args: argparse.Namespace, repo_root: Path, port_file: str) -> JobPlan:
-    """Build the job plan; raises BinaryNotFoundError."""
+    """Build the job plan; raises BinaryNotFoundError and SetupError."""
+    multi = multi_host(args)
+    num_workers, num_servers = args.np, args.servers
+    scheduler_host = LOCALHOST
+    if multi:
+        num_workers = len(multi[0].placement.worker_hosts)
+        num_servers = len(multi[0].placement.server_hosts)
+        scheduler_host = multi[1]
     scheduler_bin = find_binary(SCHEDULER_BINARY, bin_dir=args.bin_dir, env=os.environ,
                                 repo_root=repo_root)
     server_bin = None
-    if args.servers:
+    if num_servers:
         server_bin = find_binary(SERVER_BINARY, bin_dir=args.bin_dir, env=os.environ,
                                  repo_root=repo_root)
-    return build_plan(num_workers=args.np, num_servers=args.servers,
+    return build_plan(num_workers=num_workers, num_servers=num_servers,
                       backend=args.backend, scheduler_bin=scheduler_bin,
                       server_bin=server_bin, command=args.command,
-                      job_token=secrets.token_hex(16), port_file=port_file)
+                      job_token=secrets.token_hex(16), port_file=port_file,
+                      scheduler_host=scheduler_host,
+                      multi=multi[0] if multi else None,
+                      interface=args.network_interface,
+                      extra_env=forwarded_environment(args))
+
+
+def check_build(args: argparse.Namespace, repo_root: Path) -> int:
+    """Print the engines the binaries were built with (hybridps-scheduler --build-info)."""
+    scheduler_bin = find_binary(SCHEDULER_BINARY, bin_dir=args.bin_dir, env=os.environ,
+                                repo_root=repo_root)
+    try:
+        done = subprocess.run([str(scheduler_bin), "--build-info"], capture_output=True,
+                              text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"hybridrun: cannot run {scheduler_bin} --build-info: {exc}", file=sys.stderr)
+        return 1
+    info = dict(line.split(":", 1) for line in done.stdout.splitlines() if ":" in line)
+    info = {k.strip(): v.strip() for k, v in info.items()}
+    if done.returncode != 0 or not info:
+        print(f"hybridrun: {scheduler_bin} --build-info failed (code {done.returncode}): "
+              f"{done.stderr.strip()}", file=sys.stderr)
+        return 1
+
+    def mark(key: str) -> str:
+        return "X" if info.get(key) == "yes" else " "
+
+    print(f"hybridps build ({scheduler_bin.parent.parent}):\n"
+          "  Available stores:\n"
+          "    [X] dist_hybrid (parameter server over ZeroMQ)\n"
+          f"    [{mark('Gloo')}] dist_allreduce\n"
+          "  Available engines:\n"
+          f"    [{mark('CUDA')}] CUDA\n"
+          f"    [{mark('NCCL')}] NCCL\n"
+          f"    [{mark('Gloo')}] Gloo")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> int:
@@ -116,24 +274,45 @@ def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> in
     if repo_root is None:
         repo_root = Path(__file__).resolve().parent.parent.parent
     sink = OutputSink()
-    if args.dry_run:
+    if args.check_build:
         try:
-            plan = make_plan(args, repo_root, "<temporary folder>/scheduler.port")
+            return check_build(args, repo_root)
         except BinaryNotFoundError as exc:
             sink.message(str(exc))
             return 2
+    if args.dry_run:
+        try:
+            plan = make_plan(args, repo_root, "<temporary folder>/scheduler.port")
+        except (BinaryNotFoundError, SetupError) as exc:
+            sink.message(str(exc))
+            return 2
         count = len(plan.processes())
-        print(f"hybridrun: dry run; would start {count} processes on localhost "
-              "(each also inherits the environment of hybridrun):")
+        where = sorted({spec.host.name for spec in plan.processes()})
+        print(f"hybridrun: dry run; would start {count} processes on "
+              f"{', '.join(where)} (local ones also inherit the environment of "
+              "hybridrun):")
         for spec in plan.processes():
             print(describe(spec))
         return 0
     with tempfile.TemporaryDirectory(prefix="hybridrun-") as tmp:
         try:
             plan = make_plan(args, repo_root, str(Path(tmp) / "scheduler.port"))
-        except BinaryNotFoundError as exc:
+        except (BinaryNotFoundError, SetupError) as exc:
             sink.message(str(exc))
             return 2
+        remote = sorted({s.host.name for s in plan.processes() if not s.host.is_local})
+        if remote:
+            if args.verbose:
+                sink.message(f"checking hosts {', '.join(remote)}")
+            try:
+                errors = check_hosts(args.remote_shell, remote, args.start_timeout)
+            except KeyboardInterrupt:  # the probes run in their own sessions and time out
+                sink.message("received SIGINT while checking the hosts; nothing started")
+                return 130
+            for error in errors:
+                sink.message(error)
+            if errors:
+                return 1
         options = JobOptions(start_timeout=args.start_timeout,
                              shutdown_timeout=args.shutdown_timeout,
                              verbose=args.verbose)

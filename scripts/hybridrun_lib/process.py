@@ -100,9 +100,13 @@ class ManagedProcess:
         self.lines_printed = 0
         self._sink = sink
         self._events = events
+        # A remote process is watched through its stdin: closing the pipe (or our
+        # death) makes the remote wrapper kill it (remote.py). Local ones get /dev/null.
+        self.remote = not spec.host.is_local
         self._popen = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+            argv, env=env, stdin=subprocess.PIPE if self.remote else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            close_fds=True)
         self.pid = self._popen.pid
         self.pgid = self._popen.pid  # start_new_session: the child leads its group
         self._reader = threading.Thread(target=self._forward_output,
@@ -123,12 +127,28 @@ class ManagedProcess:
 
     def describe_exit(self) -> str:
         assert self.returncode is not None
-        return describe_status(self.returncode)
+        text = describe_status(self.returncode)
+        if self.remote and 128 < self.returncode < 160:
+            try:  # the remote wrapper reports a signal as 128+N
+                text += f" (killed by {signal.Signals(self.returncode - 128).name}?)"
+            except ValueError:
+                pass
+        return text
+
+    def close_stdin(self) -> None:
+        """Tell a remote wrapper to stop its process (no-op for local ones)."""
+        if self._popen.stdin is not None and not self._popen.stdin.closed:
+            try:
+                self._popen.stdin.close()
+            except OSError:
+                pass
 
     def group_alive(self) -> bool:
         return self.running or _group_has_live_members(self.pgid)
 
     def signal_group(self, sig: int) -> None:
+        if sig in (signal.SIGTERM, signal.SIGKILL):
+            self.close_stdin()
         try:
             os.killpg(self.pgid, sig)
         except (ProcessLookupError, PermissionError):
@@ -139,6 +159,7 @@ class ManagedProcess:
 
     def _wait(self) -> None:
         self.returncode = self._popen.wait()
+        self.close_stdin()
         self.exited.set()
         self._events.put(self)
 

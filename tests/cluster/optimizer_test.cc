@@ -137,8 +137,10 @@ void ExpectWeights(const TensorDef& d, const std::string& got, const std::string
   }
 }
 
-std::unique_ptr<LocalCluster> Start(int workers, int servers, size_t partition_bytes = 512) {
+std::unique_ptr<LocalCluster> Start(int workers, int servers, size_t partition_bytes = 512,
+                                    const std::string& transport = "inproc") {
   ClusterConfig c;
+  c.transport = transport;
   c.workers = workers;
   c.servers = servers;
   c.partition_bytes = partition_bytes;
@@ -205,17 +207,42 @@ std::vector<std::vector<std::string>> Train(LocalCluster* cl, const std::vector<
   return got[0];
 }
 
+// Trains `steps` steps from the broadcast initial weights and compares every step with
+// Reference (which must start from the same spec and multipliers).
+void TrainAndCompare(LocalCluster* cl, const std::vector<TensorDef>& defs,
+                     const OptimizerSpec& spec, int steps, int ulps) {
+  std::vector<Reference> refs;
+  for (size_t t = 0; t < defs.size(); ++t) {
+    refs.emplace_back(spec, defs[t], Make(defs[t].dtype, defs[t].count,
+                                          [&](size_t i) { return Init(t, i); }));
+  }
+  const auto got = Train(cl, defs, 0, steps);
+  for (int step = 0; step < steps; ++step) {
+    for (size_t t = 0; t < defs.size(); ++t) {
+      refs[t].Step(SummedGrad(defs[t], t, cl->num_workers(), step));
+      ExpectWeights(defs[t], got[step][t], refs[t].weights(), ulps,
+                    absl::StrCat(spec.rule, " step ", step));
+    }
+  }
+}
+
 struct RuleCase {
   std::string rule;
   std::map<std::string, double> params;
   bool multi_precision = true;
   LrScheduleKind schedule = LrScheduleKind::kNone;
   int ulps = 0;
+  std::string transport = "inproc";  // tcp: received frames are ZeroMQ's, not copies
 };
+
+void PrintTo(const RuleCase& c, std::ostream* os) {
+  *os << c.rule << (c.multi_precision ? " multi_precision" : "") << " over " << c.transport;
+}
 
 std::string CaseName(const ::testing::TestParamInfo<RuleCase>& info) {
   return absl::StrCat(info.param.rule, info.param.multi_precision ? "" : "_no_mp",
-                      info.param.schedule == LrScheduleKind::kNone ? "" : "_scheduled");
+                      info.param.schedule == LrScheduleKind::kNone ? "" : "_scheduled", "_",
+                      info.param.transport);
 }
 
 OptimizerSpec SpecOf(const RuleCase& c) {
@@ -239,8 +266,7 @@ class RuleTest : public ::testing::TestWithParam<RuleCase> {};
 TEST_P(RuleTest, ClusterEqualsOneProcessOnSummedGradients) {
   const RuleCase& c = GetParam();
   const std::vector<TensorDef> defs = DefaultTensors();
-  constexpr int kWorkers = 3, kSteps = 4;
-  auto cl = Start(kWorkers, 2);
+  auto cl = Start(/*workers=*/3, /*servers=*/2, 512, c.transport);
   ASSERT_NE(cl, nullptr);
   ASSERT_TRUE(cl->worker(0)->IsCapable(Capability::kOptimizer));
   BroadcastAll(cl.get(), defs);
@@ -249,19 +275,7 @@ TEST_P(RuleTest, ClusterEqualsOneProcessOnSummedGradients) {
     absl::Status s = kv->SetOptimizer(WithMultipliers(spec, defs));
     ASSERT_TRUE(s.ok()) << s;
   });
-  std::vector<Reference> refs;
-  for (size_t t = 0; t < defs.size(); ++t) {
-    refs.emplace_back(spec, defs[t], Make(defs[t].dtype, defs[t].count,
-                                          [&](size_t i) { return Init(t, i); }));
-  }
-  const auto got = Train(cl.get(), defs, 0, kSteps);
-  for (int step = 0; step < kSteps; ++step) {
-    for (size_t t = 0; t < defs.size(); ++t) {
-      refs[t].Step(SummedGrad(defs[t], t, kWorkers, step));
-      ExpectWeights(defs[t], got[step][t], refs[t].weights(), c.ulps,
-                    absl::StrCat(c.rule, " step ", step));
-    }
-  }
+  TrainAndCompare(cl.get(), defs, spec, /*steps=*/4, c.ulps);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -272,13 +286,50 @@ INSTANTIATE_TEST_SUITE_P(
         RuleCase{"nag", {{"learning_rate", 0.1}, {"momentum", 0.9}, {"wd", 0.001}}},
         RuleCase{"signum", {{"learning_rate", 0.01}, {"wd_lh", 0.01}}},
         RuleCase{"adam", {{"wd", 0.001}}, true, LrScheduleKind::kFactor},
+        RuleCase{"adam", {{"wd", 0.001}}, true, LrScheduleKind::kFactor, 0, "tcp"},
         RuleCase{"adamw", {{"learning_rate", 0.01}, {"wd", 0.01}}},
         RuleCase{"adagrad", {{"learning_rate", 0.1}}},
         RuleCase{"rmsprop", {{"learning_rate", 0.01}, {"centered", 1}}},
         RuleCase{"lamb", {{"learning_rate", 0.01}, {"wd", 0.01}}, true, LrScheduleKind::kNone, 2},
+        RuleCase{"lamb", {{"learning_rate", 0.01}}, true, LrScheduleKind::kNone, 2, "tcp"},
         RuleCase{"lars", {{"learning_rate", 0.1}, {"momentum", 0.9}, {"wd", 0.001}}, true,
                  LrScheduleKind::kNone, 2}),
     CaseName);
+
+// Partitions of 64 KiB and more are updated on the servers' engine threads (smaller ones
+// on the I/O thread, as above).
+TEST(OptimizerClusterTest, LargePartitionsEqualOneProcess) {
+  const std::vector<TensorDef> defs = {{"conv.weight", DType::kFloat32, 100000, {0.5, 1.0}},
+                                       {"emb.weight", DType::kFloat16, 70000, {}},
+                                       {"fc.weight", DType::kBFloat16, 40000, {}}};
+  auto cl = Start(2, 2, /*partition_bytes=*/256 << 10);
+  ASSERT_NE(cl, nullptr);
+  const OptimizerSpec spec = SpecOf(RuleCase{"adam", {{"wd", 0.01}}, true, LrScheduleKind::kFactor});
+  cl->RunOnWorkers([&](int, KVStore* kv) {
+    ASSERT_TRUE(kv->SetOptimizer(WithMultipliers(spec, defs)).ok());
+  });
+  BroadcastAll(cl.get(), defs);
+  TrainAndCompare(cl.get(), defs, spec, 3, 0);
+}
+
+// A tensor broadcast again with another size replaces all of its old partitions (changing
+// the optimizer, which moves the weights, then still finds one consistent tensor).
+TEST(OptimizerClusterTest, BroadcastWithAnotherSizeReplacesTheWeights) {
+  auto cl = Start(2, 2);
+  ASSERT_NE(cl, nullptr);
+  OptimizerSpec spec;
+  spec.rule = "adam";
+  cl->RunOnWorkers([&](int, KVStore* kv) { ASSERT_TRUE(kv->SetOptimizer({spec, {}}).ok()); });
+  BroadcastAll(cl.get(), {{"w", DType::kFloat32, 1000, {}}});  // 8 partitions
+  const std::vector<TensorDef> defs = {{"w", DType::kFloat16, 100, {}}};
+  BroadcastAll(cl.get(), defs);  // 1 partition
+  spec.rule = "rmsprop";
+  cl->RunOnWorkers([&](int, KVStore* kv) {
+    absl::Status s = kv->SetOptimizer({spec, {}});
+    ASSERT_TRUE(s.ok()) << s;
+  });
+  TrainAndCompare(cl.get(), defs, spec, 2, 0);
+}
 
 OptimizerSpec Sgd(double lr) {
   OptimizerSpec spec;
@@ -338,19 +389,14 @@ TEST(OptimizerClusterTest, LambAndLarsSplitTensorEqualsWholeTensor) {
     spec.params = {{"learning_rate", 0.05}, {"wd", 0.01}};
     cl->RunOnWorkers([&](int, KVStore* kv) { ASSERT_TRUE(kv->SetOptimizer({spec, {}}).ok()); });
     BroadcastAll(cl.get(), defs);
-    Reference ref(spec, defs[0], Make(DType::kFloat32, 20000, [](size_t i) { return Init(0, i); }));
     auto* ps = dynamic_cast<PsStore*>(cl->worker(0));
     ASSERT_NE(ps, nullptr);
     const std::vector<uint64_t> before = ps->PushesPerServer();
-    const auto got = Train(cl.get(), defs, 0, 3);
+    TrainAndCompare(cl.get(), defs, spec, /*steps=*/3, /*ulps=*/2);
     const std::vector<uint64_t> after = ps->PushesPerServer();
     int servers_used = 0;
     for (size_t i = 0; i < after.size(); ++i) servers_used += after[i] > before[i] ? 1 : 0;
     EXPECT_EQ(servers_used, 1) << "the tensor's partitions went to several servers";
-    for (int step = 0; step < 3; ++step) {
-      ref.Step(SummedGrad(defs[0], 0, 2, step));
-      ExpectWeights(defs[0], got[step][0], ref.weights(), 2, absl::StrCat("step ", step));
-    }
   }
 }
 
@@ -411,6 +457,7 @@ TEST(OptimizerClusterTest, PushPullWithoutWeightsFailsNamingTheTensor) {
   BroadcastAll(cl.get(), {{"w", DType::kFloat32, 50, {}}});
   cl->RunOnWorkers([&](int, KVStore* kv) {
     ExpectPushPullFails(kv, "w", DType::kFloat16, 50, {"'w'", "float16", "float32"});
+    ExpectPushPullFails(kv, "counts", DType::kInt32, 8, {"'counts'", "int32"});
   });
 }
 

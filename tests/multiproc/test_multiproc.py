@@ -207,9 +207,12 @@ class HybridRun:
         return code, self.out.text(), self.err.text(), ended
 
 
-def hybridrun(job: JobEnv, np: int, servers: int, command: list[str]) -> HybridRun:
+def hybridrun(job: JobEnv, np: int, servers: int, command: list[str],
+              backend: str = "dist_hybrid") -> HybridRun:
+    """hybridrun -np NP; with dist_allreduce no servers are started (`servers` unused)."""
+    placement = (["--servers", str(servers)] if backend == "dist_hybrid" else [])
     proc = subprocess.Popen(
-        [sys.executable, str(HYBRIDRUN), "-np", str(np), "--servers", str(servers),
+        [sys.executable, str(HYBRIDRUN), "-np", str(np), *placement, "--backend", backend,
          "--bin-dir", str(BUILD), "--", *command],
         env=job.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, errors="replace")
@@ -222,7 +225,7 @@ class DirectJob:
     group, left to end by themselves after a failure."""
 
     def __init__(self, job: JobEnv, tmp: Path, workers: int, servers: int,
-                 worker_args: list[str]) -> None:
+                 worker_args: list[str], backend: str = "dist_hybrid") -> None:
         self.job = job
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.output: dict[str, Lines] = {}
@@ -230,7 +233,8 @@ class DirectJob:
         common = {"HYBRIDPS_SCHEDULER_ADDR": "127.0.0.1",
                   "HYBRIDPS_NUM_WORKERS": str(workers),
                   "HYBRIDPS_NUM_SERVERS": str(servers),
-                  "HYBRIDPS_JOB_TOKEN": job.marker}
+                  "HYBRIDPS_JOB_TOKEN": job.marker,
+                  "HYBRIDPS_BACKEND": backend}
         port_file = tmp / "scheduler.port"
         self._start("scheduler", [str(SCHEDULER)], {
             **common, "HYBRIDPS_ROLE": "scheduler", "HYBRIDPS_SCHEDULER_PORT": "0",
@@ -313,9 +317,13 @@ def direct(job: JobEnv, tmp_path: Path) -> Iterator[list[DirectJob]]:
 
 # ---- tests -------------------------------------------------------------------------------
 
-def test_two_workers_two_servers_exact_sums(job: JobEnv) -> None:
+BACKENDS = ["dist_hybrid", "dist_allreduce"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_workers_two_servers_exact_sums(job: JobEnv, backend: str) -> None:
     rounds = 5
-    run = hybridrun(job, 2, 2, [str(TEST_WORKER), "--rounds", str(rounds)])
+    run = hybridrun(job, 2, 2, [str(TEST_WORKER), "--rounds", str(rounds)], backend)
     code, out, err, _ = run.finish(RUN_TIMEOUT)
     assert code == 0, f"{out}\n{err}"
     assert "warning" not in err, err
@@ -327,11 +335,13 @@ def test_two_workers_two_servers_exact_sums(job: JobEnv) -> None:
     assert_nothing_left(job.marker)
 
 
-def test_killed_worker_stops_the_job(job: JobEnv) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_killed_worker_stops_the_job(job: JobEnv, backend: str) -> None:
     # The pause after each round lets the others print "round 1 ok" before worker 1 dies
     # (hybridrun then stops them at once).
     run = hybridrun(job, 3, 2, [str(TEST_WORKER), "--rounds", "200", "--sleep-ms", "300",
-                                "--die-rank", "1", "--die-round", "2", "--expect-failure"])
+                                "--die-rank", "1", "--die-round", "2", "--expect-failure"],
+                    backend)
     died = run.out.wait_for(r"^\[worker 1\] worker 1: dying at round 2$", RUN_TIMEOUT)
     code, out, err, ended = run.finish(FAILURE_BOUND)
     assert ended - died < FAILURE_BOUND
@@ -359,11 +369,12 @@ def test_killed_server_stops_the_job(job: JobEnv) -> None:
     assert_nothing_left(job.marker)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_survivors_name_the_killed_worker(job: JobEnv, tmp_path: Path,
-                                          direct: list[DirectJob]) -> None:
-    j = DirectJob(job, tmp_path, workers=3, servers=2,
+                                          direct: list[DirectJob], backend: str) -> None:
+    j = DirectJob(job, tmp_path, workers=3, servers=2 if backend == "dist_hybrid" else 0,
                   worker_args=["--rounds", "200", "--sleep-ms", "20", "--die-rank", "1",
-                               "--die-round", "2", "--expect-failure"])
+                               "--die-round", "2", "--expect-failure"], backend=backend)
     direct.append(j)
     assert j.wait("worker 1", RUN_TIMEOUT) == -signal.SIGKILL, j.text()
     died = j.exited["worker 1"]

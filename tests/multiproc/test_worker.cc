@@ -2,7 +2,7 @@
 // by hybridrun or by the test itself with the usual HYBRIDPS_* variables. Each round it
 // push_pulls a few tensors at once (with a small HYBRIDPS_PARTITION_BYTES the larger ones
 // span several partitions and every server), checks every element of every sum exactly,
-// and prints "round K ok".
+// and prints "round K ok". The store is HYBRIDPS_BACKEND's (dist_hybrid by default).
 //
 //   --rounds N                   rounds to run (default 5)
 //   --sleep-ms MS                pause after each round (default 0)
@@ -124,7 +124,7 @@ int Run(const Flags& flags) {
   tensors.push_back(MakeTensor("t.int64", hybridps::DType::kInt64, 3001));
   tensors.push_back(MakeTensor("t.empty", hybridps::DType::kFloat32, 0));
 
-  auto created = hybridps::KVStore::Create("dist_hybrid", *options);
+  auto created = hybridps::KVStore::Create(options->backend, *options);
   if (!created.ok()) return Fail(flags, created.status());
   std::unique_ptr<hybridps::KVStore> kv = std::move(*created);
   const int rank = kv->rank();

@@ -13,7 +13,14 @@ class OptionsTest : public ::testing::Test {
                           "HYBRIDPS_PARTITION_BYTES", "HYBRIDPS_TIMEOUT_MS", "HYBRIDPS_RANK",
                           "HYBRIDPS_BACKEND", "HYBRIDPS_SCHEDULER_PORT",
                           "HYBRIDPS_HEARTBEAT_TIMEOUT_MS", "HYBRIDPS_FUSION_BYTES",
-                          "HYBRIDPS_CYCLE_TIME_MS", "HYBRIDPS_STALL_WARNING_MS"}) {
+                          "HYBRIDPS_CYCLE_TIME_MS", "HYBRIDPS_STALL_WARNING_MS",
+                          "HYBRIDPS_LOCAL_RANK", "HYBRIDPS_LOCAL_SIZE", "HYBRIDPS_DEPLOYMENT",
+                          "HYBRIDPS_EXTRA_SERVERS", "OMPI_COMM_WORLD_RANK",
+                          "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                          "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE",
+                          "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "SLURM_PROCID",
+                          "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
+                          "SLURM_TASKS_PER_NODE", "SLURM_NODEID"}) {
       unsetenv(v);
     }
   }
@@ -95,6 +102,99 @@ TEST_F(OptionsTest, AllreduceFusionCycleAndStallSettings) {
   auto bad = OptionsFromEnvironment();
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("HYBRIDPS_STALL_WARNING_MS"), absl::string_view::npos);
+}
+
+// Workers started by mpirun (Open MPI, MPICH/Intel PMI) or srun take rank, size and local
+// rank from their launcher; HYBRIDPS_* still win; servers ignore them.
+TEST_F(OptionsTest, MpiAndSlurmVariablesForWorkers) {
+  setenv("OMPI_COMM_WORLD_RANK", "5", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "8", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4", 1);
+  setenv("SLURM_PROCID", "7", 1);  // Open MPI's come first
+  auto o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->rank, 5);
+  EXPECT_EQ(o->num_workers, 8);
+  EXPECT_EQ(o->local_rank, 1);
+  EXPECT_EQ(o->local_size, 4);
+  setenv("HYBRIDPS_RANK", "2", 1);
+  setenv("HYBRIDPS_NUM_WORKERS", "3", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->rank, 2);
+  EXPECT_EQ(o->num_workers, 3);
+  unsetenv("HYBRIDPS_RANK");
+  unsetenv("HYBRIDPS_NUM_WORKERS");
+  for (const char* v : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                        "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
+    unsetenv(v);
+  }
+  setenv("PMI_RANK", "3", 1);
+  setenv("PMI_SIZE", "6", 1);
+  setenv("MPI_LOCALRANKID", "0", 1);
+  setenv("MPI_LOCALNRANKS", "2", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->rank, 3);
+  EXPECT_EQ(o->num_workers, 6);
+  EXPECT_EQ(o->local_size, 2);
+  for (const char* v : {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"}) {
+    unsetenv(v);
+  }
+  // srun: 2 tasks on each of 3 nodes, then 1; this task is on node 3.
+  setenv("SLURM_NTASKS", "7", 1);
+  setenv("SLURM_LOCALID", "0", 1);
+  setenv("SLURM_TASKS_PER_NODE", "2(x3),1", 1);
+  setenv("SLURM_NODEID", "3", 1);
+  setenv("SLURM_PROCID", "6", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->rank, 6);
+  EXPECT_EQ(o->num_workers, 7);
+  EXPECT_EQ(o->local_rank, 0);
+  EXPECT_EQ(o->local_size, 1);
+  setenv("SLURM_NODEID", "1", 1);
+  setenv("SLURM_PROCID", "3", 1);
+  setenv("SLURM_LOCALID", "1", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->local_size, 2);
+  setenv("SLURM_NODEID", "9", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("SLURM_TASKS_PER_NODE"), absl::string_view::npos);
+  // A server started by srun keeps its own numbering.
+  setenv("SLURM_NODEID", "1", 1);
+  setenv("HYBRIDPS_ROLE", "server", 1);
+  setenv("HYBRIDPS_NUM_SERVERS", "2", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->rank, -1);
+  EXPECT_EQ(o->num_workers, 1);
+}
+
+TEST_F(OptionsTest, DeploymentAndExtraServers) {
+  setenv("HYBRIDPS_NUM_SERVERS", "6", 1);
+  setenv("HYBRIDPS_DEPLOYMENT", "mixed", 1);
+  setenv("HYBRIDPS_EXTRA_SERVERS", "2", 1);
+  auto o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->deployment, "mixed");
+  EXPECT_EQ(o->extra_servers, 2);
+  setenv("HYBRIDPS_EXTRA_SERVERS", "6", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("extra_servers=6"), absl::string_view::npos);
+  setenv("HYBRIDPS_DEPLOYMENT", "colocated", 1);
+  setenv("HYBRIDPS_EXTRA_SERVERS", "1", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("needs deployment=mixed"), absl::string_view::npos);
+  setenv("HYBRIDPS_DEPLOYMENT", "everywhere", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("everywhere"), absl::string_view::npos);
 }
 
 }  // namespace

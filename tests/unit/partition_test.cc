@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -116,6 +117,75 @@ TEST(Placement, BalancedForResNet50LikeModel) {
     }
     for (int s = 0; s < servers; ++s) {
       EXPECT_NEAR(load[s], 4000.0 / servers, 0.15 * 4000.0 / servers) << s;
+    }
+  }
+}
+
+// The BytePS optimum, by hand: n = 2, k = 1 -> 2*1*1 / (2*3 - 2) = 1/2;
+// n = 4, k = 2 -> 2*2*3 / (4*6 - 4) = 3/5; n = 4, k = 1 -> 2*1*3 / (4*5 - 2) = 1/3.
+TEST(MixedPlacement, ExtraShareIsTheBytePSOptimum) {
+  EXPECT_DOUBLE_EQ(MixedExtraShare(2, 1), 0.5);
+  EXPECT_DOUBLE_EQ(MixedExtraShare(4, 2), 0.6);
+  EXPECT_DOUBLE_EQ(MixedExtraShare(4, 1), 6.0 / 18);
+  EXPECT_DOUBLE_EQ(MixedExtraShare(4, 0), 0.0);
+  EXPECT_DOUBLE_EQ(MixedExtraShare(1, 2), 0.0);  // one worker host: nothing to gain
+  // Shares sum to one; colocated ones equal, extra ones equal.
+  ServerPlacement mixed{6, 2};
+  double sum = 0;
+  for (int s = 0; s < 6; ++s) sum += ServerShare(mixed, s);
+  EXPECT_NEAR(sum, 1.0, 1e-12);
+  EXPECT_DOUBLE_EQ(ServerShare(mixed, 0), 0.4 / 4);
+  EXPECT_DOUBLE_EQ(ServerShare(mixed, 5), 0.6 / 2);
+  EXPECT_DOUBLE_EQ(ServerShare(ServerPlacement{4, 0}, 3), 0.25);
+}
+
+TEST(MixedPlacement, WithoutExtraServersItIsTheUniformPlacement) {
+  for (size_t count : {size_t{0}, size_t{10}, size_t{5} << 20}) {
+    auto a = PartitionTensor(TensorKey("t"), count, DType::kFloat32, 1 << 20, 3);
+    auto b = PartitionTensor(TensorKey("t"), count, DType::kFloat32, 1 << 20,
+                             ServerPlacement{3, 0});
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].offset, b[i].offset);
+      EXPECT_EQ(a[i].count, b[i].count);
+      EXPECT_EQ(a[i].server, b[i].server);
+    }
+  }
+}
+
+// A large tensor is cut by the shares exactly (to an element) and covers every element
+// once with partitions of at most partition_bytes; many small tensors, placed by hash,
+// land within 15% of each server's share.
+TEST(MixedPlacement, BytesFollowTheShares) {
+  for (auto [n, k] : {std::pair{2, 1}, std::pair{4, 1}, std::pair{4, 2}}) {
+    const ServerPlacement placement{n + k, k};
+    const size_t count = 25 << 20;  // 100 MiB of float32
+    auto parts = PartitionTensor(TensorKey("fc6.weight"), count, DType::kFloat32, 4 << 20,
+                                 placement);
+    std::vector<double> load(n + k, 0);
+    size_t next = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      EXPECT_EQ(parts[i].index, i);
+      EXPECT_EQ(parts[i].offset, next);
+      EXPECT_LE(parts[i].count * 4, size_t{4} << 20);
+      next += parts[i].count;
+      load[parts[i].server] += parts[i].count;
+    }
+    EXPECT_EQ(next, count);
+    for (int s = 0; s < n + k; ++s) {
+      EXPECT_NEAR(load[s] / count, ServerShare(placement, s), 1e-6) << n << "+" << k;
+    }
+    // Many small tensors: by hash, within 15% of each share.
+    std::vector<double> small(n + k, 0);
+    for (int t = 0; t < 8000; ++t) {
+      for (const auto& p : PartitionTensor(TensorKey(absl::StrCat("b", t)), 256,
+                                           DType::kFloat32, 4 << 20, placement)) {
+        small[p.server] += p.count;
+      }
+    }
+    for (int s = 0; s < n + k; ++s) {
+      const double want = ServerShare(placement, s) * 8000 * 256;
+      EXPECT_NEAR(small[s], want, 0.15 * want) << "server " << s << " of " << n << "+" << k;
     }
   }
 }
