@@ -112,9 +112,11 @@ def test_communication_overlaps_backward(job):
     for r in both(results, "overlap"):
         steps = [s for s in r["steps"] if s]
         assert len(steps) >= 2, r
-        overlapped = [s for s in steps if s["started_before_backward_end"] > 0]
-        # Measured: push_pulls of later layers started before the first layer's gradient
-        # existed, in most steps.
+        # Measured: at least half of the push_pulls (the later layers') started before
+        # the first layer's gradient existed, in most steps. (hybridps.mxnet turns off
+        # MXNet's bulking of backward operators, which would make all gradients ready at
+        # once.)
+        overlapped = [s for s in steps if s["started_before_backward_end"] * 2 >= s["pushes"]]
         assert len(overlapped) * 2 > len(steps), r
 
 

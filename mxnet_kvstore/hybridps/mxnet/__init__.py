@@ -13,12 +13,18 @@ Horovod-style helpers (horovod.mxnet's names and behaviour) on either store:
     hvd.broadcast_parameters(net.collect_params(), root_rank=0)
     trainer = hvd.DistributedTrainer(net.collect_params(), 'sgd', {...})
 """
-from .kvstore import (DistAllreduce, DistHybrid, now_ns, register, timeline_mark,
-                      timeline_start, timeline_stop, timeline_take)
+import os
 
-from .horovod import (DistributedOptimizer, DistributedTrainer, allreduce, allreduce_,
-                      broadcast, broadcast_, broadcast_parameters, init, local_rank,
-                      local_size, rank, size)
+# MXNet bulks up to 15 consecutive backward operators into one engine operation, so their
+# gradients become ready together and nothing can be sent before the bulk ends: turn it
+# off (unless the user chose) so that push_pulls start as each gradient is written.
+os.environ.setdefault("MXNET_EXEC_BULK_EXEC_TRAIN", "0")
+
+from .kvstore import (DistAllreduce, DistHybrid, now_ns, register,  # noqa: E402
+                      timeline_mark, timeline_start, timeline_stop, timeline_take)
+from .horovod import (DistributedOptimizer, DistributedTrainer, allreduce,  # noqa: E402
+                      allreduce_, broadcast, broadcast_, broadcast_parameters, init,
+                      local_rank, local_size, rank, size)
 
 register()
 
