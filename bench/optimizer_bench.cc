@@ -111,8 +111,15 @@ class CopyReference {
   int64_t copies_ = 0;
 };
 
+// What happens to the new weights besides the update (the server sends them as the reply).
+enum class Reply {
+  kNone,      // nothing: the update alone
+  kCopy,      // Apply, then a memcpy of the weights (the server before Partition::weight_copy)
+  kInUpdate,  // Apply with Partition::weight_copy (the server now)
+};
+
 void BM_Update(benchmark::State& state, std::string rule_name, std::map<std::string, double> params,
-               DType dtype) {
+               DType dtype, Reply reply = Reply::kNone) {
   OptimizerSpec spec;
   spec.rule = rule_name;
   spec.params = std::move(params);
@@ -129,6 +136,12 @@ void BM_Update(benchmark::State& state, std::string rule_name, std::map<std::str
   Fill(dtype, &b.weight, count, 1.f, 1);
   Fill(dtype, &b.grad, count, 0.5f, 2);
   const Partition p = b.View(dtype, count);
+  std::vector<unsigned char> reply_bytes(reply == Reply::kNone ? 0 : b.weight.size());
+  const Partition p_copy = [&] {
+    Partition with = p;
+    with.weight_copy = reply == Reply::kInUpdate ? reply_bytes.data() : nullptr;
+    return with;
+  }();
   if (!rule.InitState(p).ok()) {
     state.SkipWithError("InitState failed");
     return;
@@ -156,10 +169,11 @@ void BM_Update(benchmark::State& state, std::string rule_name, std::map<std::str
       norms = FinishNorms(*rule.Prepare(p, args));
       norms_used.push_back(norms);
     }
-    if (!rule.Apply(p, args, norms).ok()) {
+    if (!rule.Apply(p_copy, args, norms).ok()) {
       state.SkipWithError("Apply failed");
       return;
     }
+    if (reply == Reply::kCopy) std::memcpy(reply_bytes.data(), b.weight.data(), b.weight.size());
     benchmark::ClobberMemory();
     update_seconds += ThreadSeconds() - start;
   }
@@ -186,6 +200,10 @@ void BM_Update(benchmark::State& state, std::string rule_name, std::map<std::str
     (void)rule.Apply(q, args, norms);
   }
   internal::ForceKernelIsaForTesting(nullptr);
+  if (reply != Reply::kNone && reply_bytes != b.weight) {
+    state.SkipWithError("the reply differs from the weights");
+    return;
+  }
   if (std::memcmp(r.weight.data(), b.weight.data(), kCheck * DTypeSize(dtype)) != 0) {
     state.SkipWithError("replay on the portable kernels differs");
     return;
@@ -227,6 +245,19 @@ BENCHMARK_CAPTURE(BM_Update, nag, "nag", P{{"learning_rate", 1e-4}, {"momentum",
 BENCHMARK_CAPTURE(BM_Update, signum, "signum", P{{"learning_rate", 1e-4}}, kF32)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_Update, adam, "adam", P{{"learning_rate", 1e-4}, {"wd", 1e-4}}, kF32)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Update, adam_then_copy, "adam", P{{"learning_rate", 1e-4}, {"wd", 1e-4}},
+                  kF32, Reply::kCopy)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Update, adam_copy_in_update, "adam",
+                  P{{"learning_rate", 1e-4}, {"wd", 1e-4}}, kF32, Reply::kInUpdate)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Update, sgd_momentum_then_copy, "sgd",
+                  P{{"learning_rate", 1e-4}, {"momentum", 0.9}, {"wd", 1e-4}}, kF32, Reply::kCopy)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Update, sgd_momentum_copy_in_update, "sgd",
+                  P{{"learning_rate", 1e-4}, {"momentum", 0.9}, {"wd", 1e-4}}, kF32,
+                  Reply::kInUpdate)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_Update, adamw, "adamw", P{{"learning_rate", 1e-4}, {"wd", 1e-4}}, kF32)
     ->Unit(benchmark::kMicrosecond);
