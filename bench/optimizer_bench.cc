@@ -11,7 +11,8 @@
 //
 // of_memcpy (counter): the same ratio measured inside each rule's own run, so that both
 // sides see the same load: every 16th iteration (outside the benchmark's timing) copies
-// the 4 MiB 16 times (in blocks, so both sides run mostly from warm caches), and of_memcpy = (weight bytes / thread CPU time of the updates) /
+// the 4 MiB 16 times (in blocks, so both sides run mostly from warm caches), and
+// of_memcpy = (weight bytes / thread CPU time of the updates) /
 // (4 MiB / thread CPU time of the copies). On a shared machine the load changes between
 // one benchmark and the next; BM_Memcpy, timed once before the rules, then moves every
 // ratio taken against it by tens of percent (see bench/RESULTS.md).
