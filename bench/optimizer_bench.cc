@@ -9,10 +9,19 @@
 // through a float32 master copy (4 MiB of float32 master = 2 MiB of float16 weights;
 // bytes counted are the float16 weight bytes).
 //
+// of_memcpy (counter): the same ratio measured inside each rule's own run, so that both
+// sides see the same load: every 16th iteration (outside the benchmark's timing) copies
+// the 4 MiB 16 times (in blocks, so both sides run mostly from warm caches), and
+// of_memcpy = (weight bytes / thread CPU time of the updates) /
+// (4 MiB / thread CPU time of the copies). On a shared machine the load changes between
+// one benchmark and the next; BM_Memcpy, timed once before the rules, then moves every
+// ratio taken against it by tens of percent (see bench/RESULTS.md).
+//
 // Verification: after timing, the first 1024 elements are replayed from their initial
 // values on the portable kernels, with the same update counts (and, for LAMB/LARS, the
 // recorded whole-tensor norms); the benchmark fails unless weights match bit for bit.
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <string>
@@ -66,8 +75,52 @@ void Fill(DType dtype, std::vector<unsigned char>* bytes, size_t count, float sc
   }
 }
 
+// Thread CPU time, in seconds.
+double ThreadSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// The memcpy reference timed inside a rule's run (see of_memcpy above).
+class CopyReference {
+ public:
+  static constexpr int kEvery = 16;  // iterations of the rule per block of copies
+  CopyReference() : src_(kPartitionBytes), dst_(kPartitionBytes, 0) {
+    for (size_t i = 0; i < kPartitionBytes; ++i) src_[i] = static_cast<unsigned char>(i * 131);
+  }
+  // Copies kEvery times; adds their thread CPU time.
+  void Run() {
+    const double start = ThreadSeconds();
+    for (int k = 0; k < kEvery; ++k) {
+      std::memcpy(dst_.data(), src_.data(), kPartitionBytes);
+      benchmark::ClobberMemory();
+    }
+    seconds_ += ThreadSeconds() - start;
+    copies_ += kEvery;
+  }
+  // Bytes per second of the copies.
+  double rate() const { return static_cast<double>(copies_ * kPartitionBytes) / seconds_; }
+  bool ok() const {
+    return copies_ > 0 && std::memcmp(dst_.data(), src_.data(), kPartitionBytes) == 0;
+  }
+
+ private:
+  std::vector<unsigned char> src_;
+  std::vector<unsigned char> dst_;
+  double seconds_ = 0;
+  int64_t copies_ = 0;
+};
+
+// What happens to the new weights besides the update (the server sends them as the reply).
+enum class Reply {
+  kNone,      // nothing: the update alone
+  kCopy,      // Apply, then a memcpy of the weights (the server before Partition::weight_copy)
+  kInUpdate,  // Apply with Partition::weight_copy (the server now)
+};
+
 void BM_Update(benchmark::State& state, std::string rule_name, std::map<std::string, double> params,
-               DType dtype) {
+               DType dtype, Reply reply = Reply::kNone) {
   OptimizerSpec spec;
   spec.rule = rule_name;
   spec.params = std::move(params);
@@ -84,6 +137,12 @@ void BM_Update(benchmark::State& state, std::string rule_name, std::map<std::str
   Fill(dtype, &b.weight, count, 1.f, 1);
   Fill(dtype, &b.grad, count, 0.5f, 2);
   const Partition p = b.View(dtype, count);
+  std::vector<unsigned char> reply_bytes(reply == Reply::kNone ? 0 : b.weight.size());
+  const Partition p_copy = [&] {
+    Partition with = p;
+    with.weight_copy = reply == Reply::kInUpdate ? reply_bytes.data() : nullptr;
+    return with;
+  }();
   if (!rule.InitState(p).ok()) {
     state.SkipWithError("InitState failed");
     return;
@@ -95,7 +154,15 @@ void BM_Update(benchmark::State& state, std::string rule_name, std::map<std::str
 
   std::vector<TensorNorms> norms_used;
   int64_t t = 0;
+  CopyReference copy;
+  double update_seconds = 0;
   for (auto _ : state) {
+    if (t % CopyReference::kEvery == 0) {
+      state.PauseTiming();
+      copy.Run();
+      state.ResumeTiming();
+    }
+    const double start = ThreadSeconds();
     ++t;
     const StepArgs args = rule.Step(t, t);
     TensorNorms norms;
@@ -103,11 +170,17 @@ void BM_Update(benchmark::State& state, std::string rule_name, std::map<std::str
       norms = FinishNorms(*rule.Prepare(p, args));
       norms_used.push_back(norms);
     }
-    if (!rule.Apply(p, args, norms).ok()) {
+    if (!rule.Apply(p_copy, args, norms).ok()) {
       state.SkipWithError("Apply failed");
       return;
     }
+    if (reply == Reply::kCopy) std::memcpy(reply_bytes.data(), b.weight.data(), b.weight.size());
     benchmark::ClobberMemory();
+    update_seconds += ThreadSeconds() - start;
+  }
+  if (!copy.ok()) {
+    state.SkipWithError("memcpy reference differs");
+    return;
   }
 
   // Replay the first kCheck elements on the portable kernels.
@@ -128,11 +201,18 @@ void BM_Update(benchmark::State& state, std::string rule_name, std::map<std::str
     (void)rule.Apply(q, args, norms);
   }
   internal::ForceKernelIsaForTesting(nullptr);
+  if (reply != Reply::kNone && reply_bytes != b.weight) {
+    state.SkipWithError("the reply differs from the weights");
+    return;
+  }
   if (std::memcmp(r.weight.data(), b.weight.data(), kCheck * DTypeSize(dtype)) != 0) {
     state.SkipWithError("replay on the portable kernels differs");
     return;
   }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(count * DTypeSize(dtype)));
+  const auto weight_bytes = static_cast<int64_t>(count * DTypeSize(dtype));
+  state.SetBytesProcessed(state.iterations() * weight_bytes);
+  state.counters["of_memcpy"] =
+      static_cast<double>(t * weight_bytes) / update_seconds / copy.rate();
   state.SetLabel(isa);
 }
 
@@ -166,6 +246,19 @@ BENCHMARK_CAPTURE(BM_Update, nag, "nag", P{{"learning_rate", 1e-4}, {"momentum",
 BENCHMARK_CAPTURE(BM_Update, signum, "signum", P{{"learning_rate", 1e-4}}, kF32)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_Update, adam, "adam", P{{"learning_rate", 1e-4}, {"wd", 1e-4}}, kF32)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Update, adam_then_copy, "adam", P{{"learning_rate", 1e-4}, {"wd", 1e-4}},
+                  kF32, Reply::kCopy)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Update, adam_copy_in_update, "adam",
+                  P{{"learning_rate", 1e-4}, {"wd", 1e-4}}, kF32, Reply::kInUpdate)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Update, sgd_momentum_then_copy, "sgd",
+                  P{{"learning_rate", 1e-4}, {"momentum", 0.9}, {"wd", 1e-4}}, kF32, Reply::kCopy)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_Update, sgd_momentum_copy_in_update, "sgd",
+                  P{{"learning_rate", 1e-4}, {"momentum", 0.9}, {"wd", 1e-4}}, kF32,
+                  Reply::kInUpdate)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_Update, adamw, "adamw", P{{"learning_rate", 1e-4}, {"wd", 1e-4}}, kF32)
     ->Unit(benchmark::kMicrosecond);

@@ -241,12 +241,36 @@ void UpdateRule::Run(const Partition& p, const Plan& plan, NormPartials* sums) c
   SumAcc update_sq;  // LARS: the gradient's; LAMB: the kernel's direction
   const size_t n = p.count;
 
+  // Apply with Partition::weight_copy: elements [off, off + len) of the weights to the copy.
+  const size_t elem = DTypeSize(p.dtype);
+  auto* const copy = sums == nullptr ? static_cast<unsigned char*>(p.weight_copy) : nullptr;
+  auto copy_out = [&](size_t off, size_t len) {
+    if (copy != nullptr) {
+      std::memcpy(copy + off * elem, static_cast<const unsigned char*>(p.weight) + off * elem,
+                  len * elem);
+    }
+  };
+
   if (p.dtype == DType::kFloat32) {
     auto* w = static_cast<float*>(p.weight);
     const auto* g = static_cast<const float*>(p.grad);
     if (plan.sum_weight_sq) k.sum_sq(w, n, &weight_sq);
     if (plan.sum_grad_sq) k.sum_sq(g, n, &update_sq);
-    if (fn != nullptr) fn(plan.args, w, g, st, n, &update_sq);
+    if (copy == nullptr) {
+      if (fn != nullptr) fn(plan.args, w, g, st, n, &update_sq);
+    } else {
+      // In blocks, each copied while in L1: no second pass over the weights. Only Apply
+      // gets here, whose kernels sum nothing, so the blocks cannot change a result.
+      for (size_t off = 0; off < n; off += kBlock) {
+        const size_t len = std::min(kBlock, n - off);
+        float* st_block[kMaxRuleState] = {};
+        for (size_t j = 0; j < kMaxRuleState; ++j) {
+          if (st[j] != nullptr) st_block[j] = st[j] + off;
+        }
+        if (fn != nullptr) fn(plan.args, w + off, g + off, st_block, len, &update_sq);
+        copy_out(off, len);
+      }
+    }
   } else {
     const bool half = p.dtype == DType::kFloat16;
     const auto widen = half ? k.widen_f16 : k.widen_bf16;
@@ -266,10 +290,12 @@ void UpdateRule::Run(const Partition& p, const Plan& plan, NormPartials* sums) c
       // MXNet's LAMB and LARS take the weight norm of the stored (16-bit) weights.
       if (!master || plan.sum_weight_sq) widen(w16 + off, wbuf, len);
       if (plan.sum_weight_sq) k.sum_sq(wbuf, len, &weight_sq);
-      if (fn == nullptr) continue;
-      float* w = master ? p.state[0] + off : wbuf;
-      fn(plan.args, w, gbuf, st_block, len, &update_sq);
-      if (sums == nullptr) narrow(w, w16 + off, len);
+      if (fn != nullptr) {
+        float* w = master ? p.state[0] + off : wbuf;
+        fn(plan.args, w, gbuf, st_block, len, &update_sq);
+        if (sums == nullptr) narrow(w, w16 + off, len);
+      }
+      copy_out(off, len);
     }
   }
   if (sums != nullptr) {

@@ -121,6 +121,10 @@ struct Partition {
   DType dtype = DType::kFloat32;  // kFloat32, kFloat16 or kBFloat16
   size_t count = 0;
   std::span<float* const> state;  // Layout(dtype).num_buffers() buffers of `count` floats
+  // Optional, Apply only: also receives the updated weights (`count` elements of `dtype`),
+  // block by block while they are still in cache (one pass instead of the update and a
+  // copy). May alias `grad`: a block's gradient is read before that block is written.
+  void* weight_copy = nullptr;
 };
 
 // Per key and update: what MXNet's Optimizer computes in Python before calling its op.

@@ -211,15 +211,15 @@ absl::Status OptimizerHost::Run(const Job& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
       norms = optimizers::FinishNorms(total);
     }
     for (size_t i = 0; i < parts.size() && status.ok(); ++i) {
+      // The new weights also go over the summed gradient, which becomes the reply, in the
+      // update's own pass.
+      parts[i].weight_copy = job.items[i].grad;
       status = rule.Apply(parts[i], args, norms);
     }
   }
   for (const Job::Item& it : job.items) {
     Slot& s = *it.slot;
-    if (status.ok()) {
-      s.updates = t;
-      std::memcpy(it.grad, s.weight.data(), s.weight.size());
-    }
+    if (status.ok()) s.updates = t;
     s.mu.Unlock();
   }
   if (!status.ok() && !job.items.empty()) {

@@ -16,6 +16,7 @@ namespace optimizers {
 namespace {
 
 using testing::OwnedTensor;
+using testing::SetSameWeights;
 
 struct SplitCase {
   std::string rule;
@@ -49,12 +50,8 @@ TEST_P(SplitTest, PartitionedEqualsWhole) {
   OwnedTensor whole(c.dtype, kCount, nstate);
   OwnedTensor split(c.dtype, kCount, nstate);
   std::mt19937 rng(7);
+  SetSameWeights(&rng, &whole, &split);
   std::normal_distribution<float> normal(0.f, 1.f);
-  for (size_t i = 0; i < kCount; ++i) {
-    const float w = normal(rng);
-    whole.set_weight(i, w);
-    split.set_weight(i, w);
-  }
   const std::vector<size_t> bounds = Bounds(kCount, k);
   std::vector<Partition> parts;
   for (size_t j = 0; j + 1 < bounds.size(); ++j) {

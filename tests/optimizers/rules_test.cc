@@ -32,6 +32,7 @@ namespace {
 using testing::OwnedTensor;
 using testing::RoundTo;
 using testing::ScalarReference;
+using testing::SetSameWeights;
 
 struct RuleCase {
   const char* label;
@@ -261,6 +262,45 @@ TEST_P(RuleTest, Avx2EqualsPortableBitForBit) {
   const std::vector<unsigned char> portable = RunWithIsa("sse2", c, d);
   ASSERT_EQ(avx2.size(), portable.size());
   EXPECT_EQ(std::memcmp(avx2.data(), portable.data(), avx2.size()), 0);
+}
+
+// Apply with Partition::weight_copy aliasing the gradient (what the server does: the
+// summed gradient becomes the reply) equals a plain Apply bit for bit: weights, state, and
+// the copy. 2053 elements: two blocks of the 16-bit path and a tail.
+TEST_P(RuleTest, WeightCopyOverTheGradientEqualsPlainUpdate) {
+  const auto& [c, d] = GetParam();
+  const std::unique_ptr<UpdateRule> rule = MakeRule(c, d.multi_precision);
+  ASSERT_NE(rule, nullptr);
+  constexpr size_t kCount = 2053;
+  const size_t nstate = rule->Layout(d.dtype).num_buffers();
+  OwnedTensor plain(d.dtype, kCount, nstate);
+  OwnedTensor fused(d.dtype, kCount, nstate);
+  std::mt19937 rng(7);
+  SetSameWeights(&rng, &plain, &fused);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  ASSERT_TRUE(rule->InitState(plain.Whole()).ok());
+  ASSERT_TRUE(rule->InitState(fused.Whole()).ok());
+  for (int t = 1; t <= 5; ++t) {
+    for (size_t i = 0; i < kCount; ++i) {
+      const float g = normal(rng);
+      plain.set_grad(i, g);
+      fused.set_grad(i, g);
+    }
+    const StepArgs args = rule->Step(t, t);
+    ASSERT_TRUE(rule->Update(plain.Whole(), args).ok());
+    Partition p = fused.Whole();
+    absl::StatusOr<NormPartials> sums = rule->Prepare(p, args);
+    ASSERT_TRUE(sums.ok()) << sums.status();
+    p.weight_copy = const_cast<void*>(p.grad);
+    ASSERT_TRUE(rule->Apply(p, args, FinishNorms(*sums)).ok());
+    ASSERT_EQ(plain.weight_bytes(), fused.weight_bytes()) << "step " << t;
+    for (size_t i = 0; i < kCount; ++i) {
+      ASSERT_EQ(fused.grad(i), fused.weight(i)) << "step " << t << " element " << i;
+    }
+    for (size_t j = 0; j < nstate; ++j) {
+      ASSERT_EQ(plain.state(j), fused.state(j)) << "step " << t << " state " << j;
+    }
+  }
 }
 
 std::string CaseName(const ::testing::TestParamInfo<RuleTest::ParamType>& info) {

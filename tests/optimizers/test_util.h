@@ -102,6 +102,16 @@ class OwnedTensor {
   std::vector<std::vector<float*>> views_;  // keeps each View's pointer array alive
 };
 
+// Gives `a` and `b` (same dtype and count) the same normal(0, 1) weights from `rng`.
+inline void SetSameWeights(std::mt19937* rng, OwnedTensor* a, OwnedTensor* b) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  for (size_t i = 0; i < a->count(); ++i) {
+    const float w = normal(*rng);
+    a->set_weight(i, w);
+    b->set_weight(i, w);
+  }
+}
+
 }  // namespace testing
 }  // namespace optimizers
 }  // namespace hybridps
