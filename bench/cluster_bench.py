@@ -21,11 +21,9 @@ same run with iperf3 between two hosts (the tc rate is shown beside it). n = 1 r
 scaling table's baseline. Writes <out>/cluster.csv, <out>/cluster.md (the tables) and
 <out>/cluster.png (measured against bound), and prints the tables.
 
-mixed placement: the k extra servers get the byte share 2k(n-1)/(n(n+k)-2k) only when
-the workers place keys with common/partition.h's ServerPlacement. Until the PS store
-uses it, the workers spread bytes evenly over all n+k servers, whose bound is
-(2n+k-2)/(n+k) * S/B (a worker host sends (n+k-1)/(n+k) S and its server answers the
-n-1 other workers with S/(n+k) each); mixed rows show that bound too.
+mixed placement: the workers place keys with common/partition.h's ServerPlacement, so
+the k extra servers get the byte share 2k(n-1)/(n(n+k)-2k). Mixed rows also show the
+bound of an even spread over all n+k servers, (2n+k-2)/(n+k) * S/B, for comparison.
 """
 from __future__ import annotations
 
