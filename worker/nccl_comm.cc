@@ -60,9 +60,14 @@ absl::Status CudaStatus(cudaError_t err, absl::string_view call) {
 absl::Status NcclStatus(ncclResult_t result, absl::string_view call) {
   if (result == ncclSuccess) return absl::OkStatus();
   const char* last = ncclGetLastError(nullptr);
-  return absl::InternalError(absl::StrCat(
-      call, " failed: ", ncclGetErrorString(result), " (NCCL error ", static_cast<int>(result),
-      ")", last != nullptr && *last != '\0' ? absl::StrCat(": ", last) : ""));
+  // A network or peer failure is Unavailable (the store then waits for the scheduler to
+  // name a dead peer, as after a Gloo failure); anything else Internal.
+  const bool peer = result == ncclSystemError || result == ncclRemoteError;
+  std::string message = absl::StrCat(call, " failed: ", ncclGetErrorString(result),
+                                     " (NCCL error ", static_cast<int>(result), ")");
+  if (last != nullptr && *last != '\0') absl::StrAppend(&message, ": ", last);
+  return absl::Status(peer ? absl::StatusCode::kUnavailable : absl::StatusCode::kInternal,
+                      message);
 }
 
 absl::StatusOr<int> CudaDeviceCount() {

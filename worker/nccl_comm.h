@@ -41,8 +41,9 @@ ncclDataType_t NcclDataType(DType dtype);
 // "cudaSetDevice(1) failed: invalid device ordinal (cudaErrorInvalidDevice)"; OK for
 // cudaSuccess.
 absl::Status CudaStatus(cudaError_t err, absl::string_view call);
-// "ncclAllReduce failed: unhandled system error (ncclSystemError): <NCCL's last error>";
-// OK for ncclSuccess.
+// "ncclAllReduce failed: invalid argument (NCCL error 4): <NCCL's last error>"; OK for
+// ncclSuccess. Unavailable for ncclSystemError and ncclRemoteError (network, peers),
+// Internal otherwise.
 absl::Status NcclStatus(ncclResult_t result, absl::string_view call);
 // How many CUDA devices this process sees; an error saying why when CUDA cannot tell (no
 // driver, no device).

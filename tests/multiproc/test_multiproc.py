@@ -508,3 +508,23 @@ def test_gpu_two_workers_exact_sums(job: JobEnv) -> None:
     for rank in range(2):
         assert f"worker {rank}: all {rounds} rounds ok" in worker_lines(out, rank), out
     assert_nothing_left(job.marker)
+
+
+def test_gpu_survivor_names_the_killed_worker(job: JobEnv, tmp_path: Path,
+                                              direct: list[DirectJob]) -> None:
+    gpus = visible_gpus()
+    if gpus < 2:
+        pytest.skip(f"needs 2 GPUs (one per worker process), CUDA reports {gpus}: not run")
+    j = DirectJob(job, tmp_path, workers=2, servers=0,
+                  worker_args=["--gpu", "--rounds", "200", "--sleep-ms", "20", "--die-rank",
+                               "1", "--die-round", "2", "--expect-failure"],
+                  backend="dist_allreduce")
+    direct.append(j)
+    assert j.wait("worker 1", RUN_TIMEOUT) == -signal.SIGKILL, j.text()
+    died = j.exited["worker 1"]
+    codes = j.wait_all(RUN_TIMEOUT)  # nothing stays stuck in NCCL
+    assert codes["worker 0"] == 3, j.text()
+    assert j.exited["worker 0"] - died < DETECTION_BOUND, j.text()
+    errors = error_lines(j.lines("worker 0"))
+    assert len(errors) == 1 and "worker 1" in errors[0], j.text()
+    assert_nothing_left(job.marker)

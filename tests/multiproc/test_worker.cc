@@ -9,8 +9,8 @@
 //   --die-rank R --die-round K   worker R kills itself with SIGKILL at the start of
 //                                round K, before pushing anything
 //   --expect-failure             an operation is expected to fail (a peer is killed)
-//   --gpu                        the tensors live on GPU `local rank` (dist_allreduce with
-//                                NCCL); copied there before and back after each round
+//   --gpu                        the tensors live on GPU `rank % devices` (dist_allreduce
+//                                with NCCL); copied there before and back after each round
 //   --count-gpus                 prints "gpus N" (CUDA's device count; 0 without a GPU
 //                                or without CUDA in the build) and exits
 //
@@ -145,10 +145,15 @@ absl::Status Cuda(cudaError_t e, const char* what) {
 }
 #endif
 
-// --gpu: allocates the tensors' GPU copies on `device`, or copies them one way.
+// --gpu: allocates the tensors' GPU copies on the GPU of `rank`, or copies them one way.
 enum class Copy { kAllocate, kToDevice, kToHost };
-absl::Status OnGpu(std::vector<Tensor>& tensors, int device, Copy copy) {
+absl::Status OnGpu(std::vector<Tensor>& tensors, int rank, Copy copy) {
 #if HYBRIDPS_WITH_NCCL
+  int devices = 0;
+  if (absl::Status s = Cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount"); !s.ok()) {
+    return s;
+  }
+  const int device = rank % devices;
   if (absl::Status s = Cuda(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
   for (Tensor& t : tensors) {
     absl::Status s;
@@ -187,7 +192,7 @@ int Run(const Flags& flags) {
   const int rank = kv->rank();
   const int size = kv->num_workers();
   if (flags.gpu) {
-    if (absl::Status s = OnGpu(tensors, kv->local_rank(), Copy::kAllocate); !s.ok()) {
+    if (absl::Status s = OnGpu(tensors, rank, Copy::kAllocate); !s.ok()) {
       return Fail(flags, s);
     }
   }
@@ -204,7 +209,7 @@ int Run(const Flags& flags) {
       for (size_t i = 0; i < x.count; ++i) x.Set(i, Value(i, rank, round, static_cast<int>(t)));
     }
     if (flags.gpu) {
-      if (absl::Status s = OnGpu(tensors, kv->local_rank(), Copy::kToDevice); !s.ok()) {
+      if (absl::Status s = OnGpu(tensors, rank, Copy::kToDevice); !s.ok()) {
         return Fail(flags, s);
       }
     }
@@ -221,7 +226,7 @@ int Run(const Flags& flags) {
     }
     if (!first_error.ok()) return Fail(flags, first_error);
     if (flags.gpu) {
-      if (absl::Status s = OnGpu(tensors, kv->local_rank(), Copy::kToHost); !s.ok()) {
+      if (absl::Status s = OnGpu(tensors, rank, Copy::kToHost); !s.ok()) {
         return Fail(flags, s);
       }
     }

@@ -35,6 +35,9 @@ TEST(NcclTest, ErrorsNameTheCallAndTheLibrarysReason) {
   EXPECT_FALSE(n.ok());
   EXPECT_TRUE(absl::StrContains(n.message(), "ncclAllReduce failed: ")) << n;
   EXPECT_TRUE(absl::StrContains(n.message(), ncclGetErrorString(ncclInvalidArgument))) << n;
+  EXPECT_EQ(n.code(), absl::StatusCode::kInternal);
+  // A peer or the network: the store then waits for the scheduler to name the dead peer.
+  EXPECT_EQ(NcclStatus(ncclRemoteError, "ncclGroupEnd").code(), absl::StatusCode::kUnavailable);
 }
 
 // Runs everywhere: without a GPU (here, CI) device 0 does not exist; with GPUs, the
