@@ -51,8 +51,10 @@ void AllreduceStore::ExecLoop() {
     if (!RunRound(&job_active)) break;
   }
   // Nothing runs any more: fail what is left, and let the peers know at once.
+  [[maybe_unused]] bool broken_ok;
   {
     absl::MutexLock lock(&mu_);
+    broken_ok = broken_.ok() || peers_left_;
     const absl::Status why =
         broken_.ok() ? absl::FailedPreconditionError("the store was shut down") : broken_;
     for (auto& [seq, op] : queued_) {
@@ -64,6 +66,9 @@ void AllreduceStore::ExecLoop() {
     barriers_.clear();
     exec_done_ = true;
   }
+#if HYBRIDPS_WITH_NCCL
+  CloseGpu(!broken_ok);
+#endif
   comm_->Close();
   io_waker_.Wake();
 }
@@ -157,8 +162,11 @@ bool AllreduceStore::RunRound(bool* job_active) {
     const size_t bytes = op->in.bytes();
     // Data goes along only the first time an operation is listed: when the ranks are in
     // step that is the round that runs it; a rank waiting for late peers does not resend.
-    if (op->rounds_listed == 1 && (op->kind == nego::OpKind::kPushPull || op->root == rank_) &&
-        bytes <= eager_tensor && eager_bytes + bytes <= eager_round) {
+    // GPU data never does: it is not in host memory.
+    e.gpu = op->in.device == Device::kGPU;
+    if (!e.gpu && op->rounds_listed == 1 &&
+        (op->kind == nego::OpKind::kPushPull || op->root == rank_) && bytes <= eager_tensor &&
+        eager_bytes + bytes <= eager_round) {
       e.has_payload = true;
       e.payload = absl::string_view(static_cast<const char*>(op->in.data), bytes);
       eager_bytes += bytes;
@@ -208,6 +216,9 @@ bool AllreduceStore::RunRound(bool* job_active) {
       failure = Execute(a, listed);
       if (!failure.ok()) break;
     }
+#if HYBRIDPS_WITH_NCCL
+    failure = FinishGpu(failure);
+#endif
     for (const nego::Missing& m : plan.missing) {
       Op* op = listed[m.entry].get();
       std::vector<bool> seen(num_workers_, true);
@@ -264,6 +275,12 @@ void AllreduceStore::Finish(Op* op, absl::Status status) {
 absl::Status AllreduceStore::Execute(const nego::Action& a,
                                      const std::vector<std::shared_ptr<Op>>& listed) {
   Op* first = listed[a.entries[0]].get();
+#if HYBRIDPS_WITH_NCCL
+  // Decide never mixes devices in an action, and GPU tensors are never eager.
+  if (a.type != nego::Action::Type::kFail && first->in.device == Device::kGPU) {
+    return ExecuteGpu(a, listed);
+  }
+#endif
   const size_t es = DTypeSize(a.dtype);
   switch (a.type) {
     case nego::Action::Type::kFail:

@@ -32,7 +32,9 @@ struct AllreduceStore::Op {
 
   std::string Describe() const {
     return absl::StrCat(negotiation::OpKindName(kind), " of '", name, "' (", in.count, " ",
-                        DTypeName(in.dtype), " elements)");
+                        DTypeName(in.dtype), " elements",
+                        in.device == Device::kGPU ? absl::StrCat(" on GPU ", in.device_id) : "",
+                        ")");
   }
 };
 

@@ -11,6 +11,9 @@
 #include "common/status.h"
 #include "worker/allreduce_op.h"
 #include "worker/gloo_comm.h"
+#if HYBRIDPS_WITH_NCCL
+#include "worker/nccl_comm.h"
+#endif
 
 namespace hybridps {
 
@@ -87,6 +90,9 @@ absl::Status AllreduceStore::Start() {
     return store.status().ok() ? comm.status() : store.status();
   }
   comm_ = std::move(*comm);
+#if HYBRIDPS_WITH_NCCL
+  RETURN_IF_ERROR(ShareNcclId());
+#endif
   exec_thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "hps-ar-exec");
     ExecLoop();
@@ -115,7 +121,7 @@ AllreduceStore::Stats AllreduceStore::stats() const {
 
 absl::StatusOr<Handle> AllreduceStore::BroadcastAsync(absl::string_view name, TensorView tensor,
                                                       int root_rank, int priority) {
-  RETURN_IF_ERROR(CheckCpuTensor(name, tensor, "the tensor"));
+  RETURN_IF_ERROR(CheckTensor(name, tensor, "the tensor"));
   if (root_rank < 0 || root_rank >= num_workers_) {
     return absl::InvalidArgumentError(absl::StrCat("broadcast of '", name, "': root rank ",
                                                    root_rank, " is out of range [0, ",
@@ -132,8 +138,13 @@ absl::StatusOr<Handle> AllreduceStore::BroadcastAsync(absl::string_view name, Te
 
 absl::StatusOr<Handle> AllreduceStore::PushPullAsync(absl::string_view name, TensorView in,
                                                      TensorView out, int priority) {
-  RETURN_IF_ERROR(CheckCpuTensor(name, in, "the input"));
-  RETURN_IF_ERROR(CheckCpuTensor(name, out, "the output"));
+  RETURN_IF_ERROR(CheckTensor(name, in, "the input"));
+  RETURN_IF_ERROR(CheckTensor(name, out, "the output"));
+  if (in.device != out.device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push_pull of '", name, "': the input and the output must both be CPU or both GPU "
+        "tensors"));
+  }
   if (in.count != out.count || in.dtype != out.dtype) {
     return absl::InvalidArgumentError(absl::StrCat(
         "push_pull of '", name, "': the input has ", in.count, " ", DTypeName(in.dtype),
@@ -145,6 +156,14 @@ absl::StatusOr<Handle> AllreduceStore::PushPullAsync(absl::string_view name, Ten
   op->out = out;
   op->priority = priority;
   return Submit(std::move(op));
+}
+
+absl::Status AllreduceStore::CheckTensor(absl::string_view name, const TensorView& t,
+                                         absl::string_view what) {
+#if HYBRIDPS_WITH_NCCL
+  if (t.device == Device::kGPU) return CheckGpuTensor(name, t, what);
+#endif
+  return CheckCpuTensor(name, t, what);
 }
 
 absl::StatusOr<Handle> AllreduceStore::Submit(std::shared_ptr<Op> op) {

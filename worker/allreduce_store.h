@@ -1,7 +1,12 @@
 // "dist_allreduce": push_pull is a sum-allreduce across all workers, broadcast a broadcast
 // from a root — no servers. CPU tensors go through Gloo (ring allreduce over tcp),
-// bootstrapped through the scheduler's rendezvous store; GPU tensors (NCCL) are not built
-// yet and fail with Unimplemented.
+// bootstrapped through the scheduler's rendezvous store. GPU tensors go through NCCL when
+// built with CUDA (HYBRIDPS_WITH_NCCL; otherwise they fail with Unimplemented): one
+// communicator over all workers, on the device of the first GPU tensor this worker
+// submits (a GPU tensor on another device is refused at submission). Rank 0 makes the
+// NCCL id at Create (when it sees a GPU) and passes it through the rendezvous store; the
+// communicator itself is created by the executor on the first GPU collective, which every
+// rank reaches at the same point of the negotiated order.
 //
 // Operations run in the same order on every rank whatever order each rank submitted
 // them in: a background executor negotiates, Horovod-style, what every rank has ready
@@ -16,8 +21,11 @@
 //
 // Threading:
 // - user threads submit (validate, queue under mu_, wake the executor);
-// - "hps-ar-exec", the executor, owns the Gloo communicator: negotiation rounds, the
-//   collectives they decide, handle completion;
+// - "hps-ar-exec", the executor, owns the Gloo and NCCL communicators: negotiation
+//   rounds, the collectives they decide, handle completion. GPU collectives of a round
+//   are enqueued on the NCCL stream as they come (CPU ones run meanwhile) and waited for
+//   at the end of the round (polling events, with the deadline; a broken store aborts
+//   the NCCL communicator);
 // - "hps-ar-io" owns the scheduler client once the store has started: heartbeats,
 //   barriers, finalisation, and the scheduler's notices (a peer died, the job ended),
 //   which break the store (Break).
@@ -49,6 +57,7 @@
 namespace hybridps {
 
 class GlooComm;
+class NcclComm;
 
 class AllreduceStore : public KVStore {
  public:
@@ -78,6 +87,8 @@ class AllreduceStore : public KVStore {
     uint64_t fused_tensors = 0;  // push_pulls that went through a fusion buffer
     uint64_t eager = 0;          // operations computed from the negotiation data
     uint64_t broadcasts = 0;     // Gloo broadcast calls
+    uint64_t nccl_groups = 0;    // NCCL launches (a group of a fused bucket counts once)
+    uint64_t nccl_tensors = 0;   // GPU tensors reduced or broadcast through NCCL
     absl::Duration negotiating;  // in the rounds' allgathers
     absl::Duration executing;    // running what the rounds decided
   };
@@ -90,6 +101,9 @@ class AllreduceStore : public KVStore {
  private:
   AllreduceStore(std::shared_ptr<Context> ctx, const Options& options);
   absl::Status Start();
+  // OK for a tensor this build and this worker can reduce; else an error naming it.
+  absl::Status CheckTensor(absl::string_view name, const TensorView& t,
+                           absl::string_view what);
   absl::StatusOr<Handle> Submit(std::shared_ptr<Op> op);
   // Any thread: fails every queued operation the executor is not running, and every
   // later one, with `status`. The first status wins.
@@ -108,6 +122,21 @@ class AllreduceStore : public KVStore {
   void Warn(const negotiation::Plan& plan, const std::vector<std::shared_ptr<Op>>& listed,
             absl::Time now);
   void Finish(Op* op, absl::Status status);
+#if HYBRIDPS_WITH_NCCL
+  // allreduce_gpu.cc.
+  absl::Status ShareNcclId();  // Start: rank 0's id to everyone
+  absl::Status CheckGpuTensor(absl::string_view name, const TensorView& t,
+                              absl::string_view what);
+  // Enqueues a GPU action on the NCCL stream (creating the communicator the first time).
+  absl::Status ExecuteGpu(const negotiation::Action& action,
+                          const std::vector<std::shared_ptr<Op>>& listed);
+  // End of a round: waits for the GPU work ExecuteGpu enqueued and finishes its
+  // operations; after a `failure` aborts it instead. Returns the round's status.
+  absl::Status FinishGpu(absl::Status failure);
+  // At the executor's end: closes the NCCL communicator (aborts it if `broken`).
+  void CloseGpu(bool broken);
+  absl::Status BrokenStatus() ABSL_LOCKS_EXCLUDED(mu_);  // NCCL waits poll it
+#endif
   // After a transport failure: waits (at most the heartbeat timeout and a little more)
   // for the scheduler to say which peer died.
   void AwaitPeerVerdict() ABSL_LOCKS_EXCLUDED(mu_);
@@ -130,6 +159,17 @@ class AllreduceStore : public KVStore {
   std::deque<size_t> recent_sizes_;  // largest negotiation message of the last rounds
   std::string fusion_;  // the fusion buffer
   absl::flat_hash_map<std::string, absl::Time> foreign_warned_;  // name -> next warning
+#if HYBRIDPS_WITH_NCCL
+  std::string nccl_id_;           // set at Start; empty: no GPU tensors (nccl_unavailable_)
+  std::string nccl_unavailable_;  // why not
+  std::unique_ptr<NcclComm> nccl_;  // the executor only; made on the first GPU collective
+  struct GpuWork {                  // enqueued in this round, not yet waited for
+    uint64_t ticket = 0;
+    std::vector<Op*> ops;
+    absl::Time deadline;
+  };
+  std::vector<GpuWork> gpu_work_;  // the executor only
+#endif
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<Op>> queued_ ABSL_GUARDED_BY(mu_);  // by submission
@@ -144,6 +184,7 @@ class AllreduceStore : public KVStore {
   std::vector<std::shared_ptr<HandleState>> barriers_ ABSL_GUARDED_BY(mu_);  // for the I/O thread
   std::shared_ptr<HandleState> finalize_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
+  int gpu_device_ ABSL_GUARDED_BY(mu_) = -1;  // the first GPU tensor's device
 
   Waker io_waker_;
   std::atomic<bool> io_exit_{false};

@@ -14,7 +14,7 @@ namespace {
 
 // Fields travel in host byte order (every supported host is little-endian).
 constexpr uint32_t kMagic = 0x4E535048;  // "HPSN"
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;  // 2: the device byte
 constexpr uint16_t kFlagLeaving = 1;
 constexpr size_t kEntryBytes = 40;
 
@@ -59,7 +59,7 @@ std::string RankNames(const std::vector<int>& ranks) {
 }
 
 bool SameSignature(const Entry& a, const Entry& b) {
-  return a.kind == b.kind && a.dtype == b.dtype && a.count == b.count &&
+  return a.kind == b.kind && a.dtype == b.dtype && a.count == b.count && a.gpu == b.gpu &&
          (a.kind != OpKind::kBroadcast || a.root == b.root);
 }
 
@@ -104,6 +104,7 @@ absl::string_view OpKindName(OpKind kind) {
 
 std::string Entry::Shape() const {
   std::string s = absl::StrCat(count, " ", DTypeName(dtype), " elements");
+  if (gpu) absl::StrAppend(&s, " on GPU");
   if (kind == OpKind::kBroadcast) absl::StrAppend(&s, " from root ", root);
   return s;
 }
@@ -119,7 +120,7 @@ void Serialize(const RankList& list, int rank, std::string* out) {
     Put(out, static_cast<uint8_t>(e.kind));
     Put(out, static_cast<uint8_t>(e.dtype));
     Put(out, static_cast<uint8_t>(e.has_payload ? 1 : 0));
-    Put(out, uint8_t{0});
+    Put(out, static_cast<uint8_t>(e.gpu ? 1 : 0));
     Put(out, e.root);
     Put(out, e.priority);
     Put(out, e.age_ms);
@@ -158,11 +159,11 @@ absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
   list.leaving = (flags & kFlagLeaving) != 0;
   list.entries.resize(num);
   for (Entry& e : list.entries) {
-    uint8_t kind = 0, dtype = 0, has_payload = 0, reserved = 0;
+    uint8_t kind = 0, dtype = 0, has_payload = 0, gpu = 0;
     uint32_t name_len = 0;
     uint64_t payload_len = 0;
     if (!in.Get(&e.occurrence) || !in.Get(&kind) || !in.Get(&dtype) || !in.Get(&has_payload) ||
-        !in.Get(&reserved) || !in.Get(&e.root) || !in.Get(&e.priority) || !in.Get(&e.age_ms) ||
+        !in.Get(&gpu) || !in.Get(&e.root) || !in.Get(&e.priority) || !in.Get(&e.age_ms) ||
         !in.Get(&name_len) || !in.Get(&e.count) || !in.Get(&payload_len)) {
       return bad("truncated entry");
     }
@@ -172,9 +173,13 @@ absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
     }
     if (!IsValidDType(dtype)) return bad(absl::StrCat("unknown dtype ", dtype));
     if (has_payload > 1) return bad("bad payload flag");
+    if (gpu > 1) return bad("bad device flag");
+    // GPU data never rides along: it is not in host memory.
+    if (gpu == 1 && has_payload == 1) return bad("payload for a GPU tensor");
     e.kind = static_cast<OpKind>(kind);
     e.dtype = static_cast<DType>(dtype);
     e.has_payload = has_payload == 1;
+    e.gpu = gpu == 1;
     if (name_len == 0 || name_len > kMaxNameBytes) return bad("bad name length");
     absl::string_view name;
     if (!in.Take(name_len, &name) || !in.SkipPad(name_len)) return bad("truncated name");
@@ -290,8 +295,8 @@ Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes) {
       rest.push_back(k);
     }
   }
-  // Fusion: one open bucket per dtype; a bucket keeps its first member's place.
-  absl::flat_hash_map<uint8_t, size_t> open;  // dtype -> index in plan.actions
+  // Fusion: one open bucket per dtype and device; a bucket keeps its first member's place.
+  absl::flat_hash_map<uint8_t, size_t> open;  // dtype + device -> index in plan.actions
   absl::flat_hash_map<uint8_t, uint64_t> open_bytes;
   for (const Key* k : rest) {
     const Entry& e0 = lists[0].entries[k->idx[0]];
@@ -311,7 +316,7 @@ Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes) {
       plan.actions.push_back(std::move(a));
       continue;
     }
-    const uint8_t dt = static_cast<uint8_t>(e0.dtype);
+    const uint8_t dt = static_cast<uint8_t>(static_cast<uint8_t>(e0.dtype) | (e0.gpu ? 0x80 : 0));
     auto it = open.find(dt);
     if (it != open.end() && open_bytes[dt] + bytes <= fusion_bytes) {
       Action& bucket = plan.actions[it->second];

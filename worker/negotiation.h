@@ -11,7 +11,8 @@
 // - An operation is keyed by (name, occurrence): the k-th operation a rank issued on a
 //   name matches the k-th of every other rank. Only the oldest pending operation of a
 //   name is listed, so operations on one name run in the order they were issued.
-// - A key listed by every rank with the same kind, dtype, count (and root) is ready; with
+// - A key listed by every rank with the same kind, dtype, count, device kind (CPU or
+//   GPU: the ranks' tensors must be on the same kind of device) and root is ready; with
 //   different ones it fails on every rank with an error that names the tensor, the ranks
 //   and their shapes. A key some ranks have not listed waits (stall warnings and the
 //   deadline are the store's business; `missing` says who is missing).
@@ -19,7 +20,8 @@
 // - Small operations whose data every rank put in its list (the eager payload) are
 //   computed from the lists themselves, with no further collective: push_pull sums the
 //   ranks' payloads in rank order (identical on every rank), broadcast takes the root's.
-// - Other push_pulls smaller than fusion_bytes are packed by dtype into buckets of at
+// - Other push_pulls smaller than fusion_bytes are packed by dtype and device kind (GPU
+//   buckets run as one NCCL group, CPU ones through a fusion buffer) into buckets of at
 //   most fusion_bytes (a bucket runs where its first member would have); larger ones and
 //   broadcasts run alone.
 //
@@ -55,6 +57,7 @@ struct Entry {
   DType dtype = DType::kFloat32;
   uint64_t count = 0;   // elements
   int32_t root = -1;    // broadcast only
+  bool gpu = false;     // a GPU tensor (NCCL); never fused with CPU tensors, no payload
   int32_t priority = 0;
   uint32_t age_ms = 0;  // since the rank submitted it (for stall warnings)
   // Eager data (count elements), or none. Serialize() reads it from the caller's memory;
@@ -62,7 +65,7 @@ struct Entry {
   bool has_payload = false;
   absl::string_view payload;
 
-  // "12 float32 elements" (+ " from root 1" for a broadcast).
+  // "12 float32 elements" (+ " on GPU", + " from root 1" for a broadcast).
   std::string Shape() const;
 };
 

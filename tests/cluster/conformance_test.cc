@@ -21,6 +21,9 @@
 #include "common/dtype.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
+#if HYBRIDPS_WITH_NCCL
+#include <cuda_runtime_api.h>
+#endif
 
 namespace hybridps::testing {
 namespace {
@@ -312,15 +315,31 @@ TEST_P(ConformanceTest, RankThatNeverSubmitsFailsTheOthersAtTheDeadline) {
   }
 }
 
+// Where GPU tensors cannot be reduced: dist_hybrid (CPU only), dist_allreduce built
+// without CUDA/NCCL (Unimplemented), and dist_allreduce with NCCL but no GPU on rank 0
+// (FailedPrecondition). With a GPU, dist_allreduce takes them: tests/gpu.
 TEST_P(ConformanceTest, GpuTensorsAreAClearError) {
+  bool nccl = false;
+#if HYBRIDPS_WITH_NCCL
+  nccl = GetParam().backend == "dist_allreduce";
+  int devices = 0;
+  if (nccl && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
+    GTEST_SKIP() << "a GPU is visible: dist_allreduce reduces GPU tensors (tests/gpu)";
+  }
+#endif
   auto cluster = Start(Config());
   ASSERT_NE(cluster, nullptr);
   float x[4] = {};
   TensorView gpu{x, 4, DType::kFloat32, Device::kGPU, 0};
   auto h = cluster->worker(0)->PushPullAsync("gpu", gpu, gpu);
   ASSERT_FALSE(h.ok());
-  EXPECT_EQ(h.status().code(), absl::StatusCode::kUnimplemented) << h.status();
+  EXPECT_EQ(h.status().code(), nccl ? absl::StatusCode::kFailedPrecondition
+                                    : absl::StatusCode::kUnimplemented)
+      << h.status();
   EXPECT_TRUE(Mentions(h.status().message(), "'gpu'"));
+  if (nccl) {
+    EXPECT_TRUE(Mentions(h.status().message(), "rank 0 has no GPU"));
+  }
 }
 
 std::vector<Param> Params() {

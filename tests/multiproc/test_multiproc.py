@@ -482,3 +482,49 @@ def test_killed_local_rank_fails_its_node_peers(job: JobEnv, tmp_path: Path,
         errors = error_lines(j.lines(label))
         assert len(errors) == 1 and "worker 1" in errors[0], j.text()
     assert_nothing_left(job.marker)
+
+
+# ---- GPU tensors (dist_allreduce on NCCL) -------------------------------------------------
+# Run as their own CTest test (label gpu, `-k gpu`); skipped where fewer than two GPUs are
+# visible. NOT RUN ON A GPU YET: written without one.
+
+def visible_gpus() -> int:
+    out = subprocess.run([str(TEST_WORKER), "--count-gpus"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    match = re.fullmatch(r"gpus (\d+)\n", out)
+    assert match, out
+    return int(match.group(1))
+
+
+def test_gpu_two_workers_exact_sums(job: JobEnv) -> None:
+    gpus = visible_gpus()
+    if gpus < 2:
+        pytest.skip(f"needs 2 GPUs (one per worker process), CUDA reports {gpus}: not run")
+    rounds = 5
+    run = hybridrun(job, 2, 0, [str(TEST_WORKER), "--gpu", "--rounds", str(rounds)],
+                    "dist_allreduce")
+    code, out, err, _ = run.finish(RUN_TIMEOUT)
+    assert code == 0, f"{out}\n{err}"
+    for rank in range(2):
+        assert f"worker {rank}: all {rounds} rounds ok" in worker_lines(out, rank), out
+    assert_nothing_left(job.marker)
+
+
+def test_gpu_survivor_names_the_killed_worker(job: JobEnv, tmp_path: Path,
+                                              direct: list[DirectJob]) -> None:
+    gpus = visible_gpus()
+    if gpus < 2:
+        pytest.skip(f"needs 2 GPUs (one per worker process), CUDA reports {gpus}: not run")
+    j = DirectJob(job, tmp_path, workers=2, servers=0,
+                  worker_args=["--gpu", "--rounds", "200", "--sleep-ms", "20", "--die-rank",
+                               "1", "--die-round", "2", "--expect-failure"],
+                  backend="dist_allreduce")
+    direct.append(j)
+    assert j.wait("worker 1", RUN_TIMEOUT) == -signal.SIGKILL, j.text()
+    died = j.exited["worker 1"]
+    codes = j.wait_all(RUN_TIMEOUT)  # nothing stays stuck in NCCL
+    assert codes["worker 0"] == 3, j.text()
+    assert j.exited["worker 0"] - died < DETECTION_BOUND, j.text()
+    errors = error_lines(j.lines("worker 0"))
+    assert len(errors) == 1 and "worker 1" in errors[0], j.text()
+    assert_nothing_left(job.marker)

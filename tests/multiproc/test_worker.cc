@@ -9,6 +9,10 @@
 //   --die-rank R --die-round K   worker R kills itself with SIGKILL at the start of
 //                                round K, before pushing anything
 //   --expect-failure             an operation is expected to fail (a peer is killed)
+//   --gpu                        the tensors live on GPU `rank % devices` (dist_allreduce
+//                                with NCCL); copied there before and back after each round
+//   --count-gpus                 prints "gpus N" (CUDA's device count; 0 without a GPU
+//                                or without CUDA in the build) and exits
 //
 // Exit status: 0 when every round was right; 3 when an operation failed and
 // --expect-failure was given, 1 when it was not (the error is printed on one line,
@@ -28,6 +32,9 @@
 #include "common/dtype.h"
 #include "common/options.h"
 #include "worker/kvstore.h"
+#if HYBRIDPS_WITH_NCCL
+#include <cuda_runtime_api.h>
+#endif
 
 namespace {
 
@@ -39,13 +46,15 @@ struct Flags {
   int die_rank = -1;
   int die_round = -1;
   bool expect_failure = false;
+  bool gpu = false;
+  bool count_gpus = false;
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    if (k == "--expect-failure") {
-      f->expect_failure = true;
+    if (k == "--expect-failure" || k == "--gpu" || k == "--count-gpus") {
+      (k == "--gpu" ? f->gpu : k == "--count-gpus" ? f->count_gpus : f->expect_failure) = true;
       continue;
     }
     int* target = k == "--rounds"      ? &f->rounds
@@ -76,7 +85,13 @@ struct Tensor {
   size_t count;
   std::vector<char> bytes;
 
-  hybridps::TensorView view() { return hybridps::TensorView{bytes.data(), count, dtype}; }
+  void* device_data = nullptr;  // --gpu: the tensor on the GPU (bytes: its host copy)
+  int device = 0;
+
+  hybridps::TensorView view() {
+    if (device_data == nullptr) return hybridps::TensorView{bytes.data(), count, dtype};
+    return hybridps::TensorView{device_data, count, dtype, hybridps::Device::kGPU, device};
+  }
   void Set(size_t i, int64_t v) {
     switch (dtype) {
       case hybridps::DType::kFloat32:
@@ -114,6 +129,53 @@ int Fail(const Flags& flags, const absl::Status& status) {
   return flags.expect_failure ? 3 : 1;
 }
 
+int CountGpus() {
+  int n = 0;
+#if HYBRIDPS_WITH_NCCL
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+#endif
+  std::printf("gpus %d\n", n);
+  return 0;
+}
+
+#if HYBRIDPS_WITH_NCCL
+absl::Status Cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+}
+#endif
+
+// --gpu: allocates the tensors' GPU copies on the GPU of `rank`, or copies them one way.
+enum class Copy { kAllocate, kToDevice, kToHost };
+absl::Status OnGpu(std::vector<Tensor>& tensors, int rank, Copy copy) {
+#if HYBRIDPS_WITH_NCCL
+  int devices = 0;
+  if (absl::Status s = Cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount"); !s.ok()) {
+    return s;
+  }
+  const int device = rank % devices;
+  if (absl::Status s = Cuda(cudaSetDevice(device), "cudaSetDevice"); !s.ok()) return s;
+  for (Tensor& t : tensors) {
+    absl::Status s;
+    if (copy == Copy::kAllocate) {
+      t.device = device;
+      s = Cuda(cudaMalloc(&t.device_data, t.bytes.size() + 1), "cudaMalloc");
+    } else if (copy == Copy::kToDevice) {
+      s = Cuda(cudaMemcpy(t.device_data, t.bytes.data(), t.bytes.size(), cudaMemcpyHostToDevice),
+               "cudaMemcpy");
+    } else {
+      s = Cuda(cudaMemcpy(t.bytes.data(), t.device_data, t.bytes.size(), cudaMemcpyDeviceToHost),
+               "cudaMemcpy");
+    }
+    if (!s.ok()) return s;
+  }
+  // The store's stream does not wait for ours: the data must have landed.
+  return Cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+#else
+  return absl::UnimplementedError("--gpu: this build has no CUDA/NCCL");
+#endif
+}
+
 int Run(const Flags& flags) {
   auto options = hybridps::OptionsFromEnvironment();
   if (!options.ok()) return Fail(flags, options.status());
@@ -129,6 +191,11 @@ int Run(const Flags& flags) {
   std::unique_ptr<hybridps::KVStore> kv = std::move(*created);
   const int rank = kv->rank();
   const int size = kv->num_workers();
+  if (flags.gpu) {
+    if (absl::Status s = OnGpu(tensors, rank, Copy::kAllocate); !s.ok()) {
+      return Fail(flags, s);
+    }
+  }
 
   for (int round = 0; round < flags.rounds; ++round) {
     if (rank == flags.die_rank && round == flags.die_round) {
@@ -140,6 +207,14 @@ int Run(const Flags& flags) {
     for (size_t t = 0; t < tensors.size(); ++t) {
       Tensor& x = tensors[t];
       for (size_t i = 0; i < x.count; ++i) x.Set(i, Value(i, rank, round, static_cast<int>(t)));
+    }
+    if (flags.gpu) {
+      if (absl::Status s = OnGpu(tensors, rank, Copy::kToDevice); !s.ok()) {
+        return Fail(flags, s);
+      }
+    }
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      Tensor& x = tensors[t];
       auto h = kv->PushPullAsync(x.name, x.view(), x.view(), static_cast<int>(t % 2));
       if (!h.ok()) return Fail(flags, h.status());
       handles.push_back(*h);
@@ -150,6 +225,11 @@ int Run(const Flags& flags) {
       if (!s.ok() && first_error.ok()) first_error = s;
     }
     if (!first_error.ok()) return Fail(flags, first_error);
+    if (flags.gpu) {
+      if (absl::Status s = OnGpu(tensors, rank, Copy::kToHost); !s.ok()) {
+        return Fail(flags, s);
+      }
+    }
     for (size_t t = 0; t < tensors.size(); ++t) {
       const Tensor& x = tensors[t];
       for (size_t i = 0; i < x.count; ++i) {
@@ -181,5 +261,6 @@ int Run(const Flags& flags) {
 int main(int argc, char** argv) {
   Flags flags;
   if (!ParseFlags(argc, argv, &flags)) return 2;
+  if (flags.count_gpus) return CountGpus();
   return Run(flags);
 }

@@ -185,6 +185,47 @@ TEST(NegotiationTest, PriorityThenRankZeroOrderAndFusionPerDType) {
   EXPECT_EQ(small.actions[0].entries, (std::vector<size_t>{3, 0}));
 }
 
+// GPU tensors (NCCL) and CPU tensors (Gloo) never share an action: a name on a GPU on one
+// rank and on the CPU on another is a mismatch, and buckets are per dtype and device.
+TEST(NegotiationTest, DeviceKindIsPartOfTheSignatureAndOfTheFusionBucket) {
+  Entry g = PushPull("w", 1000);
+  g.gpu = true;
+  RankList l;
+  l.entries = {g, PushPull("c", 1000)};
+  std::vector<std::string> wire;
+  std::vector<RankList> back = RoundTrip({l}, &wire);
+  ASSERT_EQ(back[0].entries.size(), 2u);
+  EXPECT_TRUE(back[0].entries[0].gpu);
+  EXPECT_FALSE(back[0].entries[1].gpu);
+  std::string bad = wire[0];
+  bad[kHeaderBytes + 7] = 2;  // the device byte
+  auto s = Parse(bad, 0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::StrContains(s.status().message(), "device")) << s.status();
+
+  std::vector<RankList> lists(2);
+  lists[0].entries = {g};
+  lists[1].entries = {PushPull("w", 1000)};
+  Plan p = Decide(lists, 0, 1 << 20);
+  ASSERT_EQ(p.actions.size(), 1u);
+  EXPECT_EQ(p.actions[0].type, Action::Type::kFail);
+  EXPECT_EQ(p.actions[0].error.message(),
+            "mismatched push_pull of 'w': rank 1 sent 1000 float32 elements, rank 0 sent "
+            "1000 float32 elements on GPU");
+
+  Entry g2 = PushPull("g2", 1000);
+  g2.gpu = true;
+  lists[0].entries = {g, PushPull("c1", 1000), g2, PushPull("c2", 1000)};
+  lists[1].entries = lists[0].entries;
+  p = Decide(lists, 1, 1 << 20);
+  std::vector<std::vector<size_t>> got;
+  for (const Action& a : p.actions) {
+    EXPECT_EQ(a.type, Action::Type::kAllreduce);
+    got.push_back(a.entries);
+  }
+  EXPECT_EQ(got, (std::vector<std::vector<size_t>>{{0, 2}, {1, 3}}));
+}
+
 TEST(NegotiationTest, EagerWhenEveryRankSentItsDataOrTheRootDid) {
   float a[2] = {1, 2}, b[2] = {10, 20};
   std::vector<RankList> lists(2);
