@@ -478,7 +478,8 @@ void PrintHeader(const Flags& f, absl::string_view backend, int workers, int ser
   std::printf(
       "# hybridps-bench: %s push_pull, %d workers, %d servers, dtype %s, %d tensor(s) in "
       "flight per size, %s\n"
-      "# partition %zu bytes, credit %zu bytes, %u hardware threads on this host\n"
+      "# partition %zu bytes, wire chunk %zu bytes, credit %zu bytes, %u hardware threads "
+      "on this host\n"
       "# iterations: %d timed after %d warmup (sizes <= %zu bytes: %d after %d); every "
       "result checked against the exact sum\n"
       "# time   = median per-iteration time (= p50); p99 (nearest rank) where >= 100 "
@@ -486,7 +487,8 @@ void PrintHeader(const Flags& f, absl::string_view backend, int workers, int ser
       "# algbw  = S / time (GB/s, 1 GB = 1e9 bytes); busbw = algbw * %.3g (%s)\n"
       "# goodput = bytes pushed per second per worker = S / time\n",
       std::string(backend).c_str(), workers, servers, std::string(DTypeName(f.dtype)).c_str(),
-      f.tensors, f.inplace ? "in-place" : "out-of-place", o.partition_bytes, o.credit_bytes,
+      f.tensors, f.inplace ? "in-place" : "out-of-place", o.partition_bytes,
+      o.wire_chunk_bytes, o.credit_bytes,
       std::thread::hardware_concurrency(), f.iters, f.warmup, f.small_max_bytes,
       std::max(f.iters, f.small_iters), std::max(f.warmup, f.small_iters / 10), f.small_max_bytes,
       busbw_factor, backend == "dist_allreduce" ? "allreduce: 2(n-1)/n" : "push_pull: factor 1");

@@ -48,6 +48,9 @@ absl::Status Options::Validate() const {
   if (local_slots < 1 || local_slots > (1 << 22)) return bad("local_slots", local_slots);
   if (scheduler_port < 0 || scheduler_port > 65535) return bad("scheduler_port", scheduler_port);
   if (partition_bytes < 8) return bad("partition_bytes", partition_bytes);
+  if (wire_chunk_bytes != 0 && wire_chunk_bytes < 8) {
+    return bad("wire_chunk_bytes (0 or at least 8)", wire_chunk_bytes);
+  }
   if (server_threads < 0 || server_threads > 256) return bad("server_threads", server_threads);
   if (credit_bytes < 1) return bad("credit_bytes", credit_bytes);
   if (transport != "tcp" && transport != "ipc" && transport != "inproc") {
@@ -207,6 +210,7 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   if (auto v = Get("HYBRIDPS_NODE_ID")) o.node_id = *v;
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_SLOTS", &o.local_slots));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_PARTITION_BYTES", &o.partition_bytes));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_WIRE_CHUNK_BYTES", &o.wire_chunk_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_SERVER_THREADS", &o.server_threads));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_CREDIT_BYTES", &o.credit_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_MAX_MESSAGE_BYTES", &o.max_message_bytes));

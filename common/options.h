@@ -74,6 +74,9 @@ struct Options {
   std::string job_token;
   // HYBRIDPS_PARTITION_BYTES: a tensor is split into partitions of at most this size.
   size_t partition_bytes = 4 << 20;
+  // HYBRIDPS_WIRE_CHUNK_BYTES: a partition travels to its server as requests of at most
+  // this size, so its push, sum and pull overlap (0: one request per partition).
+  size_t wire_chunk_bytes = 1 << 20;
   // HYBRIDPS_SERVER_THREADS: engine threads of a server (0: one per core, at most 4).
   int server_threads = 0;
   // HYBRIDPS_CREDIT_BYTES: bytes a worker keeps in flight to the servers at most.

@@ -45,6 +45,28 @@ std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
   return out;
 }
 
+std::vector<Partition> SplitIntoChunks(std::vector<Partition> parts, DType dtype,
+                                       size_t chunk_bytes) {
+  if (chunk_bytes == 0) return parts;
+  const size_t max_elems = std::max<size_t>(1, chunk_bytes / DTypeSize(dtype));
+  std::vector<Partition> out;
+  out.reserve(parts.size());
+  for (const Partition& p : parts) {
+    const size_t pieces = std::max<size_t>(1, (p.count + max_elems - 1) / max_elems);
+    const size_t base = p.count / pieces, extra = p.count % pieces;
+    size_t offset = p.offset;
+    for (size_t i = 0; i < pieces; ++i) {
+      Partition c = p;
+      c.index = static_cast<uint32_t>(out.size());
+      c.offset = offset;
+      c.count = base + (i < extra ? 1 : 0);
+      offset += c.count;
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
 double MixedExtraShare(int colocated, int extra) {
   if (extra <= 0 || colocated <= 1) return 0;
   const double n = colocated, k = extra;

@@ -50,6 +50,14 @@ struct ServerPlacement {
   int extra_servers = 0;  // 0 <= extra_servers < num_servers
 };
 
+// Cuts every partition larger than chunk_bytes into nearly equal pieces of at most
+// chunk_bytes (at least one element each) that keep its server, renumbered 0..N-1 in
+// order. The pieces travel as separate requests, so one partition's push, sum and pull
+// overlap instead of running one after the other. chunk_bytes == 0 returns `parts`
+// unchanged.
+std::vector<Partition> SplitIntoChunks(std::vector<Partition> parts, DType dtype,
+                                       size_t chunk_bytes);
+
 // Fraction of the bytes the k extra servers get with n colocated ones; 0 when k == 0 or
 // n <= 1 (one worker host: its colocated server is reached without the network).
 double MixedExtraShare(int colocated, int extra);

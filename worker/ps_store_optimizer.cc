@@ -148,7 +148,7 @@ std::vector<Partition> PsStore::Place(uint64_t key, size_t count, DType dtype) c
   if (one_server_per_tensor_.load(std::memory_order_relaxed)) {
     for (Partition& p : parts) p.server = parts[0].server;
   }
-  return parts;
+  return SplitIntoChunks(std::move(parts), dtype, options_.wire_chunk_bytes);
 }
 
 void PsStore::FailServerCalls(const absl::Status& status, absl::Time now) {

@@ -10,7 +10,8 @@ class OptionsTest : public ::testing::Test {
  protected:
   void TearDown() override {
     for (const char* v : {"HYBRIDPS_ROLE", "HYBRIDPS_NUM_WORKERS", "HYBRIDPS_NUM_SERVERS",
-                          "HYBRIDPS_PARTITION_BYTES", "HYBRIDPS_TIMEOUT_MS", "HYBRIDPS_RANK",
+                          "HYBRIDPS_PARTITION_BYTES", "HYBRIDPS_WIRE_CHUNK_BYTES",
+                          "HYBRIDPS_TIMEOUT_MS", "HYBRIDPS_RANK",
                           "HYBRIDPS_BACKEND", "HYBRIDPS_SCHEDULER_PORT",
                           "HYBRIDPS_HEARTBEAT_TIMEOUT_MS", "HYBRIDPS_FUSION_BYTES",
                           "HYBRIDPS_CYCLE_TIME_MS", "HYBRIDPS_STALL_WARNING_MS",
@@ -30,6 +31,7 @@ TEST_F(OptionsTest, DefaultsWhenNothingIsSet) {
   auto o = OptionsFromEnvironment();
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->partition_bytes, 4u << 20);
+  EXPECT_EQ(o->wire_chunk_bytes, 1u << 20);
   EXPECT_EQ(o->backend, "dist_hybrid");
   EXPECT_EQ(o->rank, -1);
 }
@@ -39,6 +41,7 @@ TEST_F(OptionsTest, ReadsVariables) {
   setenv("HYBRIDPS_NUM_WORKERS", "4", 1);
   setenv("HYBRIDPS_NUM_SERVERS", "3", 1);
   setenv("HYBRIDPS_PARTITION_BYTES", "1024", 1);
+  setenv("HYBRIDPS_WIRE_CHUNK_BYTES", "0", 1);
   setenv("HYBRIDPS_TIMEOUT_MS", "2500", 1);
   setenv("HYBRIDPS_RANK", "2", 1);
   setenv("HYBRIDPS_SCHEDULER_PORT", "9000", 1);
@@ -48,6 +51,7 @@ TEST_F(OptionsTest, ReadsVariables) {
   EXPECT_EQ(o->num_workers, 4);
   EXPECT_EQ(o->num_servers, 3);
   EXPECT_EQ(o->partition_bytes, 1024u);
+  EXPECT_EQ(o->wire_chunk_bytes, 0u);
   EXPECT_EQ(o->op_timeout, absl::Milliseconds(2500));
   EXPECT_EQ(o->rank, 2);
   EXPECT_EQ(o->SchedulerEndpoint(), "tcp://127.0.0.1:9000");
@@ -67,6 +71,11 @@ TEST_F(OptionsTest, BadValuesNameTheVariable) {
   setenv("HYBRIDPS_BACKEND", "dist_magic", 1);
   EXPECT_FALSE(OptionsFromEnvironment().ok());
   unsetenv("HYBRIDPS_BACKEND");
+  setenv("HYBRIDPS_WIRE_CHUNK_BYTES", "4", 1);  // neither 0 nor >= 8
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("wire_chunk_bytes"), absl::string_view::npos);
+  unsetenv("HYBRIDPS_WIRE_CHUNK_BYTES");
   setenv("HYBRIDPS_HEARTBEAT_TIMEOUT_MS", "10", 1);  // below the interval
   EXPECT_FALSE(OptionsFromEnvironment().ok());
   unsetenv("HYBRIDPS_HEARTBEAT_TIMEOUT_MS");

@@ -190,5 +190,42 @@ TEST(MixedPlacement, BytesFollowTheShares) {
   }
 }
 
+TEST(SplitIntoChunks, PiecesCoverEachPartitionInOrderOnItsServer) {
+  for (size_t chunk : {size_t{0}, size_t{8}, size_t{4096}, size_t{512} << 10}) {
+    for (size_t count : {size_t{0}, size_t{1}, size_t{1023}, size_t{1} << 20, size_t{3000017}}) {
+      const auto parts = PartitionTensor(TensorKey("w"), count, DType::kFloat32, 4 << 20, 3);
+      const auto pieces = SplitIntoChunks(parts, DType::kFloat32, chunk);
+      if (chunk == 0) {
+        ASSERT_EQ(pieces.size(), parts.size());
+      } else {
+        EXPECT_GE(pieces.size(), parts.size());
+      }
+      size_t next = 0, p = 0;
+      for (size_t i = 0; i < pieces.size(); ++i) {
+        EXPECT_EQ(pieces[i].index, i);
+        EXPECT_EQ(pieces[i].offset, next);
+        if (chunk != 0 && count > 0) {
+          EXPECT_LE(pieces[i].count * 4, std::max<size_t>(chunk, 4));
+        }
+        if (count > 0) {
+          EXPECT_GE(pieces[i].count, 1u);
+        }
+        // The piece lies inside partition p and keeps its server.
+        while (p + 1 < parts.size() && next >= parts[p].offset + parts[p].count) ++p;
+        EXPECT_EQ(pieces[i].server, parts[p].server) << "piece " << i;
+        EXPECT_LE(pieces[i].offset + pieces[i].count, parts[p].offset + parts[p].count);
+        next += pieces[i].count;
+      }
+      EXPECT_EQ(next, count) << "chunk " << chunk;
+    }
+  }
+  // 4 MiB of float32 in 512 KiB chunks: 8 equal pieces.
+  const auto eight = SplitIntoChunks(
+      PartitionTensor(TensorKey("x"), 1 << 20, DType::kFloat32, 4 << 20, 1), DType::kFloat32,
+      512 << 10);
+  ASSERT_EQ(eight.size(), 8u);
+  for (const auto& c : eight) EXPECT_EQ(c.count, size_t{1} << 17);
+}
+
 }  // namespace
 }  // namespace hybridps
