@@ -348,7 +348,9 @@ def test_hung_server_is_killed_after_shutdown_timeout(standins: Standins) -> Non
                                   "--shutdown-timeout", "0.5",
                                   env={"STANDIN_SERVER_MODE": "hang"})
     assert code == 0, err
-    assert "warning: server 0 still running 0.5 s after the workers finished" in err
+    # Under load the scheduler may not have exited by then either; it is then listed too.
+    assert re.search(r"warning: (?:[\w ]+, )*server 0 still running 0\.5 s after the workers "
+                     r"finished", err), err
     assert "server 0 did not stop on SIGTERM; sent SIGKILL" in err
     assert_all_dead(standins)
 
