@@ -2,12 +2,10 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <linux/futex.h>
-#include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -81,10 +79,6 @@ absl::StatusOr<std::unique_ptr<LocalReducer>> LocalReducer::Create(const Options
   }
   std::unique_ptr<LocalReducer> r(new LocalReducer(options, layout, std::move(notify)));
   RETURN_IF_ERROR(r->Attach());
-  r->thread_ = std::thread([p = r.get()] {
-    pthread_setname_np(pthread_self(), "hps-local");
-    p->Loop();
-  });
   return r;
 }
 
@@ -176,30 +170,67 @@ absl::Status LocalReducer::Attach() {
           "): give every local rank the same HYBRIDPS_LOCAL_SLOTS"));
     }
   }
-  shared_->attached.fetch_add(1, std::memory_order_acq_rel);
-  if (me == 0) {
-    while (shared_->attached.load(std::memory_order_acquire) < static_cast<uint32_t>(L)) {
+  // Doorbells: a FIFO per local rank, next to the segment. A local rank rings the others
+  // by writing a byte to theirs; each polls its own with its sockets (PsStore's I/O
+  // thread), so a wake-up from another process reaches the thread that acts on it.
+  // Every FIFO is opened read-write and non-blocking by every local rank: a write never
+  // blocks, and never raises SIGPIPE when the owner died (we hold a read end ourselves).
+  auto bell_path = [&](int lr) { return absl::StrCat("/dev/shm/", job_prefix_, "bell", lr); };
+  auto open_bell = [&](int lr) -> absl::Status {
+    const std::string path = bell_path(lr);
+    const int fd = open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      return absl::InternalError(absl::StrCat("cannot open the doorbell ", path, " of ",
+                                              Who(lr), ": ", strerror(errno)));
+    }
+    bells_[lr] = fd;
+    return absl::OkStatus();
+  };
+  bells_.assign(L, -1);
+  if (mkfifo(bell_path(me).c_str(), 0600) != 0 && errno != EEXIST) {
+    return absl::InternalError(absl::StrCat("mkfifo(", bell_path(me), "): ", strerror(errno)));
+  }
+  RETURN_IF_ERROR(open_bell(me));
+  // Every local rank waits for all to attach (their doorbells exist then), opens the
+  // others' doorbells and says so; local rank 0 then removes every name: everyone has
+  // what it needs mapped or open, so nothing is left behind whatever happens.
+  auto wait_all = [&](std::atomic<uint32_t>& counter, absl::string_view what) -> absl::Status {
+    while (counter.load(std::memory_order_acquire) < static_cast<uint32_t>(L)) {
       if (absl::Now() >= deadline) {
-        shm_unlink(shm_name_.c_str());
         return absl::DeadlineExceededError(absl::StrCat(
-            "only ", shared_->attached.load(), " of node ", layout_.node, "'s ", L,
-            " local ranks attached to its shared memory within ",
-            absl::FormatDuration(options_.start_timeout)));
+            "only ", counter.load(), " of node ", layout_.node, "'s ", L, " local ranks ",
+            what, " within ", absl::FormatDuration(options_.start_timeout)));
       }
       absl::SleepFor(absl::Milliseconds(1));
     }
-    // Everyone has it mapped: the name can go, nothing is left behind whatever happens.
+    return absl::OkStatus();
+  };
+  auto unlink_all = [&] {
     shm_unlink(shm_name_.c_str());
+    for (int lr = 0; lr < L; ++lr) unlink(bell_path(lr).c_str());
+  };
+  shared_->attached.fetch_add(1, std::memory_order_acq_rel);
+  absl::Status s = wait_all(shared_->attached, "attached to its shared memory");
+  for (int lr = 0; lr < L && s.ok(); ++lr) {
+    if (lr != me) s = open_bell(lr);
   }
-  next_peer_check_ = absl::Now() + options_.heartbeat_timeout;
+  if (s.ok()) {
+    shared_->bells_open.fetch_add(1, std::memory_order_acq_rel);
+    if (me == 0) s = wait_all(shared_->bells_open, "opened the node's doorbells");
+  }
+  if (me == 0) unlink_all();
+  RETURN_IF_ERROR(s);
+  last_beat_.assign(L, 0);
+  last_change_.assign(L, absl::Now());
   return absl::OkStatus();
 }
 
 LocalReducer::~LocalReducer() {
-  exit_.store(true);
-  if (thread_.joinable()) {
-    Ring();
-    thread_.join();
+  for (auto it = tasks_.begin(); it != tasks_.end(); it = tasks_.erase(it)) {
+    Leave(*it, absl::CancelledError("the store was shut down"));
+  }
+  for (int fd : bells_) {
+    if (fd >= 0) close(fd);
   }
   for (auto& [id, seg] : segments_) munmap(seg.first, seg.second);
   if (shared_) {
@@ -263,17 +294,17 @@ int LocalReducer::PusherOf(uint64_t key, uint32_t part, int root_rank) const {
 }
 
 void LocalReducer::Ring() {
-  shared_->doorbell.fetch_add(1, std::memory_order_acq_rel);
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(&shared_->doorbell), FUTEX_WAKE, INT_MAX,
-          nullptr, nullptr, 0);
+  // A full pipe already holds a wake-up; a departed rank's pipe fills up and stays full.
+  const char b = 1;
+  for (int lr = 0; lr < layout_.local_size; ++lr) {
+    if (lr != layout_.local_rank) (void)!write(bells_[lr], &b, 1);
+  }
 }
 
 void LocalReducer::Submit(Task task) {
-  {
-    absl::MutexLock lock(&mu_);
-    inbox_.submitted.push_back(std::move(task));
-  }
-  Ring();
+  absl::MutexLock lock(&mu_);
+  inbox_.submitted.push_back(std::move(task));
+  queued_.store(true, std::memory_order_release);
 }
 
 void LocalReducer::Publish(const void* owner, uint32_t part, absl::Status status,
@@ -281,24 +312,24 @@ void LocalReducer::Publish(const void* owner, uint32_t part, absl::Status status
   {
     absl::MutexLock lock(&mu_);
     inbox_.published.push_back(Inbox::Pub{owner, part, std::move(status), std::move(payload)});
+    queued_.store(true, std::memory_order_release);
   }
-  Ring();
 }
 
 void LocalReducer::Cancel(const void* owner, const absl::Status& status) {
   {
     absl::MutexLock lock(&mu_);
     inbox_.cancelled.emplace_back(owner, status);
+    queued_.store(true, std::memory_order_release);
   }
-  Ring();
 }
 
 void LocalReducer::Abort(const absl::Status& status) {
   {
     absl::MutexLock lock(&mu_);
     if (inbox_.aborted.ok()) inbox_.aborted = status;
+    queued_.store(true, std::memory_order_release);
   }
-  Ring();
 }
 
 std::string LocalReducer::Who(int local_rank) const {

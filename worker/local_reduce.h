@@ -16,12 +16,14 @@
 // a partition only ever waits for its own previous round, never for another tensor, so
 // nodes that issue tensors in different orders cannot deadlock on shared resources.
 //
-// Threading: one reducer thread per process ("hps-local") does every copy, sum and wait;
-// Submit/Publish/Cancel/Abort only queue work for it and may be called from any thread.
-// Events go back through `notify` (called on the reducer thread). Waits sleep on a futex
-// in the shared segment (a doorbell every state change rings), each with a deadline; a
-// local rank whose reducer thread shows no sign of life for heartbeat_timeout (its
-// process died or hangs) fails the node's operations.
+// Threading: no thread of its own. The owner's thread (PsStore's I/O thread) polls
+// wake_fd() with its sockets and calls Pump(), which does every copy and sum that can be
+// done now and reports through `notify` (called inside Pump); so a small partition goes
+// from submission to its push, and from the server's reply to its completion, without a
+// thread hand-off. Submit/Publish/Cancel/Abort only queue work for the next Pump (any
+// thread). Every state change rings the other local ranks' doorbells (a FIFO each, which
+// wakes their pollers). Waits have deadlines; a local rank that has not pumped for
+// heartbeat_timeout (its process died or hangs) fails the node's operations.
 #ifndef HYBRIDPS_WORKER_LOCAL_REDUCE_H_
 #define HYBRIDPS_WORKER_LOCAL_REDUCE_H_
 
@@ -33,7 +35,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -106,6 +107,14 @@ class LocalReducer {
   // The local rank that pushes partition `part` of tensor `key` for the node.
   int PusherOf(uint64_t key, uint32_t part, int root_rank) const;
   void Submit(Task task);
+  // The fd to poll for readability (other local ranks rang); then call Pump.
+  int wake_fd() const { return bells_[layout_.local_rank]; }
+  // Advances every task as far as it can go now, checks the other local ranks' liveness
+  // and the deadlines. Returns when it must be called again at the latest (it must also
+  // be called after wake_fd() turns readable and after Submit/Publish/Cancel/Abort).
+  absl::Time Pump();
+  // Work was queued since the last Pump.
+  bool queued() const { return queued_.load(std::memory_order_acquire); }
   // The pusher's server round ended: its reply payload (absent for a broadcast root).
   void Publish(const void* owner, uint32_t part, absl::Status status,
                std::optional<Frame> payload);
@@ -117,7 +126,7 @@ class LocalReducer {
   struct Shared;  // the segment's layout (local_reduce.cc)
 
  private:
-  struct Pending {  // a task at this rank, as the reducer thread advances it
+  struct Pending {  // a task at this rank, as Pump advances it
     Task task;
     enum Stage { kClaim, kArrivals, kWaitPublish, kWaitResult, kCopyOut } stage = kClaim;
     int slot = -1;        // in the node's slot table (one per tensor partition)
@@ -145,7 +154,6 @@ class LocalReducer {
   LocalReducer(const Options& options, const NodeLayout& layout, Notify notify)
       : options_(options), layout_(layout), notify_(std::move(notify)) {}
   absl::Status Attach();
-  void Loop();
   void Ring();
   bool Step(Pending& t);
   void Leave(Pending& t, const absl::Status& status);
@@ -162,16 +170,17 @@ class LocalReducer {
   size_t map_bytes_ = 0;
   Shared* shared_ = nullptr;
 
-  // Reducer thread only.
+  // Pump's thread only.
   std::list<Pending> tasks_;
   std::map<std::pair<uint64_t, uint64_t>, std::pair<void*, size_t>> segments_;  // mapped
   absl::Status broken_;
-  absl::Time next_peer_check_;
+  std::vector<uint64_t> last_beat_;      // of the other local ranks, as last seen
+  std::vector<absl::Time> last_change_;  // when it last changed
+  std::vector<int> bells_;               // doorbell FIFOs, by local rank
 
   absl::Mutex mu_;
   Inbox inbox_ ABSL_GUARDED_BY(mu_);
-  std::atomic<bool> exit_{false};
-  std::thread thread_;
+  std::atomic<bool> queued_{false};
 };
 
 }  // namespace hybridps

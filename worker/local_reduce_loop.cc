@@ -2,12 +2,10 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,18 +29,20 @@ namespace hybridps {
 
 using namespace local_reduce_shm;  // NOLINT: this file's own internals
 
-void LocalReducer::Loop() {
+absl::Time LocalReducer::Pump() {
   const int me = layout_.local_rank;
-  std::vector<uint64_t> last_beat(layout_.local_size, 0);
-  std::vector<absl::Time> last_change(layout_.local_size, absl::Now());
-  while (!exit_.load()) {
-    const uint32_t bell = shared_->doorbell.load(std::memory_order_acquire);
+  // Drain the doorbell first: a ring that comes while we step is seen at the next poll.
+  char sink[256];
+  while (read(bells_[me], sink, sizeof sink) > 0) {
+  }
+  while (true) {
     shared_->beats[me].fetch_add(1, std::memory_order_relaxed);
     Inbox in;
     {
       absl::MutexLock lock(&mu_);
       std::swap(in, inbox_);
       inbox_.aborted = in.aborted;  // sticky
+      queued_.store(false, std::memory_order_release);
     }
     if (!in.aborted.ok() && broken_.ok()) {
       broken_ = in.aborted;
@@ -95,13 +95,13 @@ void LocalReducer::Loop() {
       }
     }
     absl::Time now = absl::Now();
-    // Liveness of the other local ranks: their reducer threads beat at least every 50 ms.
+    // Liveness of the other local ranks: they pump at least every heartbeat interval.
     for (int lr = 0; lr < layout_.local_size && broken_.ok(); ++lr) {
       const uint64_t b = shared_->beats[lr].load(std::memory_order_relaxed);
-      if (lr == me || b != last_beat[lr]) {
-        last_beat[lr] = b;
-        last_change[lr] = now;
-      } else if (now - last_change[lr] > options_.heartbeat_timeout) {
+      if (lr == me || b != last_beat_[lr]) {
+        last_beat_[lr] = b;
+        last_change_[lr] = now;
+      } else if (now - last_change_[lr] > options_.heartbeat_timeout) {
         broken_ = absl::UnavailableError(absl::StrCat(
             Who(lr), " (pid ", layout_.pids[lr], " on ", layout_.host,
             ") stopped: no sign of life in the node's shared memory for ",
@@ -117,7 +117,7 @@ void LocalReducer::Loop() {
       }
     }
     // Deadlines (a pusher waiting for its server is the store's to time out).
-    absl::Time next = now + kMaxSleep;
+    absl::Time next = now + options_.heartbeat_interval;
     for (auto it = tasks_.begin(); it != tasks_.end();) {
       Pending& t = *it;
       if (t.stage == Pending::kWaitPublish || t.task.deadline > now) {
@@ -163,14 +163,7 @@ void LocalReducer::Loop() {
                    absl::FormatDuration(options_.op_timeout))));
       it = tasks_.erase(it);
     }
-    if (progress) continue;
-    const absl::Duration wait = std::clamp(next - absl::Now(), absl::ZeroDuration(), kMaxSleep);
-    const timespec ts = absl::ToTimespec(wait);
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&shared_->doorbell), FUTEX_WAIT, bell, &ts,
-            nullptr, 0);
-  }
-  for (auto it = tasks_.begin(); it != tasks_.end(); it = tasks_.erase(it)) {
-    Leave(*it, absl::CancelledError("the store was shut down"));
+    if (!progress) return next;
   }
 }
 
@@ -215,6 +208,7 @@ bool LocalReducer::Step(Pending& t) {
       absl::Status failed;
       bool mismatch = false;
       bool join = true;
+      bool ring = false;  // the others must hear of it (a mismatch failed the round)
       {
         SlotLock lock(s);
         if (s->used && (s->in_use ? k.round < s->round : k.round <= s->round)) {
@@ -263,6 +257,7 @@ bool LocalReducer::Step(Pending& t) {
                              "mismatched ", OpName(s->op), " of tensor '", k.name,
                              "' partition ", k.part, ": ", what)));
             s->local_mismatch = 1;
+            ring = true;
           }
         } else {
           return false;  // the previous round is still being copied out
@@ -275,7 +270,7 @@ bool LocalReducer::Step(Pending& t) {
         }
       }
       t.joined = join;
-      Ring();
+      if (ring) Ring();
       if (!failed.ok()) return fail_from_slot(failed, mismatch);
       if (total > 0) {
         auto base = TensorSegment(k.key, total);
@@ -366,12 +361,14 @@ bool LocalReducer::Step(Pending& t) {
     case Pending::kCopyOut: {
       const bool root = k.op == wire::OP_BROADCAST && k.root == layout_.members[me];
       if (!root && t.bytes > 0) std::memcpy(k.out, result, t.bytes);
+      bool freed;
       {
         SlotLock lock(s);
         s->done |= bit;
         MaybeFree(s, full);
+        freed = s->in_use == 0;
       }
-      Ring();
+      if (freed) Ring();  // a local rank may wait to claim the slot for its next round
       Event e;
       e.kind = Event::kDone;
       e.owner = std::move(t.task.owner);

@@ -1,5 +1,5 @@
 // Internal to the local reduction (local_reduce.cc: setting up the node's shared memory;
-// local_reduce_loop.cc: the reducer thread): the layout of the node's segment and the
+// local_reduce_loop.cc: Pump): the layout of the node's segment and the
 // helpers that work on its slots.
 #ifndef HYBRIDPS_WORKER_LOCAL_REDUCE_SHM_H_
 #define HYBRIDPS_WORKER_LOCAL_REDUCE_SHM_H_
@@ -23,7 +23,6 @@ namespace local_reduce_shm {
 inline constexpr uint64_t kMagic = 0x6879627270736c72ull;  // "hybrpslr"
 inline constexpr int kMaxLocal = 64;
 inline constexpr size_t kPage = 4096;
-inline constexpr absl::Duration kMaxSleep = absl::Milliseconds(50);
 
 enum SlotState : uint32_t { kOpen = 0, kReady = 1, kFailed = 2 };
 
@@ -122,8 +121,8 @@ struct LocalReducer::Shared {
   uint32_t slots;
   std::atomic<uint32_t> attached;
   std::atomic<uint32_t> detached;
+  std::atomic<uint32_t> bells_open;  // local ranks that opened every doorbell
   std::atomic<uint32_t> table_lock;  // guards the keys of the slot table
-  alignas(64) std::atomic<uint32_t> doorbell;
   alignas(64) std::atomic<uint64_t> beats[local_reduce_shm::kMaxLocal];  // liveness, by local rank
 };
 

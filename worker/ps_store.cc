@@ -120,13 +120,11 @@ absl::Status PsStore::Start() {
     }
   }
   if (layout_.local_size > 1) {
+    // Events come from inside Pump, on the I/O thread, which takes them right after.
     ASSIGN_OR_RETURN(local_, LocalReducer::Create(options_, layout_,
                                                   [this](LocalReducer::Event e) {
-      {
-        absl::MutexLock lock(&local_mu_);
-        local_events_.push_back(std::move(e));
-      }
-      credits_->waker.Wake();
+      absl::MutexLock lock(&local_mu_);
+      local_events_.push_back(std::move(e));
     }));
   }
   io_thread_ = std::thread([this] {
@@ -249,8 +247,10 @@ void PsStore::IoLoop() {
     }
     const int ctl_idx = poller.Add(control_->socket());
     poller.AddFd(credits_->waker.fd());
+    if (local_) poller.AddFd(local_->wake_fd());
     absl::Time now = absl::Now();
     absl::Time until = control_->NextTick();
+    if (local_) until = std::min(until, local_next_);
     if (!active_.empty()) until = std::min(until, active_.begin()->second->deadline);
     for (const auto& [id, call] : server_calls_) until = std::min(until, call.deadline);
     if (!failing_.empty()) until = std::min(until, now + absl::Milliseconds(1));
@@ -261,7 +261,6 @@ void PsStore::IoLoop() {
     }
     credits_->waker.Drain();
     TakeCommands();
-    TakeLocalEvents();
     for (size_t i = 0; i < data_.size(); ++i) {
       if (data_idx[i] < 0 || !poller.Readable(data_idx[i])) continue;
       while (data_[i]) {
@@ -280,7 +279,13 @@ void PsStore::IoLoop() {
       op->in_failing = false;
       MaybeComplete(op.get());  // lists it again if it still waits
     }
-    Dispatch();
+    // The local reduction runs here, on this thread: a partition whose node contributions
+    // are all in is summed and dispatched in this same turn, a reply copied out and
+    // completed without a hand-off. Dispatch may hand the reducer a failed send.
+    do {
+      PumpLocal();
+      Dispatch();
+    } while (local_ && local_->queued());
     if (finalize_ && active_.empty() && !finalize_sent_) {
       finalize_sent_ = true;
       // Even after a failure the scheduler hears that we are done, so the job ends now
@@ -635,6 +640,18 @@ void PsStore::SubmitLocal(Op* op) {
     t.deadline = op->deadline;
     ++op->local_pending;
     local_->Submit(std::move(t));
+  }
+}
+
+void PsStore::PumpLocal() {
+  if (!local_) return;
+  while (true) {
+    local_next_ = local_->Pump();
+    {
+      absl::MutexLock lock(&local_mu_);
+      if (local_events_.empty() && !local_->queued()) return;
+    }
+    TakeLocalEvents();  // may submit, publish or cancel: pump again
   }
 }
 

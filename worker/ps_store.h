@@ -128,6 +128,7 @@ class PsStore : public KVStore {
   void CheckDeadlines(absl::Time now);
   void Break(const absl::Status& status);
   void TakeLocalEvents();
+  void PumpLocal();  // runs the local reducer until it has nothing to do now
   void SubmitLocal(Op* op);
   static void ReleaseFrame(void* data, void* hint);
   void FailServerCalls(const absl::Status& status, absl::Time now);
@@ -179,6 +180,7 @@ class PsStore : public KVStore {
 
   NodeLayout layout_;
   std::unique_ptr<LocalReducer> local_;  // nodes of several local ranks
+  absl::Time local_next_ = absl::InfinitePast();  // when local_ must pump next
 
   // Shared with user threads and ZeroMQ's threads.
   std::shared_ptr<Credits> credits_ = std::make_shared<Credits>();
