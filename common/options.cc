@@ -211,6 +211,7 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_SLOTS", &o.local_slots));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_PARTITION_BYTES", &o.partition_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_WIRE_CHUNK_BYTES", &o.wire_chunk_bytes));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_INLINE_BYTES", &o.local_inline_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_SERVER_THREADS", &o.server_threads));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_CREDIT_BYTES", &o.credit_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_MAX_MESSAGE_BYTES", &o.max_message_bytes));

@@ -77,6 +77,11 @@ struct Options {
   // HYBRIDPS_WIRE_CHUNK_BYTES: a partition travels to its server as requests of at most
   // this size, so its push, sum and pull overlap (0: one request per partition).
   size_t wire_chunk_bytes = 1 << 20;
+  // HYBRIDPS_LOCAL_INLINE_BYTES: nodes of several local ranks reduce tensors of at most
+  // this many bytes on the worker's I/O thread (no hand-off: lowest latency) and larger
+  // ones on a reducer thread (their copies and sums overlap the network). Every local
+  // rank of a node must use the same value.
+  size_t local_inline_bytes = 1 << 20;
   // HYBRIDPS_SERVER_THREADS: engine threads of a server (0: one per core, at most 4).
   int server_threads = 0;
   // HYBRIDPS_CREDIT_BYTES: bytes a worker keeps in flight to the servers at most.

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -72,13 +73,18 @@ absl::StatusOr<NodeLayout> NodeLayoutFromWelcome(const wire::Welcome& w, int ran
 
 absl::StatusOr<std::unique_ptr<LocalReducer>> LocalReducer::Create(const Options& options,
                                                                    const NodeLayout& layout,
-                                                                   Notify notify) {
+                                                                   Notify notify, Wake wake) {
   if (layout.local_size > kMaxLocal) {
     return absl::InvalidArgumentError(
         absl::StrCat("local_size ", layout.local_size, " is more than ", kMaxLocal));
   }
-  std::unique_ptr<LocalReducer> r(new LocalReducer(options, layout, std::move(notify)));
+  std::unique_ptr<LocalReducer> r(
+      new LocalReducer(options, layout, std::move(notify), std::move(wake)));
   RETURN_IF_ERROR(r->Attach());
+  r->thread_ = std::thread([p = r.get()] {
+    pthread_setname_np(pthread_self(), "hps-local");
+    p->ThreadLoop();
+  });
   return r;
 }
 
@@ -170,27 +176,35 @@ absl::Status LocalReducer::Attach() {
           "): give every local rank the same HYBRIDPS_LOCAL_SLOTS"));
     }
   }
-  // Doorbells: a FIFO per local rank, next to the segment. A local rank rings the others
-  // by writing a byte to theirs; each polls its own with its sockets (PsStore's I/O
-  // thread), so a wake-up from another process reaches the thread that acts on it.
-  // Every FIFO is opened read-write and non-blocking by every local rank: a write never
-  // blocks, and never raises SIGPIPE when the owner died (we hold a read end ourselves).
-  auto bell_path = [&](int lr) { return absl::StrCat("/dev/shm/", job_prefix_, "bell", lr); };
-  auto open_bell = [&](int lr) -> absl::Status {
-    const std::string path = bell_path(lr);
+  // Doorbells: a FIFO per local rank and executor, next to the segment. A local rank rings
+  // the others by writing a byte to theirs; each executor polls its own (the inline one
+  // with the I/O thread's sockets), so a wake-up from another process reaches the thread
+  // that acts on it. Every FIFO is opened read-write and non-blocking by every local
+  // rank: a write never blocks, and never raises SIGPIPE when the owner died (we hold a
+  // read end ourselves).
+  auto bell_path = [&](int e, int lr) {
+    return absl::StrCat("/dev/shm/", job_prefix_, e == kInline ? "bell" : "bellt", lr);
+  };
+  auto open_bell = [&](int e, int lr) -> absl::Status {
+    const std::string path = bell_path(e, lr);
     const int fd = open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
       return absl::InternalError(absl::StrCat("cannot open the doorbell ", path, " of ",
                                               Who(lr), ": ", strerror(errno)));
     }
-    bells_[lr] = fd;
+    exec_[e].bells[lr] = fd;
     return absl::OkStatus();
   };
-  bells_.assign(L, -1);
-  if (mkfifo(bell_path(me).c_str(), 0600) != 0 && errno != EEXIST) {
-    return absl::InternalError(absl::StrCat("mkfifo(", bell_path(me), "): ", strerror(errno)));
+  for (int e : {kInline, kThreaded}) {
+    exec_[e].bells.assign(L, -1);
+    exec_[e].last_beat.assign(L, 0);
+    exec_[e].last_change.assign(L, absl::Now());
+    if (mkfifo(bell_path(e, me).c_str(), 0600) != 0 && errno != EEXIST) {
+      return absl::InternalError(
+          absl::StrCat("mkfifo(", bell_path(e, me), "): ", strerror(errno)));
+    }
+    RETURN_IF_ERROR(open_bell(e, me));
   }
-  RETURN_IF_ERROR(open_bell(me));
   // Every local rank waits for all to attach (their doorbells exist then), opens the
   // others' doorbells and says so; local rank 0 then removes every name: everyone has
   // what it needs mapped or open, so nothing is left behind whatever happens.
@@ -207,30 +221,39 @@ absl::Status LocalReducer::Attach() {
   };
   auto unlink_all = [&] {
     shm_unlink(shm_name_.c_str());
-    for (int lr = 0; lr < L; ++lr) unlink(bell_path(lr).c_str());
+    for (int lr = 0; lr < L; ++lr) {
+      for (int e : {kInline, kThreaded}) unlink(bell_path(e, lr).c_str());
+    }
   };
   shared_->attached.fetch_add(1, std::memory_order_acq_rel);
   absl::Status s = wait_all(shared_->attached, "attached to its shared memory");
   for (int lr = 0; lr < L && s.ok(); ++lr) {
-    if (lr != me) s = open_bell(lr);
+    for (int e : {kInline, kThreaded}) {
+      if (lr != me && s.ok()) s = open_bell(e, lr);
+    }
   }
   if (s.ok()) {
     shared_->bells_open.fetch_add(1, std::memory_order_acq_rel);
     if (me == 0) s = wait_all(shared_->bells_open, "opened the node's doorbells");
   }
   if (me == 0) unlink_all();
-  RETURN_IF_ERROR(s);
-  last_beat_.assign(L, 0);
-  last_change_.assign(L, absl::Now());
-  return absl::OkStatus();
+  return s;
 }
 
 LocalReducer::~LocalReducer() {
-  for (auto it = tasks_.begin(); it != tasks_.end(); it = tasks_.erase(it)) {
-    Leave(*it, absl::CancelledError("the store was shut down"));
+  if (thread_.joinable()) {
+    exit_.store(true);
+    const char b = 1;
+    (void)!write(exec_[kThreaded].bells[layout_.local_rank], &b, 1);
+    thread_.join();
   }
-  for (int fd : bells_) {
-    if (fd >= 0) close(fd);
+  for (Exec& x : exec_) {
+    for (auto it = x.tasks.begin(); it != x.tasks.end(); it = x.tasks.erase(it)) {
+      Leave(*it, absl::CancelledError("the store was shut down"));
+    }
+    for (int fd : x.bells) {
+      if (fd >= 0) close(fd);
+    }
   }
   for (auto& [id, seg] : segments_) munmap(seg.first, seg.second);
   if (shared_) {
@@ -258,6 +281,7 @@ void LocalReducer::RemoveSegments(const std::string& prefix) {
 // slot table, which names the mismatch).
 absl::StatusOr<char*> LocalReducer::TensorSegment(uint64_t key, uint64_t bytes) {
   const auto id = std::make_pair(key, bytes);
+  absl::MutexLock lock(&seg_mu_);
   auto it = segments_.find(id);
   if (it != segments_.end()) return static_cast<char*>(it->second.first);
   const size_t size = RoundUp(bytes * (layout_.local_size + 1), kPage);
@@ -293,42 +317,66 @@ int LocalReducer::PusherOf(uint64_t key, uint32_t part, int root_rank) const {
   return static_cast<int>((key + part) % static_cast<uint64_t>(layout_.local_size));
 }
 
-void LocalReducer::Ring() {
+void LocalReducer::Ring(int e) {
   // A full pipe already holds a wake-up; a departed rank's pipe fills up and stays full.
   const char b = 1;
   for (int lr = 0; lr < layout_.local_size; ++lr) {
-    if (lr != layout_.local_rank) (void)!write(bells_[lr], &b, 1);
+    if (lr != layout_.local_rank) (void)!write(exec_[e].bells[lr], &b, 1);
+  }
+}
+
+void LocalReducer::Emit(int e, Event ev) {
+  ++exec_[e].emitted;
+  notify_(std::move(ev));
+}
+
+void LocalReducer::RingAll() {
+  Ring(kInline);
+  Ring(kThreaded);
+}
+
+// Queues work for executor e; the threaded one is woken (the inline one runs at the
+// owner's next Pump).
+void LocalReducer::Queue(int e, const std::function<void(Inbox&)>& add) {
+  {
+    absl::MutexLock lock(&exec_[e].mu);
+    add(exec_[e].inbox);
+    exec_[e].queued.store(true, std::memory_order_release);
+  }
+  if (e == kThreaded) {
+    const char b = 1;
+    (void)!write(exec_[e].bells[layout_.local_rank], &b, 1);
   }
 }
 
 void LocalReducer::Submit(Task task) {
-  absl::MutexLock lock(&mu_);
-  inbox_.submitted.push_back(std::move(task));
-  queued_.store(true, std::memory_order_release);
+  // Every local rank puts a tensor on the same executor (same size, same option), so
+  // their doorbells reach each other.
+  const int e = task.total_count * DTypeSize(task.dtype) <= options_.local_inline_bytes
+                    ? kInline
+                    : kThreaded;
+  Queue(e, [&](Inbox& in) { in.submitted.push_back(std::move(task)); });
 }
 
+// To the inline executor, which hands what is not its own to the threaded one.
 void LocalReducer::Publish(const void* owner, uint32_t part, absl::Status status,
                            std::optional<Frame> payload) {
-  {
-    absl::MutexLock lock(&mu_);
-    inbox_.published.push_back(Inbox::Pub{owner, part, std::move(status), std::move(payload)});
-    queued_.store(true, std::memory_order_release);
-  }
+  Queue(kInline, [&](Inbox& in) {
+    in.published.push_back(Inbox::Pub{owner, part, std::move(status), std::move(payload)});
+  });
 }
 
 void LocalReducer::Cancel(const void* owner, const absl::Status& status) {
-  {
-    absl::MutexLock lock(&mu_);
-    inbox_.cancelled.emplace_back(owner, status);
-    queued_.store(true, std::memory_order_release);
+  for (int e : {kInline, kThreaded}) {
+    Queue(e, [&](Inbox& in) { in.cancelled.emplace_back(owner, status); });
   }
 }
 
 void LocalReducer::Abort(const absl::Status& status) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (inbox_.aborted.ok()) inbox_.aborted = status;
-    queued_.store(true, std::memory_order_release);
+  for (int e : {kInline, kThreaded}) {
+    Queue(e, [&](Inbox& in) {
+      if (in.aborted.ok()) in.aborted = status;
+    });
   }
 }
 

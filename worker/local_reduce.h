@@ -16,14 +16,17 @@
 // a partition only ever waits for its own previous round, never for another tensor, so
 // nodes that issue tensors in different orders cannot deadlock on shared resources.
 //
-// Threading: no thread of its own. The owner's thread (PsStore's I/O thread) polls
-// wake_fd() with its sockets and calls Pump(), which does every copy and sum that can be
-// done now and reports through `notify` (called inside Pump); so a small partition goes
-// from submission to its push, and from the server's reply to its completion, without a
-// thread hand-off. Submit/Publish/Cancel/Abort only queue work for the next Pump (any
-// thread). Every state change rings the other local ranks' doorbells (a FIFO each, which
-// wakes their pollers). Waits have deadlines; a local rank that has not pumped for
-// heartbeat_timeout (its process died or hangs) fails the node's operations.
+// Threading: two executors. Tensors of at most Options::local_inline_bytes run inline:
+// the owner's thread (PsStore's I/O thread) polls wake_fd() with its sockets and calls
+// Pump(), which does every copy and sum that can be done now and reports through `notify`
+// (called inside Pump), so a small partition goes from submission to its push, and from
+// the server's reply to its completion, without a thread hand-off. Larger tensors run on
+// the reducer thread ("hps-local"), so their copies and sums overlap the owner's network
+// work; it reports through `notify` and then calls `wake`. Submit/Publish/Cancel/Abort
+// only queue work (any thread). Every state change rings the other local ranks' doorbell
+// of the same executor (a FIFO each, polled by the thread that acts on it). Waits have
+// deadlines; a local rank whose executors have not run for heartbeat_timeout (its process
+// died or hangs) fails the node's operations.
 #ifndef HYBRIDPS_WORKER_LOCAL_REDUCE_H_
 #define HYBRIDPS_WORKER_LOCAL_REDUCE_H_
 
@@ -35,6 +38,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -96,25 +100,26 @@ class LocalReducer {
     absl::Status status;
   };
   using Notify = std::function<void(Event)>;
+  using Wake = std::function<void()>;
 
   // Opens (local rank 0: creates) the node's segment; waits until every local rank has
   // attached, at most until `deadline`.
   static absl::StatusOr<std::unique_ptr<LocalReducer>> Create(const Options& options,
                                                               const NodeLayout& layout,
-                                                              Notify notify);
+                                                              Notify notify, Wake wake);
   ~LocalReducer();
 
   // The local rank that pushes partition `part` of tensor `key` for the node.
   int PusherOf(uint64_t key, uint32_t part, int root_rank) const;
   void Submit(Task task);
   // The fd to poll for readability (other local ranks rang); then call Pump.
-  int wake_fd() const { return bells_[layout_.local_rank]; }
+  int wake_fd() const { return exec_[kInline].bells[layout_.local_rank]; }
   // Advances every task as far as it can go now, checks the other local ranks' liveness
   // and the deadlines. Returns when it must be called again at the latest (it must also
   // be called after wake_fd() turns readable and after Submit/Publish/Cancel/Abort).
-  absl::Time Pump();
+  absl::Time Pump() { return Run(kInline); }
   // Work was queued since the last Pump.
-  bool queued() const { return queued_.load(std::memory_order_acquire); }
+  bool queued() const { return exec_[kInline].queued.load(std::memory_order_acquire); }
   // The pusher's server round ended: its reply payload (absent for a broadcast root).
   void Publish(const void* owner, uint32_t part, absl::Status status,
                std::optional<Frame> payload);
@@ -137,6 +142,7 @@ class LocalReducer {
     absl::Status pub_status;
     std::optional<Frame> payload;
     size_t bytes = 0;
+    int exec = 0;  // the executor it runs on
   };
   struct Inbox {
     std::vector<Task> submitted;
@@ -151,10 +157,29 @@ class LocalReducer {
     absl::Status aborted;
   };
 
-  LocalReducer(const Options& options, const NodeLayout& layout, Notify notify)
-      : options_(options), layout_(layout), notify_(std::move(notify)) {}
+  enum ExecKind { kInline = 0, kThreaded = 1 };
+  struct Exec {
+    std::list<Pending> tasks;  // its thread only
+    absl::Status broken;
+    std::vector<uint64_t> last_beat;      // of the other local ranks, as last seen
+    std::vector<absl::Time> last_change;  // when it last changed
+    std::vector<int> bells;               // this executor's doorbell FIFOs, by local rank
+    absl::Mutex mu;
+    Inbox inbox ABSL_GUARDED_BY(mu);
+    std::atomic<bool> queued{false};
+    uint64_t emitted = 0;  // events sent (its thread only)
+  };
+
+  LocalReducer(const Options& options, const NodeLayout& layout, Notify notify, Wake wake)
+      : options_(options), layout_(layout), notify_(std::move(notify)), wake_(std::move(wake)) {}
   absl::Status Attach();
-  void Ring();
+  // Runs executor `e`'s tasks as far as they go now; returns when to run it next.
+  absl::Time Run(int e);
+  void ThreadLoop();
+  void Queue(int e, const std::function<void(Inbox&)>& add);
+  void Ring(int e);  // the other local ranks' doorbells of executor e
+  void RingAll();
+  void Emit(int e, Event ev);  // notify_, counted
   bool Step(Pending& t);
   void Leave(Pending& t, const absl::Status& status);
   absl::StatusOr<int> FindSlot(uint64_t key, uint32_t part);
@@ -165,22 +190,18 @@ class LocalReducer {
   Options options_;
   NodeLayout layout_;
   Notify notify_;
+  Wake wake_;
   std::string shm_name_;
   std::string job_prefix_;  // names of this job's tensor segments (without the '/')
   size_t map_bytes_ = 0;
   Shared* shared_ = nullptr;
 
-  // Pump's thread only.
-  std::list<Pending> tasks_;
-  std::map<std::pair<uint64_t, uint64_t>, std::pair<void*, size_t>> segments_;  // mapped
-  absl::Status broken_;
-  std::vector<uint64_t> last_beat_;      // of the other local ranks, as last seen
-  std::vector<absl::Time> last_change_;  // when it last changed
-  std::vector<int> bells_;               // doorbell FIFOs, by local rank
-
-  absl::Mutex mu_;
-  Inbox inbox_ ABSL_GUARDED_BY(mu_);
-  std::atomic<bool> queued_{false};
+  Exec exec_[2];
+  absl::Mutex seg_mu_;
+  std::map<std::pair<uint64_t, uint64_t>, std::pair<void*, size_t>> segments_
+      ABSL_GUARDED_BY(seg_mu_);  // mapped
+  std::atomic<bool> exit_{false};
+  std::thread thread_;
 };
 
 }  // namespace hybridps

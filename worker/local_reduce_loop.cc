@@ -2,7 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <pthread.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -29,25 +29,26 @@ namespace hybridps {
 
 using namespace local_reduce_shm;  // NOLINT: this file's own internals
 
-absl::Time LocalReducer::Pump() {
+absl::Time LocalReducer::Run(int e) {
   const int me = layout_.local_rank;
+  Exec& x = exec_[e];
   // Drain the doorbell first: a ring that comes while we step is seen at the next poll.
   char sink[256];
-  while (read(bells_[me], sink, sizeof sink) > 0) {
+  while (read(x.bells[me], sink, sizeof sink) > 0) {
   }
   while (true) {
     shared_->beats[me].fetch_add(1, std::memory_order_relaxed);
     Inbox in;
     {
-      absl::MutexLock lock(&mu_);
-      std::swap(in, inbox_);
-      inbox_.aborted = in.aborted;  // sticky
-      queued_.store(false, std::memory_order_release);
+      absl::MutexLock lock(&x.mu);
+      std::swap(in, x.inbox);
+      x.inbox.aborted = in.aborted;  // sticky
+      x.queued.store(false, std::memory_order_release);
     }
-    if (!in.aborted.ok() && broken_.ok()) {
-      broken_ = in.aborted;
-      for (auto it = tasks_.begin(); it != tasks_.end(); it = tasks_.erase(it)) {
-        Leave(*it, broken_);
+    if (!in.aborted.ok() && x.broken.ok()) {
+      x.broken = in.aborted;
+      for (auto it = x.tasks.begin(); it != x.tasks.end(); it = x.tasks.erase(it)) {
+        Leave(*it, x.broken);
       }
     }
     for (Task& t : in.submitted) {
@@ -57,37 +58,43 @@ absl::Time LocalReducer::Pump() {
       p.pusher = PusherOf(p.task.key, p.task.part,
                           p.task.op == wire::OP_BROADCAST ? p.task.root : -1) == me;
       p.slot = -1;  // looked up in the slot table when it is first advanced
-      tasks_.push_back(std::move(p));
-      if (!broken_.ok()) {
-        Leave(tasks_.back(), broken_);
-        tasks_.pop_back();
+      p.exec = e;
+      x.tasks.push_back(std::move(p));
+      if (!x.broken.ok()) {
+        Leave(x.tasks.back(), x.broken);
+        x.tasks.pop_back();
       }
     }
     for (Inbox::Pub& pub : in.published) {
-      for (Pending& t : tasks_) {
+      bool mine = false;
+      for (Pending& t : x.tasks) {
         if (t.task.owner.get() == pub.owner && t.task.part == pub.part && !t.published) {
           t.published = true;
           t.pub_status = std::move(pub.status);
           t.payload = std::move(pub.payload);
+          mine = true;
           break;
         }
       }
+      if (!mine && e == kInline) {
+        Queue(kThreaded, [&](Inbox& to) { to.published.push_back(std::move(pub)); });
+      }
     }
     for (auto& [owner, status] : in.cancelled) {
-      for (auto it = tasks_.begin(); it != tasks_.end();) {
+      for (auto it = x.tasks.begin(); it != x.tasks.end();) {
         if (it->task.owner.get() == owner) {
           Leave(*it, status);
-          it = tasks_.erase(it);
+          it = x.tasks.erase(it);
         } else {
           ++it;
         }
       }
     }
     bool progress = false;
-    for (auto it = tasks_.begin(); it != tasks_.end();) {
+    for (auto it = x.tasks.begin(); it != x.tasks.end();) {
       const Pending::Stage before = it->stage;
       if (Step(*it)) {
-        it = tasks_.erase(it);
+        it = x.tasks.erase(it);
         progress = true;
       } else {
         progress |= it->stage != before;
@@ -96,29 +103,29 @@ absl::Time LocalReducer::Pump() {
     }
     absl::Time now = absl::Now();
     // Liveness of the other local ranks: they pump at least every heartbeat interval.
-    for (int lr = 0; lr < layout_.local_size && broken_.ok(); ++lr) {
+    for (int lr = 0; lr < layout_.local_size && x.broken.ok(); ++lr) {
       const uint64_t b = shared_->beats[lr].load(std::memory_order_relaxed);
-      if (lr == me || b != last_beat_[lr]) {
-        last_beat_[lr] = b;
-        last_change_[lr] = now;
-      } else if (now - last_change_[lr] > options_.heartbeat_timeout) {
-        broken_ = absl::UnavailableError(absl::StrCat(
+      if (lr == me || b != x.last_beat[lr]) {
+        x.last_beat[lr] = b;
+        x.last_change[lr] = now;
+      } else if (now - x.last_change[lr] > options_.heartbeat_timeout) {
+        x.broken = absl::UnavailableError(absl::StrCat(
             Who(lr), " (pid ", layout_.pids[lr], " on ", layout_.host,
             ") stopped: no sign of life in the node's shared memory for ",
             absl::FormatDuration(options_.heartbeat_timeout), "; its process died or hangs"));
-        HPS_LOG(ERROR) << broken_.message();
-        for (auto it = tasks_.begin(); it != tasks_.end(); it = tasks_.erase(it)) {
-          Leave(*it, broken_);
+        HPS_LOG(ERROR) << x.broken.message();
+        for (auto it = x.tasks.begin(); it != x.tasks.end(); it = x.tasks.erase(it)) {
+          Leave(*it, x.broken);
         }
-        Event e;
-        e.kind = Event::kBroken;
-        e.status = broken_;
-        notify_(std::move(e));
+        Event ev;
+        ev.kind = Event::kBroken;
+        ev.status = x.broken;
+        Emit(e, std::move(ev));
       }
     }
     // Deadlines (a pusher waiting for its server is the store's to time out).
     absl::Time next = now + options_.heartbeat_interval;
-    for (auto it = tasks_.begin(); it != tasks_.end();) {
+    for (auto it = x.tasks.begin(); it != x.tasks.end();) {
       Pending& t = *it;
       if (t.stage == Pending::kWaitPublish || t.task.deadline > now) {
         if (t.stage != Pending::kWaitPublish) next = std::min(next, t.task.deadline);
@@ -161,9 +168,25 @@ absl::Time LocalReducer::Pump() {
       Leave(t, absl::DeadlineExceededError(absl::StrCat(
                    "partition ", t.task.part, ": ", why, " within ",
                    absl::FormatDuration(options_.op_timeout))));
-      it = tasks_.erase(it);
+      it = x.tasks.erase(it);
     }
     if (!progress) return next;
+  }
+}
+
+void LocalReducer::ThreadLoop() {
+  const int fd = exec_[kThreaded].bells[layout_.local_rank];
+  uint64_t emitted = 0;
+  while (!exit_.load()) {
+    const absl::Time next = Run(kThreaded);
+    if (exec_[kThreaded].emitted != emitted) {
+      emitted = exec_[kThreaded].emitted;
+      wake_();  // the owner takes its events
+    }
+    const absl::Duration wait =
+        std::clamp(next - absl::Now(), absl::ZeroDuration(), options_.heartbeat_interval);
+    pollfd p{fd, POLLIN, 0};
+    poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(wait)) + 1);
   }
 }
 
@@ -194,7 +217,7 @@ bool LocalReducer::Step(Pending& t) {
     e.part = k.part;
     e.data = data;
     e.fail = std::move(fail);
-    notify_(std::move(e));
+    Emit(t.exec, std::move(e));
   };
   // The slot failed: the pusher still tells the server when the local ranks disagreed, so
   // that the other nodes fail at once instead of at their deadline.
@@ -270,7 +293,7 @@ bool LocalReducer::Step(Pending& t) {
         }
       }
       t.joined = join;
-      if (ring) Ring();
+      if (ring) RingAll();
       if (!failed.ok()) return fail_from_slot(failed, mismatch);
       if (total > 0) {
         auto base = TensorSegment(k.key, total);
@@ -291,7 +314,7 @@ bool LocalReducer::Step(Pending& t) {
           SlotLock lock(s);
           s->arrived |= bit;
         }
-        Ring();
+        Ring(t.exec);
         t.stage = Pending::kWaitResult;
         return false;
       }
@@ -343,7 +366,7 @@ bool LocalReducer::Step(Pending& t) {
         SlotLock lock(s);
         if (s->state == kOpen) s->state = kReady;
       }
-      Ring();
+      Ring(t.exec);
       t.stage = Pending::kCopyOut;
       return Step(t);
     }
@@ -368,12 +391,12 @@ bool LocalReducer::Step(Pending& t) {
         MaybeFree(s, full);
         freed = s->in_use == 0;
       }
-      if (freed) Ring();  // a local rank may wait to claim the slot for its next round
+      if (freed) Ring(t.exec);  // a local rank may wait to claim the slot for its next round
       Event e;
       e.kind = Event::kDone;
       e.owner = std::move(t.task.owner);
       e.part = k.part;
-      notify_(std::move(e));
+      Emit(t.exec, std::move(e));
       return true;
     }
   }
@@ -423,14 +446,14 @@ void LocalReducer::Leave(Pending& t, const absl::Status& status) {
       MaybeFree(s, full);
     }
     t.joined = false;
-    Ring();
+    RingAll();
   }
   Event e;
   e.kind = Event::kDone;
   e.owner = std::move(t.task.owner);
   e.part = t.task.part;
   e.status = status;
-  notify_(std::move(e));
+  Emit(t.exec, std::move(e));
 }
 
 }  // namespace hybridps

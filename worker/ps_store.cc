@@ -120,12 +120,15 @@ absl::Status PsStore::Start() {
     }
   }
   if (layout_.local_size > 1) {
-    // Events come from inside Pump, on the I/O thread, which takes them right after.
-    ASSIGN_OR_RETURN(local_, LocalReducer::Create(options_, layout_,
-                                                  [this](LocalReducer::Event e) {
-      absl::MutexLock lock(&local_mu_);
-      local_events_.push_back(std::move(e));
-    }));
+    // Events come from inside Pump, on the I/O thread, which takes them right after, or
+    // from the reducer thread, which wakes the I/O thread then.
+    ASSIGN_OR_RETURN(local_, LocalReducer::Create(
+                                 options_, layout_,
+                                 [this](LocalReducer::Event e) {
+                                   absl::MutexLock lock(&local_mu_);
+                                   local_events_.push_back(std::move(e));
+                                 },
+                                 [this] { credits_->waker.Wake(); }));
   }
   io_thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "hps-worker-io");

@@ -19,6 +19,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterC
   o.num_servers = allreduce ? 0 : c.servers;
   o.transport = c.transport;
   o.partition_bytes = c.partition_bytes;
+  o.local_inline_bytes = c.local_inline_bytes;
   o.credit_bytes = c.credit_bytes;
   o.server_threads = c.server_threads;
   o.heartbeat_interval = c.heartbeat_interval;

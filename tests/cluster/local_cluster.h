@@ -29,6 +29,8 @@ struct ClusterConfig {
   // Local ranks per node (dist_hybrid): workers i*local_size .. (i+1)*local_size-1 form
   // node i and reduce in shared memory first. `workers` must be a multiple.
   int local_size = 1;
+  // Tensors up to this size reduce on the I/O thread, larger ones on the reducer thread.
+  size_t local_inline_bytes = Options().local_inline_bytes;
   std::string transport = "inproc";  // inproc | ipc | tcp
   size_t partition_bytes = 4 << 20;
   size_t credit_bytes = 64 << 20;

@@ -27,6 +27,7 @@ struct Shape {
   int nodes;
   int local;
   int servers;
+  bool threaded = false;  // on the reducer thread (a large tensor) instead of inline
 };
 
 class LocalReduceTest : public ::testing::TestWithParam<Shape> {};
@@ -50,6 +51,7 @@ TEST_P(LocalReduceTest, OnePushPerNodeAndPartitionSpreadOverTheLocalRanks) {
   c.servers = shape.servers;
   c.transport = "inproc";
   c.partition_bytes = 4096;
+  if (shape.threaded) c.local_inline_bytes = 1024;
   c.heartbeat_timeout = absl::Seconds(5);
   auto cluster = LocalCluster::Start(c);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -118,10 +120,12 @@ TEST_P(LocalReduceTest, OnePushPerNodeAndPartitionSpreadOverTheLocalRanks) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LocalReduceTest,
                          ::testing::Values(Shape{1, 2, 1}, Shape{2, 2, 2}, Shape{3, 2, 2},
-                                           Shape{2, 3, 1}, Shape{1, 4, 2}),
+                                           Shape{2, 3, 1}, Shape{1, 4, 2},
+                                           Shape{1, 2, 1, true}, Shape{2, 3, 2, true}),
                          [](const ::testing::TestParamInfo<Shape>& info) {
                            return absl::StrCat("n", info.param.nodes, "_l", info.param.local,
-                                               "_s", info.param.servers);
+                                               "_s", info.param.servers,
+                                               info.param.threaded ? "_threaded" : "");
                          });
 
 // A node whose ranks say different things is refused with the node's ranks named.
