@@ -21,6 +21,9 @@
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
 #include "worker/gpu_staging.h"
+#if HYBRIDPS_WITH_CUDA
+#include "worker/ps_gpu.h"
+#endif
 
 namespace hybridps::testing {
 namespace {
@@ -492,6 +495,55 @@ TEST(GpuStagingTest, ShutdownFinishesWhatIsQueuedAndRefusesLaterOperations) {
   c.stagers[0].reset();
   EXPECT_EQ(c.shared[0]->frees.load(), 5);
 }
+
+// One worker's CUDA failure leaves the other waiting for a round that will never complete:
+// it fails at its deadline, nothing hangs, and both stagers shut down.
+TEST(GpuStagingTest, APeersFailureEndsTheOthersOperationAtItsDeadline) {
+  ClusterConfig config = Config(2, 1);
+  config.op_timeout = absl::Seconds(2);
+  StagedCluster c(config, absl::Microseconds(100), {HostCopier::Faults{.fail_start = 0}, {}});
+  ASSERT_NE(c.cluster, nullptr);
+  const absl::Time start = absl::Now();
+  c.Run([&](int rank, GpuStager* st, HostCopier::Shared* sh) {
+    FakeGpuTensor a(sh, DType::kFloat32, 1000);
+    auto h = st->PushPullAsync("a", a.view(), a.view(), 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    absl::Status s = h->Wait();
+    ASSERT_FALSE(s.ok());
+    if (rank == 0) {
+      EXPECT_TRUE(Mentions(s, "cudaMemcpyAsync")) << s;
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+      EXPECT_TRUE(Mentions(s, "'a'")) << s;
+    }
+  });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+}
+
+#if HYBRIDPS_WITH_CUDA
+// In a CUDA build KVStore::Create("dist_hybrid") stages GPU tensors (PsGpuStore, still a
+// PsStore); CPU tensors go straight through: nothing staged, nothing queued, no GPU needed.
+TEST(GpuStagingTest, CudaBuildsStoreIsAPsGpuStoreThatPassesCpuTensorsThrough) {
+  auto cluster = LocalCluster::Start(Config(2, 2));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
+    ASSERT_NE(dynamic_cast<PsStore*>(kv), nullptr);
+    auto* gpu = dynamic_cast<PsGpuStore*>(kv);
+    ASSERT_NE(gpu, nullptr);
+    Buffer b(DType::kFloat64, 5000);
+    for (int round = 0; round < 3; ++round) {
+      b.Fill(rank, round, 3);
+      absl::Status s = kv->PushPull("cpu", b.view(), b.view());
+      ASSERT_TRUE(s.ok()) << s;
+      for (size_t i = 0; i < 5000; ++i) ASSERT_EQ(b.at(i), SumOver(2, i, round, 3));
+    }
+    GpuStager::Stats st = gpu->staging_stats();
+    EXPECT_EQ(st.gpu_ops, 0u);
+    EXPECT_EQ(st.queued_cpu_ops, 0u);
+    EXPECT_EQ(st.host_allocations, 0u);
+  });
+}
+#endif
 
 // ---- StagingCache ---------------------------------------------------------------------
 
