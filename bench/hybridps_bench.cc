@@ -672,8 +672,11 @@ absl::StatusOr<Timing> MeasureGpuPushPull(const Flags& f, KVStore& kv, size_t by
   std::vector<double> us;
   for (int it = 0; it < f.warmup + f.iters; ++it) {
     const int parity = it % 2;
+    // Ready when submitted: cudaMemcpy from pageable memory may return before the data
+    // has landed, and the store's stream does not wait for the default stream.
     RETURN_IF_ERROR(Cuda(cudaMemcpy(device, pat.input[parity]->get(), bytes,
-                                    cudaMemcpyHostToDevice), "cudaMemcpy"));  // ready when submitted
+                                    cudaMemcpyHostToDevice), "cudaMemcpy"));
+    RETURN_IF_ERROR(Cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
     const Clock::time_point t0 = Clock::now();
     ASSIGN_OR_RETURN(Handle h, kv.PushPullAsync(name, TensorView{device, count, f.dtype,
                                                                  Device::kGPU, device_id},
