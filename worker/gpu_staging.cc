@@ -105,6 +105,7 @@ void GpuStager::Shutdown() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
+  absl::MutexLock lock(&join_mu_);  // Shutdown may be called from several threads
   if (thread_.joinable()) thread_.join();
 }
 

@@ -199,7 +199,8 @@ class GpuStager {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
-  std::thread thread_;
+  absl::Mutex join_mu_;
+  std::thread thread_;  // joined under join_mu_
 };
 
 }  // namespace hybridps
