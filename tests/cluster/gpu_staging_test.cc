@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -321,6 +322,34 @@ TEST(GpuStagingTest, ManyTensorsInFlightReuseTheirStagingBuffers) {
     EXPECT_EQ(allocations, 20u);
     EXPECT_EQ(st->stats().host_allocations, allocations);
     EXPECT_EQ(sh->allocs.load(), 20);
+  });
+}
+
+// Several user threads of one worker submitting at once (as MXNet's engine threads do),
+// GPU and CPU tensors, each thread its own names.
+TEST(GpuStagingTest, ConcurrentSubmittersOnOneWorker) {
+  StagedCluster c(Config(2, 2), absl::Microseconds(300));
+  ASSERT_NE(c.cluster, nullptr);
+  c.Run([&](int rank, GpuStager* st, HostCopier::Shared* sh) {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t) {
+      threads.emplace_back([&, t] {
+        for (int round = 0; round < 4; ++round) {
+          const bool on_gpu = (round + t) % 2 == 0;
+          FakeGpuTensor g(sh, DType::kInt64, 2000 + 100 * t);
+          Buffer& b = g.buf;
+          b.Fill(rank, round, t);
+          TensorView v = on_gpu ? g.view() : b.view();
+          auto h = st->PushPullAsync(absl::StrCat("thread", t), v, v, 0);
+          ASSERT_TRUE(h.ok()) << h.status();
+          ASSERT_TRUE(h->Wait().ok()) << h->Wait();
+          for (size_t i = 0; i < b.count; ++i) {
+            ASSERT_EQ(b.at(i), SumOver(2, i, round, t)) << "thread " << t << " round " << round;
+          }
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
   });
 }
 
