@@ -18,6 +18,17 @@
 // the CPU time of every process of the job for --idle-seconds (nothing is sent then: the
 // figure shows busy polling). The last line sums the figures up against the core issue's
 // targets.
+//
+// --gpu 1 (CUDA builds; issue 5's benchmark of dist_hybrid's GPU staging): per size, in
+// the same run, the pinned cudaMemcpy bandwidth both ways (rank 0), the push_pull of a
+// CPU tensor and the push_pull of a GPU tensor (every worker, GPU local_rank % devices;
+// results checked exactly); %ref = GPU push_pull bandwidth / the slower of (pinned
+// memcpy, CPU push_pull), target >= 80%:
+//
+//   scripts/hybridrun -np 1 --servers 1 -- build/bench/hybridps-bench --gpu 1
+//       --min-bytes 1M --max-bytes 256M --iters 10 --warmup 2      (one command line)
+//
+// NOT RUN ON A GPU YET: written without one.
 #include <dirent.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -55,6 +66,9 @@
 #include "worker/kvstore.h"
 #include "bench/idle_cpu.h"
 #include "bench/zmq_echo.h"
+#if HYBRIDPS_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace hybridps {
 namespace {
@@ -91,13 +105,14 @@ struct Flags {
   bool reference = true;
   double idle_seconds = 3;
   std::string csv;  // rank 0 writes the figures there too
+  bool gpu = false;  // issue 5's GPU staging benchmark instead of the sweep
 };
 
 constexpr char kUsage[] =
     "usage: hybridps-bench [--backend dist_hybrid] [--min-bytes 4K] [--max-bytes 64M]\n"
     "  [--factor 2] [--iters 20] [--warmup 5] [--small-max-bytes 64K] [--small-iters 1000]\n"
     "  [--dtype float32|float64|float16|bfloat16|int32|int64|uint8] [--tensors 1]\n"
-    "  [--inplace 0|1] [--reference 0|1] [--idle-seconds 3] [--csv FILE]\n"
+    "  [--inplace 0|1] [--reference 0|1] [--idle-seconds 3] [--csv FILE] [--gpu 0|1]\n"
     "Run it under hybridrun: scripts/hybridrun -np N --servers M -- hybridps-bench ...\n";
 
 // "4096", "4K", "64M", "1G", "4KiB" -> bytes (binary multiples).
@@ -191,6 +206,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       }
     } else if (name == "--csv") {
       f.csv = value;
+    } else if (name == "--gpu") {
+      ASSIGN_OR_RETURN(int v, ParseInt(name, value, 0));
+      f.gpu = v != 0;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", name));
     }
@@ -611,6 +629,141 @@ absl::Status WriteCsv(const std::string& path, const std::vector<Row>& rows,
   return absl::OkStatus();
 }
 
+// ---- --gpu: GPU tensors through dist_hybrid's staging, against its two ceilings -------
+
+#if HYBRIDPS_WITH_CUDA
+absl::Status Cuda(cudaError_t err, absl::string_view call) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(call, " failed: ", cudaGetErrorString(err)));
+}
+
+// The device and pinned host memory of the benchmark, and its stream.
+struct GpuResources {
+  void* device = nullptr;
+  void* pinned = nullptr;
+  cudaStream_t stream = nullptr;
+  ~GpuResources() {
+    if (device != nullptr) cudaFree(device);
+    if (pinned != nullptr) cudaFreeHost(pinned);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+};
+
+// Pinned cudaMemcpyAsync of `bytes` one way, waited for: median over the iterations.
+absl::StatusOr<Timing> MeasureCopy(const Flags& f, void* dst, const void* src, size_t bytes,
+                                   cudaMemcpyKind kind, cudaStream_t stream) {
+  std::vector<double> us;
+  for (int i = 0; i < f.warmup + f.iters; ++i) {
+    const Clock::time_point t0 = Clock::now();
+    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(dst, src, bytes, kind, stream), "cudaMemcpyAsync"));
+    RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+    const Clock::time_point t1 = Clock::now();
+    if (i >= f.warmup) us.push_back(Micros(t1 - t0));
+  }
+  return Summarize(std::move(us));
+}
+
+// push_pull of one GPU tensor of `bytes`, in place; every result copied back and checked.
+absl::StatusOr<Timing> MeasureGpuPushPull(const Flags& f, KVStore& kv, size_t bytes,
+                                          const Patterns& pat, void* device, int device_id,
+                                          Buffer& work) {
+  const size_t es = DTypeSize(f.dtype), count = bytes / es;
+  const std::string name = absl::StrCat("gpubench/", bytes);
+  std::vector<double> us;
+  for (int it = 0; it < f.warmup + f.iters; ++it) {
+    const int parity = it % 2;
+    // Ready when submitted: cudaMemcpy from pageable memory may return before the data
+    // has landed, and the store's stream does not wait for the default stream.
+    RETURN_IF_ERROR(Cuda(cudaMemcpy(device, pat.input[parity]->get(), bytes,
+                                    cudaMemcpyHostToDevice), "cudaMemcpy"));
+    RETURN_IF_ERROR(Cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
+    const Clock::time_point t0 = Clock::now();
+    ASSIGN_OR_RETURN(Handle h, kv.PushPullAsync(name, TensorView{device, count, f.dtype,
+                                                                 Device::kGPU, device_id},
+                                                TensorView{device, count, f.dtype,
+                                                           Device::kGPU, device_id}));
+    RETURN_IF_ERROR(h.Wait());
+    const Clock::time_point t1 = Clock::now();
+    if (it >= f.warmup) us.push_back(Micros(t1 - t0));
+    RETURN_IF_ERROR(Cuda(cudaMemcpy(work.get(), device, bytes, cudaMemcpyDeviceToHost),
+                         "cudaMemcpy"));
+    if (std::memcmp(work.get(), pat.expected[parity]->get(), bytes) != 0) {
+      return absl::DataLossError(absl::StrCat("MISMATCH in the GPU push_pull of ", bytes,
+                                              " bytes, iteration ", it));
+    }
+  }
+  return Summarize(std::move(us));
+}
+
+absl::Status RunGpu(const Flags& f, KVStore& kv) {
+  const int rank = kv.rank(), n = kv.num_workers();
+  int devices = 0;
+  RETURN_IF_ERROR(Cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount"));
+  if (devices == 0) return absl::FailedPreconditionError("--gpu: no CUDA device");
+  const int device = kv.local_rank() % devices;
+  RETURN_IF_ERROR(Cuda(cudaSetDevice(device), "cudaSetDevice"));
+  const std::vector<size_t> sizes = Sizes(f);
+  if (sizes.empty()) return absl::InvalidArgumentError("no size to measure");
+  const size_t max_bytes = sizes.back();
+  const Patterns pat = MakePatterns(f.dtype, max_bytes / DTypeSize(f.dtype), rank, n);
+  Buffer work(max_bytes);
+  GpuResources gpu;
+  RETURN_IF_ERROR(Cuda(cudaMalloc(&gpu.device, max_bytes), "cudaMalloc"));
+  RETURN_IF_ERROR(Cuda(cudaHostAlloc(&gpu.pinned, max_bytes, cudaHostAllocDefault),
+                       "cudaHostAlloc"));
+  RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&gpu.stream, cudaStreamNonBlocking),
+                       "cudaStreamCreateWithFlags"));
+  if (rank == 0) {
+    std::printf(
+        "# hybridps-bench --gpu: dist_hybrid push_pull of GPU tensors (staged through pinned "
+        "host memory) against its ceilings, %d workers, dtype %s, in place, GPU %d\n"
+        "# per size: d2h/h2d = pinned cudaMemcpyAsync bandwidth (rank 0); cpu = push_pull of "
+        "a CPU tensor; gpu = push_pull of a GPU tensor (every result checked exactly)\n"
+        "# median of %d iterations after %d warmup; bandwidths S / time in GB/s (1e9 B)\n"
+        "# %%ref = gpu bandwidth / min(d2h, h2d, cpu) (issue 5's target: >= 80%%)\n"
+        "# %11s %9s %9s %10s %10s %8s %8s %8s %6s\n",
+        n, std::string(DTypeName(f.dtype)).c_str(), device, f.iters, f.warmup, "size(B)",
+        "d2h", "h2d", "cpu(us)", "gpu(us)", "cpu_bw", "gpu_bw", "ref_bw", "%ref");
+    std::fflush(stdout);
+  }
+  double worst = -1;
+  for (size_t bytes : sizes) {
+    Timing d2h, h2d;
+    if (rank == 0) {
+      ASSIGN_OR_RETURN(d2h, MeasureCopy(f, gpu.pinned, gpu.device, bytes,
+                                        cudaMemcpyDeviceToHost, gpu.stream));
+      ASSIGN_OR_RETURN(h2d, MeasureCopy(f, gpu.device, gpu.pinned, bytes,
+                                        cudaMemcpyHostToDevice, gpu.stream));
+    }
+    RETURN_IF_ERROR(kv.Barrier());
+    ASSIGN_OR_RETURN(Timing cpu, MeasurePushPull(f, kv, bytes, pat, work));
+    ASSIGN_OR_RETURN(Timing on_gpu,
+                     MeasureGpuPushPull(f, kv, bytes, pat, gpu.device, device, work));
+    if (rank == 0) {
+      const double ref = std::min({GBps(bytes, d2h.median_us), GBps(bytes, h2d.median_us),
+                                   GBps(bytes, cpu.median_us)});
+      const double pct = 100 * GBps(bytes, on_gpu.median_us) / ref;
+      worst = worst < 0 ? pct : std::min(worst, pct);
+      std::printf("  %11zu %9.2f %9.2f %10.1f %10.1f %8.3f %8.3f %8.3f %6.1f\n", bytes,
+                  GBps(bytes, d2h.median_us), GBps(bytes, h2d.median_us), cpu.median_us,
+                  on_gpu.median_us, GBps(bytes, cpu.median_us), GBps(bytes, on_gpu.median_us),
+                  ref, pct);
+      std::fflush(stdout);
+    }
+  }
+  if (rank == 0) {
+    std::printf("# SUMMARY: GPU push_pull at worst %.1f%% of the slower reference (target >= "
+                "80%%: %s)\n", worst, worst >= 80 ? "met" : "NOT MET");
+    std::fflush(stdout);
+  }
+  return kv.Barrier();
+}
+#else
+absl::Status RunGpu(const Flags&, KVStore&) {
+  return absl::UnimplementedError("--gpu: this build has no CUDA");
+}
+#endif
+
 absl::Status Run(const Flags& f, const Options& options, absl::string_view backend, KVStore& kv) {
   const int rank = kv.rank(), n = kv.num_workers();
   if (static_cast<int64_t>(n) * kMaxValue > ExactLimit(f.dtype)) {
@@ -618,6 +771,7 @@ absl::Status Run(const Flags& f, const Options& options, absl::string_view backe
         absl::StrCat("with ", n, " workers the sums exceed what ", DTypeName(f.dtype),
                      " holds exactly (", ExactLimit(f.dtype), "); use fewer workers or float32"));
   }
+  if (f.gpu) return RunGpu(f, kv);
   const std::vector<size_t> sizes = Sizes(f);
   if (sizes.empty()) return absl::InvalidArgumentError("no size to measure");
   const size_t max_bytes = sizes.back(), es = DTypeSize(f.dtype);

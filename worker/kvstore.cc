@@ -4,6 +4,9 @@
 #include "common/status.h"
 #include "common/transport.h"
 #include "worker/ps_store.h"
+#if HYBRIDPS_WITH_CUDA
+#include "worker/ps_gpu.h"
+#endif
 #if HYBRIDPS_HAVE_GLOO
 #include "worker/allreduce_store.h"
 #endif
@@ -15,7 +18,11 @@ absl::StatusOr<std::unique_ptr<KVStore>> KVStore::Create(absl::string_view type,
                                                          std::shared_ptr<Context> ctx) {
   if (!ctx) ctx = std::make_shared<Context>();
   if (type == "dist_hybrid") {
+#if HYBRIDPS_WITH_CUDA  // GPU tensors staged through pinned host memory (ps_gpu.h)
+    ASSIGN_OR_RETURN(auto store, PsGpuStore::Create(std::move(ctx), options, NewCudaCopier()));
+#else
     ASSIGN_OR_RETURN(auto store, PsStore::Create(std::move(ctx), options));
+#endif
     return std::unique_ptr<KVStore>(std::move(store));
   }
   if (type == "dist_allreduce") {

@@ -51,12 +51,6 @@ ncclDataType_t NcclDataType(DType dtype) {
   return ncclFloat32;  // not reached: every DType is handled above
 }
 
-absl::Status CudaStatus(cudaError_t err, absl::string_view call) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(call, " failed: ", cudaGetErrorString(err), " (",
-                                          cudaGetErrorName(err), ")"));
-}
-
 absl::Status NcclStatus(ncclResult_t result, absl::string_view call) {
   if (result == ncclSuccess) return absl::OkStatus();
   const char* last = ncclGetLastError(nullptr);
@@ -68,22 +62,6 @@ absl::Status NcclStatus(ncclResult_t result, absl::string_view call) {
   if (last != nullptr && *last != '\0') absl::StrAppend(&message, ": ", last);
   return absl::Status(peer ? absl::StatusCode::kUnavailable : absl::StatusCode::kInternal,
                       message);
-}
-
-absl::StatusOr<int> CudaDeviceCount() {
-  int count = 0;
-  RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
-  return count;
-}
-
-absl::Status UseDevice(int device) {
-  absl::Status s = CudaStatus(cudaSetDevice(device), absl::StrCat("cudaSetDevice(", device, ")"));
-  if (s.ok()) return s;
-  auto count = CudaDeviceCount();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "cannot use GPU ", device, ": ", s.message(), "; ",
-      count.ok() ? absl::StrCat("this process sees ", *count, " CUDA device(s)")
-                 : std::string(count.status().message())));
 }
 
 absl::StatusOr<std::string> NewNcclId() {

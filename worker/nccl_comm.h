@@ -29,6 +29,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
+#include "worker/cuda_util.h"
 
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
 #error "hybridps needs NCCL >= 2.14 (non-blocking communicators; bfloat16 needs 2.10)"
@@ -38,19 +39,10 @@ namespace hybridps {
 
 // NCCL's element type for `dtype` (every DType has one).
 ncclDataType_t NcclDataType(DType dtype);
-// "cudaSetDevice(1) failed: invalid device ordinal (cudaErrorInvalidDevice)"; OK for
-// cudaSuccess.
-absl::Status CudaStatus(cudaError_t err, absl::string_view call);
 // "ncclAllReduce failed: invalid argument (NCCL error 4): <NCCL's last error>"; OK for
 // ncclSuccess. Unavailable for ncclSystemError and ncclRemoteError (network, peers),
 // Internal otherwise.
 absl::Status NcclStatus(ncclResult_t result, absl::string_view call);
-// How many CUDA devices this process sees; an error saying why when CUDA cannot tell (no
-// driver, no device).
-absl::StatusOr<int> CudaDeviceCount();
-// Makes `device` the calling thread's current device; an error naming the device and
-// the CUDA error otherwise (no device, no driver, a bad ordinal).
-absl::Status UseDevice(int device);
 // A new communicator id (NCCL_UNIQUE_ID_BYTES bytes): rank 0 makes it, every rank
 // passes it to NcclComm::Create.
 absl::StatusOr<std::string> NewNcclId();

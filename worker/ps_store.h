@@ -76,6 +76,12 @@ class PsStore : public KVStore {
     Waker waker;                       // wakes the I/O thread (commands, credit)
   };
 
+ protected:
+  // For PsGpuStore (ps_gpu.h), which stages GPU tensors in front of this store.
+  PsStore(std::shared_ptr<Context> ctx, const Options& options)
+      : ctx_(std::move(ctx)), options_(options) {}
+  absl::Status Start();
+
  private:
   struct PartTask {
     int priority;
@@ -112,9 +118,6 @@ class PsStore : public KVStore {
     std::function<void(absl::StatusOr<wire::Envelope>)> done;
   };
 
-  PsStore(std::shared_ptr<Context> ctx, const Options& options)
-      : ctx_(std::move(ctx)), options_(options) {}
-  absl::Status Start();
   absl::StatusOr<Handle> Submit(std::shared_ptr<Op> op);
   void IoLoop();
   void TakeCommands();

@@ -21,7 +21,7 @@
 #include "common/dtype.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
-#if HYBRIDPS_WITH_NCCL
+#if HYBRIDPS_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
@@ -319,12 +319,18 @@ TEST_P(ConformanceTest, RankThatNeverSubmitsFailsTheOthersAtTheDeadline) {
 // without CUDA/NCCL (Unimplemented), and dist_allreduce with NCCL but no GPU on rank 0
 // (FailedPrecondition). With a GPU, dist_allreduce takes them: tests/gpu.
 TEST_P(ConformanceTest, GpuTensorsAreAClearError) {
-  bool nccl = false;
+  // dist_allreduce with NCCL: no GPU on rank 0 means no communicator. dist_hybrid with
+  // CUDA: no device to stage from. Without CUDA: no GPU support at all.
+  bool nccl = false, staging = false;
 #if HYBRIDPS_WITH_NCCL
   nccl = GetParam().backend == "dist_allreduce";
+#endif
+#if HYBRIDPS_WITH_CUDA
+  staging = GetParam().backend == "dist_hybrid";
   int devices = 0;
-  if (nccl && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
-    GTEST_SKIP() << "a GPU is visible: dist_allreduce reduces GPU tensors (tests/gpu)";
+  if ((nccl || staging) && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) {
+    GTEST_SKIP() << "a GPU is visible: " << GetParam().backend
+                 << " handles GPU tensors (tests/gpu)";
   }
 #endif
   auto cluster = Start(Config());
@@ -333,12 +339,15 @@ TEST_P(ConformanceTest, GpuTensorsAreAClearError) {
   TensorView gpu{x, 4, DType::kFloat32, Device::kGPU, 0};
   auto h = cluster->worker(0)->PushPullAsync("gpu", gpu, gpu);
   ASSERT_FALSE(h.ok());
-  EXPECT_EQ(h.status().code(), nccl ? absl::StatusCode::kFailedPrecondition
-                                    : absl::StatusCode::kUnimplemented)
+  EXPECT_EQ(h.status().code(), nccl || staging ? absl::StatusCode::kFailedPrecondition
+                                               : absl::StatusCode::kUnimplemented)
       << h.status();
   EXPECT_TRUE(Mentions(h.status().message(), "'gpu'"));
   if (nccl) {
     EXPECT_TRUE(Mentions(h.status().message(), "rank 0 has no GPU"));
+  }
+  if (staging) {
+    EXPECT_TRUE(Mentions(h.status().message(), "cudaGetDeviceCount"));
   }
 }
 

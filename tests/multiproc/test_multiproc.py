@@ -434,6 +434,16 @@ def two_nodes_of_two(rank: int) -> dict[str, str]:
             "HYBRIDPS_NODE_ID": f"node{rank // 2}"}
 
 
+def assert_every_round_ok(j: DirectJob, workers: int, rounds: int) -> None:
+    """Every worker exited 0 after printing "round K ok" for each round, in order."""
+    codes = j.wait_all(RUN_TIMEOUT)
+    assert all(code == 0 for code in codes.values()), j.text()
+    for rank in range(workers):
+        lines = j.lines(f"worker {rank}")
+        assert [line for line in lines if line.startswith("round ")] == [
+            f"round {k} ok" for k in range(rounds)], j.text()
+
+
 def segment_prefix(port: int, token: str, node: int) -> str:
     """The /dev/shm name prefix of a node's segments (worker/local_reduce.cc)."""
     h = 1469598103934665603
@@ -454,12 +464,7 @@ def test_local_ranks_exact_sums_and_no_shared_memory_left(job: JobEnv, tmp_path:
     j = DirectJob(job, tmp_path, workers=4, servers=2, worker_args=["--rounds", "5"],
                   worker_env=two_nodes_of_two, before_workers=plant_stale)
     direct.append(j)
-    codes = j.wait_all(RUN_TIMEOUT)
-    assert all(code == 0 for code in codes.values()), j.text()
-    for rank in range(4):
-        lines = j.lines(f"worker {rank}")
-        assert [line for line in lines if line.startswith("round ")] == [
-            f"round {k} ok" for k in range(5)], j.text()
+    assert_every_round_ok(j, workers=4, rounds=5)
     left = [n for n in os.listdir("/dev/shm") if n.startswith(tuple(prefixes))]
     assert not left, left
     assert_nothing_left(job.marker)
@@ -527,4 +532,41 @@ def test_gpu_survivor_names_the_killed_worker(job: JobEnv, tmp_path: Path,
     assert j.exited["worker 0"] - died < DETECTION_BOUND, j.text()
     errors = error_lines(j.lines("worker 0"))
     assert len(errors) == 1 and "worker 1" in errors[0], j.text()
+    assert_nothing_left(job.marker)
+
+
+# ---- GPU tensors with dist_hybrid (host staging) ------------------------------------------
+# Every worker process on GPU 0 (`rank % devices`): staging involves no NCCL, so one GPU
+# runs them all. Part of the CTest test multiproc_gpu (label gpu); skipped without a GPU.
+# NOT RUN ON A GPU YET: written without one.
+
+def test_gpu_hybrid_one_node_of_three_local_ranks(job: JobEnv) -> None:
+    gpus = visible_gpus()
+    if gpus < 1:
+        pytest.skip(f"needs a GPU, CUDA reports {gpus}: not run")
+    rounds = 5
+    # hybridrun on one host: the 3 workers form one node and reduce in shared memory.
+    run = hybridrun(job, 3, 2, [str(TEST_WORKER), "--gpu", "--rounds", str(rounds)])
+    code, out, err, _ = run.finish(RUN_TIMEOUT)
+    assert code == 0, f"{out}\n{err}"
+    for rank in range(3):
+        assert f"worker {rank}: all {rounds} rounds ok" in worker_lines(out, rank), out
+    assert_nothing_left(job.marker)
+
+
+@pytest.mark.parametrize("local", [1, 2])
+def test_gpu_hybrid_nodes_of_local_ranks(job: JobEnv, tmp_path: Path,
+                                         direct: list[DirectJob], local: int) -> None:
+    gpus = visible_gpus()
+    if gpus < 1:
+        pytest.skip(f"needs a GPU, CUDA reports {gpus}: not run")
+
+    def nodes(rank: int) -> dict[str, str]:  # 4 workers: nodes of `local` local ranks
+        return {"HYBRIDPS_LOCAL_RANK": str(rank % local), "HYBRIDPS_LOCAL_SIZE": str(local),
+                "HYBRIDPS_NODE_ID": f"node{rank // local}"}
+
+    j = DirectJob(job, tmp_path, workers=4, servers=2, worker_args=["--gpu", "--rounds", "5"],
+                  worker_env=nodes)
+    direct.append(j)
+    assert_every_round_ok(j, workers=4, rounds=5)
     assert_nothing_left(job.marker)

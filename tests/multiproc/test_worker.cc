@@ -10,7 +10,8 @@
 //                                round K, before pushing anything
 //   --expect-failure             an operation is expected to fail (a peer is killed)
 //   --gpu                        the tensors live on GPU `rank % devices` (dist_allreduce
-//                                with NCCL); copied there before and back after each round
+//                                with NCCL, or dist_hybrid staging them through host
+//                                memory); copied there before and back after each round
 //   --count-gpus                 prints "gpus N" (CUDA's device count; 0 without a GPU
 //                                or without CUDA in the build) and exits
 //
@@ -32,7 +33,7 @@
 #include "common/dtype.h"
 #include "common/options.h"
 #include "worker/kvstore.h"
-#if HYBRIDPS_WITH_NCCL
+#if HYBRIDPS_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
 
@@ -131,14 +132,14 @@ int Fail(const Flags& flags, const absl::Status& status) {
 
 int CountGpus() {
   int n = 0;
-#if HYBRIDPS_WITH_NCCL
+#if HYBRIDPS_WITH_CUDA
   if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
 #endif
   std::printf("gpus %d\n", n);
   return 0;
 }
 
-#if HYBRIDPS_WITH_NCCL
+#if HYBRIDPS_WITH_CUDA
 absl::Status Cuda(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return absl::OkStatus();
   return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
@@ -148,7 +149,7 @@ absl::Status Cuda(cudaError_t e, const char* what) {
 // --gpu: allocates the tensors' GPU copies on the GPU of `rank`, or copies them one way.
 enum class Copy { kAllocate, kToDevice, kToHost };
 absl::Status OnGpu(std::vector<Tensor>& tensors, int rank, Copy copy) {
-#if HYBRIDPS_WITH_NCCL
+#if HYBRIDPS_WITH_CUDA
   int devices = 0;
   if (absl::Status s = Cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount"); !s.ok()) {
     return s;
@@ -172,7 +173,7 @@ absl::Status OnGpu(std::vector<Tensor>& tensors, int rank, Copy copy) {
   // The store's stream does not wait for ours: the data must have landed.
   return Cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 #else
-  return absl::UnimplementedError("--gpu: this build has no CUDA/NCCL");
+  return absl::UnimplementedError("--gpu: this build has no CUDA");
 #endif
 }
 

@@ -1,0 +1,633 @@
+// dist_hybrid's GPU staging layer (worker/gpu_staging.h) on machines without a GPU: the
+// whole pipeline — submission checks, per-name order, staging buffers, the CPU store
+// underneath (in-process clusters, also with nodes of several local ranks), completion
+// and failures — with a host-memory stand-in for the CUDA runtime (HostCopier below:
+// "GPU memory" is host memory labelled Device::kGPU; its copies are memcpy that report
+// completion after a delay; faults are injected there). The CUDA copier itself
+// (gpu_staging_cuda.cc) is exercised by tests/gpu/ps_gpu_test.cc, which needs a GPU.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "tests/cluster/local_cluster.h"
+#include "tests/cluster/tensor_fill.h"
+#include "worker/gpu_staging.h"
+#if HYBRIDPS_WITH_CUDA
+#include "worker/ps_gpu.h"
+#endif
+
+namespace hybridps::testing {
+namespace {
+
+// The stand-in GPU: `devices` devices whose memory is the host buffers registered with
+// Register; copies happen at once but report completion `delay` later.
+class HostCopier : public DeviceCopier {
+ public:
+  struct Faults {
+    int fail_start = -1;   // the n-th copy (0-based) fails to start
+    int fail_poll = -1;    // the n-th copy fails when polled
+    int hang = -1;         // the n-th copy never completes
+    bool no_device = false;
+  };
+  struct Shared {  // what a test looks at while the copier belongs to a stager
+    absl::Mutex mu;
+    std::map<const char*, std::pair<size_t, int>> memory;  // start -> bytes, device
+    std::atomic<int> copies{0};
+    std::atomic<int> allocs{0};
+    std::atomic<int> frees{0};
+    std::atomic<int> bound_device{-1};
+  };
+
+  HostCopier(std::shared_ptr<Shared> shared, int devices, absl::Duration delay,
+             Faults faults)
+      : shared_(std::move(shared)), devices_(devices), delay_(delay), faults_(faults) {}
+
+  absl::StatusOr<int> DeviceCount() override {
+    if (faults_.no_device) {
+      return absl::InternalError(
+          "cudaGetDeviceCount failed: no CUDA-capable device is detected (cudaErrorNoDevice)");
+    }
+    return devices_;
+  }
+  absl::Status CheckPointer(const void* data, int device) override {
+    absl::MutexLock lock(&shared_->mu);
+    const char* p = static_cast<const char*>(data);
+    auto it = shared_->memory.upper_bound(p);
+    if (it != shared_->memory.begin()) {
+      --it;
+      if (p < it->first + it->second.first && it->second.second == device) {
+        return absl::OkStatus();
+      }
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("its data is not memory of GPU ", device, ": CUDA says it is host memory"));
+  }
+  absl::Status Bind(int device) override {
+    shared_->bound_device = device;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<void*> AllocHost(size_t bytes) override {
+    ++shared_->allocs;
+    return static_cast<void*>(new char[bytes]);
+  }
+  void FreeHost(void* data) override {
+    ++shared_->frees;
+    delete[] static_cast<char*>(data);
+  }
+  absl::StatusOr<uint64_t> Start(Direction direction, void* dst, const void* src,
+                                 size_t bytes) override {
+    const int n = shared_->copies++;
+    if (n == faults_.fail_start) {
+      return absl::InternalError(absl::StrCat(
+          "cudaMemcpyAsync (",
+          direction == Direction::kToHost ? "device to host" : "host to device",
+          ") failed: an illegal memory access was encountered (cudaErrorIllegalAddress)"));
+    }
+    std::memcpy(dst, src, bytes);
+    done_at_[n] = n == faults_.hang ? absl::InfiniteFuture() : absl::Now() + delay_;
+    return static_cast<uint64_t>(n);
+  }
+  absl::StatusOr<bool> Poll(uint64_t ticket) override {
+    const int n = static_cast<int>(ticket);
+    if (n == faults_.fail_poll) {
+      return absl::InternalError(
+          "cudaEventQuery (the copy) failed: unspecified launch failure (cudaErrorLaunchFailure)");
+    }
+    return absl::Now() >= done_at_.at(n);
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  int devices_;
+  absl::Duration delay_;
+  Faults faults_;
+  std::map<int, absl::Time> done_at_;
+};
+
+// A tensor in the stand-in GPU's memory.
+struct FakeGpuTensor {
+  FakeGpuTensor(HostCopier::Shared* shared, DType dtype, size_t count, int device = 0)
+      : buf(dtype, count), device(device) {
+    absl::MutexLock lock(&shared->mu);
+    shared->memory[buf.bytes.data()] = {buf.bytes.size(), device};
+  }
+  TensorView view() {
+    TensorView v = buf.view();
+    v.device = Device::kGPU;
+    v.device_id = device;
+    return v;
+  }
+  Buffer buf;
+  int device;
+};
+
+double SumOver(int n, size_t i, int round, int salt) {
+  double want = 0;
+  for (int r = 0; r < n; ++r) want += Value(i, r, round, salt);
+  return want;
+}
+
+// A stager per worker of an in-process cluster, in front of the worker's store.
+class StagedCluster {
+ public:
+  StagedCluster(const ClusterConfig& config, absl::Duration delay,
+                std::vector<HostCopier::Faults> faults = {},
+                absl::Duration stager_timeout = absl::Seconds(30)) {
+    auto cl = LocalCluster::Start(config);
+    EXPECT_TRUE(cl.ok()) << cl.status();
+    if (!cl.ok()) return;
+    cluster = std::move(*cl);
+    for (int w = 0; w < cluster->num_workers(); ++w) {
+      shared.push_back(std::make_shared<HostCopier::Shared>());
+      KVStore* kv = cluster->worker(w);
+      GpuStager::Backend backend;
+      backend.push_pull = [kv](absl::string_view name, TensorView in, TensorView out,
+                               int priority) {
+        return kv->PushPullAsync(name, in, out, priority);
+      };
+      backend.broadcast = [kv](absl::string_view name, TensorView t, int root, int priority) {
+        return kv->BroadcastAsync(name, t, root, priority);
+      };
+      // Worker-dependent copy times, so that the workers' copies finish in other orders.
+      stagers.push_back(std::make_unique<GpuStager>(
+          std::make_unique<HostCopier>(shared.back(), 2, delay * (w + 1),
+                                       w < static_cast<int>(faults.size()) ? faults[w]
+                                                                            : HostCopier::Faults{}),
+          std::move(backend), cluster->num_workers(), stager_timeout));
+    }
+  }
+  ~StagedCluster() {
+    for (auto& s : stagers) {
+      if (s) s->Shutdown();  // before the stores go
+    }
+  }
+  void Run(const std::function<void(int, GpuStager*, HostCopier::Shared*)>& fn) {
+    cluster->RunOnWorkers(
+        [&](int rank, KVStore*) { fn(rank, stagers[rank].get(), shared[rank].get()); });
+  }
+
+  std::unique_ptr<LocalCluster> cluster;
+  std::vector<std::shared_ptr<HostCopier::Shared>> shared;
+  std::vector<std::unique_ptr<GpuStager>> stagers;
+};
+
+constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
+                                DType::kBFloat16, DType::kInt32,   DType::kInt64,
+                                DType::kUInt8};
+
+ClusterConfig Config(int workers, int servers, int local_size = 1) {
+  ClusterConfig c;
+  c.workers = workers;
+  c.servers = servers;
+  c.local_size = local_size;
+  c.partition_bytes = 4096;  // several partitions per tensor
+  return c;
+}
+
+class StagedSumTest : public ::testing::TestWithParam<int> {};  // local ranks per node
+
+TEST_P(StagedSumTest, EveryDTypeSumsExactlyInPlaceAndOutOfPlaceOverRounds) {
+  const int local = GetParam();
+  StagedCluster c(Config(2 * local, 2, local), absl::Microseconds(300));
+  ASSERT_NE(c.cluster, nullptr);
+  const int n = c.cluster->num_workers();
+  c.Run([&](int rank, GpuStager* st, HostCopier::Shared* sh) {
+    int salt = 0;
+    for (DType dtype : kAllDTypes) {
+      ++salt;
+      FakeGpuTensor in(sh, dtype, 3001), out(sh, dtype, 3001);
+      for (int round = 0; round < 3; ++round) {
+        in.buf.Fill(rank, round, salt);
+        const bool in_place = round != 1;
+        auto h = st->PushPullAsync(absl::StrCat("t.", DTypeName(dtype)), in.view(),
+                                   in_place ? in.view() : out.view(), 0);
+        ASSERT_TRUE(h.ok()) << h.status();
+        ASSERT_TRUE(h->Wait().ok()) << h->Wait();
+        const Buffer& got = in_place ? in.buf : out.buf;
+        for (size_t i = 0; i < 3001; ++i) {
+          ASSERT_EQ(got.at(i), SumOver(n, i, round, salt))
+              << DTypeName(dtype) << " round " << round << " element " << i;
+        }
+      }
+    }
+    EXPECT_EQ(sh->bound_device.load(), 0);
+  });
+  // Steady state: one staging buffer per name (7 dtypes), reused over the rounds.
+  for (auto& s : c.stagers) {
+    GpuStager::Stats st = s->stats();
+    EXPECT_EQ(st.gpu_ops, 21u);
+    EXPECT_EQ(st.host_allocations, 7u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(LocalRanks, StagedSumTest, ::testing::Values(1, 2),
+                         [](const auto& info) { return absl::StrCat("local", info.param); });
+
+TEST(GpuStagingTest, BroadcastFromEveryRootAndEmptyTensors) {
+  StagedCluster c(Config(3, 2), absl::Microseconds(200));
+  ASSERT_NE(c.cluster, nullptr);
+  c.Run([&](int rank, GpuStager* st, HostCopier::Shared* sh) {
+    for (int root = 0; root < 3; ++root) {
+      FakeGpuTensor t(sh, DType::kFloat32, 2000);
+      t.buf.Fill(rank, 1, root);
+      auto h = st->BroadcastAsync("w", t.view(), root, 0);
+      ASSERT_TRUE(h.ok()) << h.status();
+      ASSERT_TRUE(h->Wait().ok()) << h->Wait();
+      for (size_t i = 0; i < 2000; ++i) ASSERT_EQ(t.buf.at(i), Value(i, root, 1, root));
+    }
+    FakeGpuTensor empty(sh, DType::kFloat32, 0);
+    auto h = st->PushPullAsync("empty", empty.view(), empty.view(), 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_TRUE(h->Wait().ok()) << h->Wait();
+  });
+}
+
+// GPU and CPU operations on one name, interleaved, all in flight at once, with copies
+// that finish at different times on each worker: each must meet the same round of the
+// others (a reordering would mix rounds and break the sums).
+TEST(GpuStagingTest, OperationsOnOneNameKeepIssueOrderAcrossDevices) {
+  StagedCluster c(Config(3, 1), absl::Milliseconds(3));
+  ASSERT_NE(c.cluster, nullptr);
+  constexpr int kRounds = 12;
+  c.Run([&](int rank, GpuStager* st, HostCopier::Shared* sh) {
+    std::vector<std::unique_ptr<FakeGpuTensor>> gpu;
+    std::vector<std::unique_ptr<Buffer>> cpu;
+    std::vector<Handle> handles;
+    std::vector<Buffer*> results;
+    for (int round = 0; round < kRounds; ++round) {
+      const bool on_gpu = (round + rank) % 3 != 0;  // the workers differ in which are GPU
+      TensorView v;
+      if (on_gpu) {
+        gpu.push_back(std::make_unique<FakeGpuTensor>(sh, DType::kInt32, 5000));
+        gpu.back()->buf.Fill(rank, round, 7);
+        v = gpu.back()->view();
+        results.push_back(&gpu.back()->buf);
+      } else {
+        cpu.push_back(std::make_unique<Buffer>(DType::kInt32, 5000));
+        cpu.back()->Fill(rank, round, 7);
+        v = cpu.back()->view();
+        results.push_back(cpu.back().get());
+      }
+      auto h = st->PushPullAsync("x", v, v, 0);
+      ASSERT_TRUE(h.ok()) << h.status();
+      handles.push_back(*h);
+    }
+    for (int round = 0; round < kRounds; ++round) {
+      ASSERT_TRUE(handles[round].Wait().ok()) << handles[round].Wait();
+      for (size_t i = 0; i < 5000; ++i) {
+        ASSERT_EQ(results[round]->at(i), SumOver(3, i, round, 7))
+            << "worker " << rank << " round " << round << " element " << i;
+      }
+    }
+    EXPECT_GT(st->stats().queued_cpu_ops, 0u);
+  });
+}
+
+// Many names in flight at once, then again: the second time allocates nothing.
+TEST(GpuStagingTest, ManyTensorsInFlightReuseTheirStagingBuffers) {
+  StagedCluster c(Config(2, 2), absl::Microseconds(500));
+  ASSERT_NE(c.cluster, nullptr);
+  c.Run([&](int rank, GpuStager* st, HostCopier::Shared* sh) {
+    std::vector<std::unique_ptr<FakeGpuTensor>> ts;
+    for (int k = 0; k < 20; ++k) {
+      ts.push_back(std::make_unique<FakeGpuTensor>(sh, DType::kFloat32, 100 + 700 * k));
+    }
+    uint64_t allocations = 0;
+    for (int round = 0; round < 2; ++round) {
+      std::vector<Handle> hs;
+      for (int k = 0; k < 20; ++k) {
+        ts[k]->buf.Fill(rank, round, k);
+        auto h = st->PushPullAsync(absl::StrCat("m", k), ts[k]->view(), ts[k]->view(), k % 3);
+        ASSERT_TRUE(h.ok()) << h.status();
+        hs.push_back(*h);
+      }
+      for (int k = 0; k < 20; ++k) {
+        ASSERT_TRUE(hs[k].Wait().ok()) << hs[k].Wait();
+        for (size_t i = 0; i < ts[k]->buf.count; ++i) {
+          ASSERT_EQ(ts[k]->buf.at(i), SumOver(2, i, round, k)) << "m" << k << " element " << i;
+        }
+      }
+      if (round == 0) allocations = st->stats().host_allocations;
+    }
+    EXPECT_EQ(allocations, 20u);
+    EXPECT_EQ(st->stats().host_allocations, allocations);
+    EXPECT_EQ(sh->allocs.load(), 20);
+  });
+}
+
+// Several user threads of one worker submitting at once (as MXNet's engine threads do),
+// GPU and CPU tensors, each thread its own names.
+TEST(GpuStagingTest, ConcurrentSubmittersOnOneWorker) {
+  StagedCluster c(Config(2, 2), absl::Microseconds(300));
+  ASSERT_NE(c.cluster, nullptr);
+  c.Run([&](int rank, GpuStager* st, HostCopier::Shared* sh) {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 3; ++t) {
+      threads.emplace_back([&, t] {
+        for (int round = 0; round < 4; ++round) {
+          const bool on_gpu = (round + t) % 2 == 0;
+          FakeGpuTensor g(sh, DType::kInt64, 2000 + 100 * t);
+          Buffer& b = g.buf;
+          b.Fill(rank, round, t);
+          TensorView v = on_gpu ? g.view() : b.view();
+          auto h = st->PushPullAsync(absl::StrCat("thread", t), v, v, 0);
+          ASSERT_TRUE(h.ok()) << h.status();
+          ASSERT_TRUE(h->Wait().ok()) << h->Wait();
+          for (size_t i = 0; i < b.count; ++i) {
+            ASSERT_EQ(b.at(i), SumOver(2, i, round, t)) << "thread " << t << " round " << round;
+          }
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+  });
+}
+
+// The server-side optimizer applies to staged tensors like to CPU ones: SGD,
+// w <- w - lr * (sum of the gradients), weights set by a broadcast from a GPU tensor.
+TEST(GpuStagingTest, ServerOptimizerUpdatesStagedWeights) {
+  StagedCluster c(Config(2, 2), absl::Microseconds(200));
+  ASSERT_NE(c.cluster, nullptr);
+  c.cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    ServerOptimizer opt;
+    opt.spec.rule = "sgd";
+    opt.spec.params["learning_rate"] = 0.5;
+    absl::Status s = kv->SetOptimizer(opt);
+    ASSERT_TRUE(s.ok()) << s;
+    GpuStager* st = c.stagers[rank].get();
+    HostCopier::Shared* sh = c.shared[rank].get();
+    FakeGpuTensor w(sh, DType::kFloat32, 3000), g(sh, DType::kFloat32, 3000);
+    w.buf.Fill(0, 0, 1);  // the same start everywhere; root 1's is what counts
+    auto h = st->BroadcastAsync("w", w.view(), 1, 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Wait().ok()) << h->Wait();
+    std::vector<double> want(3000);
+    for (size_t i = 0; i < 3000; ++i) want[i] = Value(i, 0, 0, 1);
+    for (int step = 0; step < 3; ++step) {
+      g.buf.Fill(rank, step, 2);
+      h = st->PushPullAsync("w", g.view(), w.view(), 0);
+      ASSERT_TRUE(h.ok()) << h.status();
+      ASSERT_TRUE(h->Wait().ok()) << h->Wait();
+      for (size_t i = 0; i < 3000; ++i) {
+        want[i] -= 0.5 * SumOver(2, i, step, 2);
+        ASSERT_EQ(w.buf.at(i), want[i]) << "step " << step << " element " << i;
+      }
+    }
+  });
+}
+
+bool Mentions(const absl::Status& s, absl::string_view text) {
+  return absl::StrContains(s.message(), text);
+}
+
+// Submission checks: wrong device, host pointer labelled GPU, mixed devices, bad sizes.
+TEST(GpuStagingTest, DeviceRulesAreCheckedAtSubmissionWithNamedErrors) {
+  StagedCluster c(Config(1, 1), absl::ZeroDuration());
+  ASSERT_NE(c.cluster, nullptr);
+  GpuStager* st = c.stagers[0].get();
+  HostCopier::Shared* sh = c.shared[0].get();
+  FakeGpuTensor a(sh, DType::kFloat32, 10, 0), b(sh, DType::kFloat32, 10, 1),
+      c3(sh, DType::kFloat32, 10, 3);
+  Buffer host(DType::kFloat32, 10);
+  auto expect = [](absl::StatusOr<Handle> h, absl::StatusCode code,
+                   std::vector<std::string> texts) {
+    ASSERT_FALSE(h.ok());
+    EXPECT_EQ(h.status().code(), code) << h.status();
+    for (const auto& t : texts) EXPECT_TRUE(Mentions(h.status(), t)) << h.status();
+  };
+  // A device this process does not have (the stand-in has 2).
+  expect(st->PushPullAsync("d3", c3.view(), c3.view(), 0), absl::StatusCode::kInvalidArgument,
+         {"'d3'", "GPU 3", "sees 2 CUDA device(s)"});
+  // The first good tensor fixes GPU 0; GPU 1 is refused afterwards.
+  auto ok = st->PushPullAsync("a", a.view(), a.view(), 0);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->Wait().ok());
+  expect(st->PushPullAsync("b", b.view(), b.view(), 0), absl::StatusCode::kInvalidArgument,
+         {"'b'", "GPU 1", "stages GPU tensors from GPU 0"});
+  // Host memory labelled GPU.
+  TensorView fake = host.view();
+  fake.device = Device::kGPU;
+  expect(st->PushPullAsync("h", fake, fake, 0), absl::StatusCode::kInvalidArgument,
+         {"'h'", "not memory of GPU 0"});
+  expect(st->BroadcastAsync("h", fake, 0, 0), absl::StatusCode::kInvalidArgument,
+         {"'h'", "the tensor", "not memory of GPU 0"});
+  // Input on the GPU, output in host memory, and the reverse.
+  expect(st->PushPullAsync("m", a.view(), host.view(), 0), absl::StatusCode::kInvalidArgument,
+         {"'m'", "the input is on GPU 0 but the output in host memory"});
+  expect(st->PushPullAsync("m", host.view(), a.view(), 0), absl::StatusCode::kInvalidArgument,
+         {"'m'", "the input is in host memory but the output on GPU 0"});
+  // Sizes, data, root, name.
+  TensorView shorter = a.view();
+  shorter.count = 5;
+  expect(st->PushPullAsync("s", a.view(), shorter, 0), absl::StatusCode::kInvalidArgument,
+         {"'s'", "10 float32", "5 float32"});
+  TensorView null = a.view();
+  null.data = nullptr;
+  expect(st->PushPullAsync("n", null, null, 0), absl::StatusCode::kInvalidArgument,
+         {"'n'", "10 elements but no data"});
+  expect(st->BroadcastAsync("r", a.view(), 1, 0), absl::StatusCode::kInvalidArgument,
+         {"'r'", "root rank 1"});
+  expect(st->PushPullAsync("", a.view(), a.view(), 0), absl::StatusCode::kInvalidArgument,
+         {"name must not be empty"});
+  // None of these reached the store or broke the stager: CPU and GPU still work.
+  auto cpu = st->PushPullAsync("cpu", host.view(), host.view(), 0);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  EXPECT_TRUE(cpu->Wait().ok());
+  auto again = st->PushPullAsync("a", a.view(), a.view(), 0);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->Wait().ok());
+}
+
+TEST(GpuStagingTest, NoDeviceIsAFailedPreconditionNamingTheTensor) {
+  StagedCluster c(Config(1, 1), absl::ZeroDuration(), {HostCopier::Faults{.no_device = true}});
+  ASSERT_NE(c.cluster, nullptr);
+  FakeGpuTensor a(c.shared[0].get(), DType::kFloat32, 10);
+  auto h = c.stagers[0]->PushPullAsync("g", a.view(), a.view(), 0);
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition) << h.status();
+  EXPECT_TRUE(Mentions(h.status(), "'g'")) << h.status();
+  EXPECT_TRUE(Mentions(h.status(), "cudaGetDeviceCount")) << h.status();
+}
+
+// A CUDA failure fails its operation naming the tensor, the GPU and the call, and breaks
+// the stager: later operations, CPU ones included, fail at once. Each failure kind.
+TEST(GpuStagingTest, CopyFailuresNameTensorGpuAndCallAndBreakTheStager) {
+  struct Case {
+    HostCopier::Faults faults;
+    absl::StatusCode code;
+    std::string text;
+  };
+  // Copy 0 is the tensor's copy to the host, copy 1 its copy back.
+  const std::vector<Case> cases = {
+      {{.fail_start = 0}, absl::StatusCode::kInternal, "copying to the host: cudaMemcpyAsync"},
+      {{.fail_poll = 0}, absl::StatusCode::kInternal, "copying to the host: cudaEventQuery"},
+      {{.hang = 0}, absl::StatusCode::kDeadlineExceeded,
+       "copying to the host did not finish within 1s"},
+      {{.fail_start = 1}, absl::StatusCode::kInternal,
+       "copying back to the GPU: cudaMemcpyAsync"},
+      {{.fail_poll = 1}, absl::StatusCode::kInternal, "copying back to the GPU: cudaEventQuery"},
+      {{.hang = 1}, absl::StatusCode::kDeadlineExceeded,
+       "copying back to the GPU did not finish within 1s"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.text);
+    StagedCluster c(Config(1, 1), absl::Microseconds(100), {k.faults}, absl::Seconds(1));
+    ASSERT_NE(c.cluster, nullptr);
+    GpuStager* st = c.stagers[0].get();
+    FakeGpuTensor a(c.shared[0].get(), DType::kFloat16, 100);
+    auto h = st->PushPullAsync("a", a.view(), a.view(), 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    absl::Status s = h->Wait();
+    EXPECT_TRUE(Mentions(s, "push_pull of 'a' (100 float16 elements on GPU 0)")) << s;
+    EXPECT_EQ(s.code(), k.code) << s;
+    EXPECT_TRUE(Mentions(s, k.text)) << s;
+    Buffer host(DType::kFloat32, 4);
+    auto later = st->PushPullAsync("cpu", host.view(), host.view(), 0);
+    ASSERT_FALSE(later.ok());
+    EXPECT_TRUE(Mentions(later.status(), "GPU staging failed earlier")) << later.status();
+  }
+}
+
+TEST(GpuStagingTest, ShutdownFinishesWhatIsQueuedAndRefusesLaterOperations) {
+  StagedCluster c(Config(1, 1), absl::Milliseconds(20));
+  ASSERT_NE(c.cluster, nullptr);
+  GpuStager* st = c.stagers[0].get();
+  std::vector<std::unique_ptr<FakeGpuTensor>> ts;
+  std::vector<Handle> hs;
+  for (int k = 0; k < 5; ++k) {
+    ts.push_back(std::make_unique<FakeGpuTensor>(c.shared[0].get(), DType::kInt64, 1000));
+    ts.back()->buf.Fill(0, 0, k);
+    auto h = st->PushPullAsync(absl::StrCat("q", k), ts.back()->view(), ts.back()->view(), 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    hs.push_back(*h);
+  }
+  st->Shutdown();
+  for (int k = 0; k < 5; ++k) {
+    ASSERT_TRUE(hs[k].Done());
+    EXPECT_TRUE(hs[k].Wait().ok()) << hs[k].Wait();
+    EXPECT_EQ(ts[k]->buf.at(17), Value(17, 0, 0, k));
+  }
+  auto later = st->PushPullAsync("q0", ts[0]->view(), ts[0]->view(), 0);
+  ASSERT_FALSE(later.ok());
+  EXPECT_TRUE(Mentions(later.status(), "shut down")) << later.status();
+  EXPECT_EQ(c.shared[0]->frees.load(), 0);  // buffers are freed with the stager
+  c.stagers[0].reset();
+  EXPECT_EQ(c.shared[0]->frees.load(), 5);
+}
+
+// One worker's CUDA failure leaves the other waiting for a round that will never complete:
+// it fails at its deadline, nothing hangs, and both stagers shut down.
+TEST(GpuStagingTest, APeersFailureEndsTheOthersOperationAtItsDeadline) {
+  ClusterConfig config = Config(2, 1);
+  config.op_timeout = absl::Seconds(2);
+  StagedCluster c(config, absl::Microseconds(100), {HostCopier::Faults{.fail_start = 0}, {}});
+  ASSERT_NE(c.cluster, nullptr);
+  const absl::Time start = absl::Now();
+  c.Run([&](int rank, GpuStager* st, HostCopier::Shared* sh) {
+    FakeGpuTensor a(sh, DType::kFloat32, 1000);
+    auto h = st->PushPullAsync("a", a.view(), a.view(), 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    absl::Status s = h->Wait();
+    ASSERT_FALSE(s.ok());
+    if (rank == 0) {
+      EXPECT_TRUE(Mentions(s, "cudaMemcpyAsync")) << s;
+    } else {
+      EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+      EXPECT_TRUE(Mentions(s, "'a'")) << s;
+    }
+  });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+}
+
+#if HYBRIDPS_WITH_CUDA
+// In a CUDA build KVStore::Create("dist_hybrid") stages GPU tensors (PsGpuStore, still a
+// PsStore); CPU tensors go straight through: nothing staged, nothing queued, no GPU needed.
+TEST(GpuStagingTest, CudaBuildsStoreIsAPsGpuStoreThatPassesCpuTensorsThrough) {
+  auto cluster = LocalCluster::Start(Config(2, 2));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
+    ASSERT_NE(dynamic_cast<PsStore*>(kv), nullptr);
+    auto* gpu = dynamic_cast<PsGpuStore*>(kv);
+    ASSERT_NE(gpu, nullptr);
+    Buffer b(DType::kFloat64, 5000);
+    for (int round = 0; round < 3; ++round) {
+      b.Fill(rank, round, 3);
+      absl::Status s = kv->PushPull("cpu", b.view(), b.view());
+      ASSERT_TRUE(s.ok()) << s;
+      for (size_t i = 0; i < 5000; ++i) ASSERT_EQ(b.at(i), SumOver(2, i, round, 3));
+    }
+    GpuStager::Stats st = gpu->staging_stats();
+    EXPECT_EQ(st.gpu_ops, 0u);
+    EXPECT_EQ(st.queued_cpu_ops, 0u);
+    EXPECT_EQ(st.host_allocations, 0u);
+  });
+}
+#endif
+
+// ---- StagingCache ---------------------------------------------------------------------
+
+TEST(StagingCacheTest, ReusesPerNameGrowsAndFreesEverything) {
+  std::map<void*, size_t> live;
+  int allocs = 0;
+  auto cache = std::make_unique<StagingCache>(
+      [&](size_t bytes) -> absl::StatusOr<void*> {
+        ++allocs;
+        void* p = new char[bytes];
+        live[p] = bytes;
+        return p;
+      },
+      [&](void* p) {
+        live.erase(p);
+        delete[] static_cast<char*>(p);
+      });
+  auto a = cache->Acquire("a", 100);
+  ASSERT_TRUE(a.ok());
+  cache->Release("a", *a);
+  auto a2 = cache->Acquire("a", 80);  // fits in the cached one
+  ASSERT_TRUE(a2.ok());
+  EXPECT_EQ(a2->data, a->data);
+  auto a3 = cache->Acquire("a", 100);  // a second one in flight: a new buffer
+  ASSERT_TRUE(a3.ok());
+  EXPECT_NE(a3->data, a->data);
+  EXPECT_EQ(allocs, 2);
+  cache->Release("a", *a2);
+  cache->Release("a", *a3);
+  auto b = cache->Acquire("b", 100);  // another name never takes a's buffers
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(allocs, 3);
+  cache->Release("b", *b);
+  auto big = cache->Acquire("a", 1000);  // a grew: its smaller free buffers go
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(allocs, 4);
+  EXPECT_EQ(live.size(), 2u);  // b's and the big one
+  EXPECT_EQ(cache->cached_bytes(), 1100u);
+  cache->Abandon(*big);  // a copy may still write into it: never freed
+  EXPECT_EQ(cache->abandoned_bytes(), 1000u);
+  cache.reset();
+  ASSERT_EQ(live.size(), 1u);
+  EXPECT_EQ(live.begin()->first, big->data);
+  delete[] static_cast<char*>(big->data);
+}
+
+TEST(StagingCacheTest, AllocationFailureIsReturned) {
+  StagingCache cache([](size_t) -> absl::StatusOr<void*> {
+    return absl::ResourceExhaustedError("cudaHostAlloc(64 bytes) failed: out of memory");
+  }, [](void*) {});
+  auto a = cache.Acquire("a", 64);
+  ASSERT_FALSE(a.ok());
+  EXPECT_TRUE(Mentions(a.status(), "cudaHostAlloc")) << a.status();
+  EXPECT_EQ(cache.allocations(), 0u);
+}
+
+}  // namespace
+}  // namespace hybridps::testing

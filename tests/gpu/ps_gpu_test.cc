@@ -1,0 +1,187 @@
+// dist_hybrid on GPU tensors (host staging, worker/gpu_staging.h) with the real CUDA
+// runtime. Needs one GPU: every test skips, saying so, where cudaGetDeviceCount reports
+// none. The jobs run in this process (LocalCluster: scheduler, servers and workers as
+// threads over inproc://); every worker uses GPU 0 (staging involves no NCCL, so several
+// workers may share a GPU).
+//
+// NOT RUN ON A GPU YET: written without one (see the README's GPU section).
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "tests/cluster/local_cluster.h"
+#include "tests/cluster/tensor_fill.h"
+#include "tests/gpu/device_buffer.h"
+#include "worker/ps_gpu.h"
+
+namespace hybridps::testing {
+namespace {
+
+struct Shape {
+  int workers;
+  int servers;
+  int local_size;
+};
+
+class PsGpuTest : public ::testing::TestWithParam<Shape> {
+ protected:
+  int n() const { return GetParam().workers; }
+  void SetUp() override {
+    const int devices = Devices();
+    if (devices < 1) {
+      GTEST_SKIP() << "needs a GPU, cudaGetDeviceCount reports " << devices << ": not run";
+    }
+    ClusterConfig c;
+    c.workers = GetParam().workers;
+    c.servers = GetParam().servers;
+    c.local_size = GetParam().local_size;
+    c.partition_bytes = 64 << 10;  // several partitions per tensor
+    auto cl = LocalCluster::Start(c);
+    ASSERT_TRUE(cl.ok()) << cl.status();
+    cluster_ = std::move(*cl);
+  }
+  GpuStager::Stats Stats(int w) {
+    auto* s = dynamic_cast<PsGpuStore*>(cluster_->worker(w));
+    EXPECT_NE(s, nullptr) << "a CUDA build's dist_hybrid store is a PsGpuStore";
+    return s ? s->staging_stats() : GpuStager::Stats{};
+  }
+  std::unique_ptr<LocalCluster> cluster_;
+};
+
+TEST_P(PsGpuTest, EveryDTypeSumsExactlyInPlaceAndOutOfPlaceOverRounds) {
+  cluster_->RunOnWorkers([&](int rank, KVStore* kv) {
+    int salt = 0;
+    for (DType dtype : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16,
+                        DType::kInt32, DType::kInt64, DType::kUInt8}) {
+      ++salt;
+      DeviceBuffer in(dtype, 50001, 0), out(dtype, 50001, 0);
+      for (int round = 0; round < 3; ++round) {
+        in.Fill(rank, round, salt);
+        const bool in_place = round != 1;
+        absl::Status s = kv->PushPull(absl::StrCat("t.", DTypeName(dtype)), in.view(),
+                                      in_place ? in.view() : out.view());
+        ASSERT_TRUE(s.ok()) << s;
+        DeviceBuffer& got = in_place ? in : out;
+        got.Refetch();
+        for (size_t i = 0; i < 50001; ++i) {
+          ASSERT_EQ(got.at(i), SumOver(n(), i, round, salt))
+              << DTypeName(dtype) << " round " << round << " element " << i;
+        }
+      }
+    }
+  });
+  GpuStager::Stats st = Stats(0);
+  EXPECT_EQ(st.gpu_ops, 21u);
+  EXPECT_EQ(st.host_allocations, 7u);  // one pinned buffer per name, reused
+}
+
+TEST_P(PsGpuTest, BroadcastFromEveryRoot) {
+  cluster_->RunOnWorkers([&](int rank, KVStore* kv) {
+    for (int root = 0; root < n(); ++root) {
+      DeviceBuffer b(DType::kFloat32, 100000, 0);
+      b.Fill(rank, 1, root);
+      absl::Status s = kv->Broadcast("w", b.view(), root);
+      ASSERT_TRUE(s.ok()) << s;
+      for (size_t i = 0; i < 100000; ++i) ASSERT_EQ(b.at(i), Value(i, root, 1, root));
+    }
+  });
+}
+
+// CPU and GPU tensors in one store, also on one name, many in flight at once.
+TEST_P(PsGpuTest, MixedCpuAndGpuTensorsInFlightTogether) {
+  cluster_->RunOnWorkers([&](int rank, KVStore* kv) {
+    constexpr int kTensors = 12;
+    std::vector<std::unique_ptr<DeviceBuffer>> gpu;
+    std::vector<std::unique_ptr<Buffer>> cpu;
+    for (int k = 0; k < kTensors; ++k) {
+      gpu.push_back(std::make_unique<DeviceBuffer>(DType::kInt32, 1000 + 5000 * k, 0));
+      cpu.push_back(std::make_unique<Buffer>(DType::kInt32, 1000 + 5000 * k));
+    }
+    for (int round = 0; round < 2; ++round) {
+      std::vector<Handle> hs;
+      for (int k = 0; k < kTensors; ++k) {
+        gpu[k]->Fill(rank, round, k);
+        cpu[k]->Fill(rank, round + 10, k);
+        // Names alternate: "g<k>" GPU only; "c<k>" a GPU round then a CPU round.
+        auto h = kv->PushPullAsync(absl::StrCat("g", k), gpu[k]->view(), gpu[k]->view(), k);
+        ASSERT_TRUE(h.ok()) << h.status();
+        hs.push_back(*h);
+        auto c = kv->PushPullAsync(absl::StrCat("c", k), cpu[k]->view(), cpu[k]->view());
+        ASSERT_TRUE(c.ok()) << c.status();
+        hs.push_back(*c);
+      }
+      for (Handle& h : hs) ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+      for (int k = 0; k < kTensors; ++k) {
+        gpu[k]->Refetch();
+        for (size_t i = 0; i < cpu[k]->count; i += 7) {
+          ASSERT_EQ(gpu[k]->at(i), SumOver(n(), i, round, k)) << "g" << k << " element " << i;
+          ASSERT_EQ(cpu[k]->at(i), SumOver(n(), i, round + 10, k)) << "c" << k;
+        }
+      }
+    }
+  });
+}
+
+TEST_P(PsGpuTest, ServerOptimizerSgdOnGpuTensors) {
+  cluster_->RunOnWorkers([&](int rank, KVStore* kv) {
+    ServerOptimizer opt;
+    opt.spec.rule = "sgd";
+    opt.spec.params["learning_rate"] = 0.5;
+    absl::Status s = kv->SetOptimizer(opt);
+    ASSERT_TRUE(s.ok()) << s;
+    DeviceBuffer w(DType::kFloat32, 30000, 0), g(DType::kFloat32, 30000, 0);
+    w.Fill(0, 0, 1);
+    ASSERT_TRUE(kv->Broadcast("w", w.view(), 0).ok());
+    std::vector<double> want(30000);
+    for (size_t i = 0; i < want.size(); ++i) want[i] = Value(i, 0, 0, 1);
+    for (int step = 0; step < 3; ++step) {
+      g.Fill(rank, step, 2);
+      s = kv->PushPull("w", g.view(), w.view());
+      ASSERT_TRUE(s.ok()) << s;
+      w.Refetch();
+      for (size_t i = 0; i < want.size(); ++i) {
+        want[i] -= 0.5 * SumOver(n(), i, step, 2);
+        ASSERT_EQ(w.at(i), want[i]) << "step " << step << " element " << i;
+      }
+    }
+  });
+}
+
+// What the CUDA runtime tells the submission checks: a host pointer labelled GPU, a
+// device the process does not have, mixed devices.
+TEST_P(PsGpuTest, RefusalsAtSubmissionNameTheTensor) {
+  if (n() != 1) GTEST_SKIP() << "one shape is enough";
+  KVStore* kv = cluster_->worker(0);
+  DeviceBuffer d(DType::kFloat32, 10, 0);
+  std::vector<float> host(10);
+  TensorView fake{host.data(), 10, DType::kFloat32, Device::kGPU, 0};
+  auto h = kv->PushPullAsync("host", fake, fake);
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument) << h.status();
+  EXPECT_TRUE(absl::StrContains(h.status().message(), "not memory of GPU 0")) << h.status();
+  TensorView cpu{host.data(), 10, DType::kFloat32};
+  h = kv->PushPullAsync("mixed", d.view(), cpu);
+  ASSERT_FALSE(h.ok());
+  EXPECT_TRUE(absl::StrContains(h.status().message(), "'mixed'")) << h.status();
+  TensorView far = d.view();
+  far.device_id = Devices();  // one past the last device
+  h = kv->PushPullAsync("far", far, far);
+  ASSERT_FALSE(h.ok());
+  EXPECT_TRUE(absl::StrContains(h.status().message(), "'far'")) << h.status();
+  ASSERT_TRUE(kv->PushPull("ok", d.view(), d.view()).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, PsGpuTest,
+    ::testing::Values(Shape{1, 1, 1}, Shape{3, 2, 1}, Shape{4, 2, 2}),
+    [](const ::testing::TestParamInfo<Shape>& info) {
+      return absl::StrCat("w", info.param.workers, "s", info.param.servers, "l",
+                          info.param.local_size);
+    });
+
+}  // namespace
+}  // namespace hybridps::testing

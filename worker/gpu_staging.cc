@@ -1,0 +1,415 @@
+#include "worker/gpu_staging.h"
+
+#include <pthread.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/status.h"
+
+namespace hybridps {
+namespace {
+
+// How often the stager's thread looks at copies in flight.
+constexpr absl::Duration kPollInterval = absl::Microseconds(20);
+
+std::string DeviceOf(const TensorView& t) {
+  return t.device == Device::kGPU ? absl::StrCat("on GPU ", t.device_id) : "in host memory";
+}
+
+}  // namespace
+
+// ---- StagingCache ---------------------------------------------------------------------
+
+StagingCache::~StagingCache() {
+  for (auto& [name, list] : free_list_) {
+    for (const Buffer& b : list) free_(b.data);
+  }
+}
+
+absl::StatusOr<StagingCache::Buffer> StagingCache::Acquire(const std::string& name,
+                                                           size_t bytes) {
+  std::vector<Buffer>& list = free_list_[name];
+  int best = -1;  // the smallest free buffer that is large enough
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i].bytes >= bytes && (best < 0 || list[i].bytes < list[best].bytes)) {
+      best = static_cast<int>(i);
+    }
+  }
+  if (best >= 0) {
+    Buffer b = list[best];
+    list.erase(list.begin() + best);
+    return b;
+  }
+  for (const Buffer& b : list) {
+    free_(b.data);
+    cached_bytes_ -= b.bytes;
+  }
+  list.clear();
+  ASSIGN_OR_RETURN(void* data, alloc_(bytes));
+  ++allocations_;
+  cached_bytes_ += bytes;
+  return Buffer{data, bytes};
+}
+
+void StagingCache::Release(const std::string& name, Buffer buffer) {
+  free_list_[name].push_back(buffer);
+}
+
+// ---- GpuStager ------------------------------------------------------------------------
+
+struct GpuStager::Op {
+  std::string name;
+  bool broadcast = false;
+  int root = 0;
+  int priority = 0;
+  TensorView in, out;
+  bool gpu = false;  // in and out on the GPU; else a CPU operation queued behind its name
+  std::shared_ptr<HandleState> handle;
+  // Stager thread.
+  StagingCache::Buffer staging;
+  bool has_staging = false;
+  bool copying = false;  // a copy of `ticket` runs (into or out of `staging`)
+  uint64_t ticket = 0;
+  absl::Time copy_deadline;
+  bool handed = false;  // given to the backend
+
+  size_t bytes() const { return in.bytes(); }
+  std::string Describe() const {
+    return absl::StrCat(broadcast ? "broadcast" : "push_pull", " of '", name, "' (", in.count,
+                        " ", DTypeName(in.dtype), " elements ", DeviceOf(in), ")");
+  }
+  absl::Status Annotate(absl::string_view step, const absl::Status& s) const {
+    return absl::Status(s.code(), absl::StrCat(Describe(), ": ", step, ": ", s.message()));
+  }
+};
+
+GpuStager::GpuStager(std::unique_ptr<DeviceCopier> copier, Backend backend, int num_workers,
+                     absl::Duration op_timeout)
+    : copier_(std::move(copier)),
+      backend_(std::move(backend)),
+      num_workers_(num_workers),
+      op_timeout_(op_timeout),
+      cache_([this](size_t bytes) { return copier_->AllocHost(bytes); },
+             [this](void* data) { copier_->FreeHost(data); }) {
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "hps-gpu-stage");
+    Loop();
+  });
+}
+
+GpuStager::~GpuStager() { Shutdown(); }
+
+void GpuStager::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  absl::MutexLock lock(&join_mu_);  // Shutdown may be called from several threads
+  if (thread_.joinable()) thread_.join();
+}
+
+GpuStager::Stats GpuStager::stats() {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+absl::StatusOr<Handle> GpuStager::PushPullAsync(absl::string_view name, TensorView in,
+                                                TensorView out, int priority) {
+  auto op = std::make_shared<Op>();
+  op->gpu = in.device == Device::kGPU || out.device == Device::kGPU;
+  if (op->gpu) {
+    if (name.empty()) return absl::InvalidArgumentError("a tensor name must not be empty");
+    if (in.device != out.device) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push_pull of '", name, "': the input is ", DeviceOf(in), " but the output ",
+          DeviceOf(out), "; both must be GPU tensors or both CPU tensors"));
+    }
+    if (in.count != out.count || in.dtype != out.dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "push_pull of '", name, "': the GPU input holds ", in.count, " ", DTypeName(in.dtype),
+          " elements, the GPU output ", out.count, " ", DTypeName(out.dtype)));
+    }
+    RETURN_IF_ERROR(CheckGpuTensor(name, in, "the input"));
+    if (out.data != in.data) RETURN_IF_ERROR(CheckGpuTensor(name, out, "the output"));
+  }
+  op->name = std::string(name);
+  op->in = in;
+  op->out = out;
+  op->priority = priority;
+  return Submit(std::move(op));
+}
+
+absl::StatusOr<Handle> GpuStager::BroadcastAsync(absl::string_view name, TensorView tensor,
+                                                 int root, int priority) {
+  auto op = std::make_shared<Op>();
+  op->gpu = tensor.device == Device::kGPU;
+  if (op->gpu) {
+    if (name.empty()) return absl::InvalidArgumentError("a tensor name must not be empty");
+    if (root < 0 || root >= num_workers_) {
+      return absl::InvalidArgumentError(absl::StrCat("broadcast of '", name, "': root rank ",
+                                                     root, " is not a worker (there are ",
+                                                     num_workers_, ")"));
+    }
+    RETURN_IF_ERROR(CheckGpuTensor(name, tensor, "the tensor"));
+  }
+  op->name = std::string(name);
+  op->broadcast = true;
+  op->root = root;
+  op->in = op->out = tensor;
+  op->priority = priority;
+  return Submit(std::move(op));
+}
+
+absl::Status GpuStager::CheckGpuTensor(absl::string_view name, const TensorView& t,
+                                       absl::string_view what) {
+  const std::string where =
+      absl::StrCat("tensor '", name, "': ", what, " (", DeviceOf(t), ")");
+  if (t.data == nullptr && t.count > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " has ", t.count, " elements but no data"));
+  }
+  int device;
+  {
+    absl::MutexLock lock(&mu_);
+    device = device_;
+  }
+  if (device < 0) {  // the first GPU tensor: its device becomes the worker's
+    auto count = copier_->DeviceCount();
+    if (!count.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ": cannot stage it: ", count.status().message()));
+    }
+    if (t.device_id < 0 || t.device_id >= *count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": this process sees ", *count, " CUDA device(s)"));
+    }
+    absl::MutexLock lock(&mu_);
+    if (device_ < 0) device_ = t.device_id;
+    device = device_;
+  }
+  if (t.device_id != device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": this worker stages GPU tensors from GPU ", device,
+        " (the device of its first GPU tensor); use one GPU per worker process"));
+  }
+  if (t.count > 0) {
+    absl::Status s = copier_->CheckPointer(t.data, device);
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Handle> GpuStager::Submit(OpPtr op) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::FailedPreconditionError("the store was shut down");
+    if (!broken_.ok()) return broken_;
+    if (op->gpu || pending_.contains(op->name)) {
+      op->handle = std::make_shared<HandleState>();
+      ++pending_[op->name];
+      ++outstanding_;
+      if (!op->gpu) ++stats_.queued_cpu_ops;
+      incoming_.push_back(op);
+      return Handle(op->handle);
+    }
+  }
+  // A CPU operation with nothing of its name ahead of it here.
+  return op->broadcast ? backend_.broadcast(op->name, op->in, op->root, op->priority)
+                       : backend_.push_pull(op->name, op->in, op->out, op->priority);
+}
+
+void GpuStager::Loop() {
+  // Wakes the thread: work arrived, an operation returned from the backend, or the end.
+  struct Wake {
+    GpuStager* s;
+    bool operator()() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
+      return !s->incoming_.empty() || !s->returned_.empty() ||
+             (s->stopping_ && s->outstanding_ == 0);
+    }
+  };
+  const Wake wake{this};
+  for (;;) {
+    std::deque<OpPtr> incoming;
+    std::vector<std::pair<OpPtr, absl::Status>> returned;
+    {
+      absl::MutexLock lock(&mu_);
+      // Copies in flight are polled; otherwise nothing happens until `wake` (an idle
+      // store's thread sleeps).
+      if (!to_submit_.empty() || !copying_back_.empty()) {
+        mu_.AwaitWithTimeout(absl::Condition(&wake), kPollInterval);
+      } else {
+        mu_.Await(absl::Condition(&wake));
+      }
+      if (stopping_ && outstanding_ == 0) return;
+      incoming.swap(incoming_);
+      returned.swap(returned_);
+    }
+    for (const OpPtr& op : incoming) Accept(op);
+    SubmitReady();
+    for (const auto& [op, status] : returned) Returned(op, status);
+    PollCopiesBack();
+  }
+}
+
+void GpuStager::Accept(const OpPtr& op) {
+  absl::Status broken;
+  int device;
+  {
+    absl::MutexLock lock(&mu_);
+    broken = broken_;
+    device = device_;
+  }
+  if (!broken.ok()) return Finish(op, broken);
+  if (op->gpu && op->bytes() > 0) {
+    if (!bound_) {
+      absl::Status s = copier_->Bind(device);
+      if (!s.ok()) return Fail(op, op->Annotate("starting the staging", s));
+      bound_ = true;
+    }
+    auto buffer = cache_.Acquire(op->name, op->bytes());
+    if (!buffer.ok()) {
+      return Fail(op, op->Annotate(absl::StrCat("allocating ", op->bytes(),
+                                                " bytes of pinned host memory"),
+                                   buffer.status()));
+    }
+    op->staging = *buffer;
+    op->has_staging = true;
+    auto ticket = copier_->Start(DeviceCopier::Direction::kToHost, op->staging.data,
+                                 op->in.data, op->bytes());
+    if (!ticket.ok()) return Fail(op, op->Annotate("copying to the host", ticket.status()));
+    op->ticket = *ticket;
+    op->copying = true;
+    op->copy_deadline = absl::Now() + op_timeout_;
+    {
+      absl::MutexLock lock(&mu_);
+      stats_.host_allocations = cache_.allocations();
+      stats_.staging_bytes = cache_.cached_bytes();
+    }
+  }
+  to_submit_.push_back(op);
+}
+
+bool GpuStager::CopyDone(const OpPtr& op, absl::string_view what, bool* failed) {
+  auto done = copier_->Poll(op->ticket);
+  if (!done.ok()) {
+    op->copying = false;  // it ended, failing
+    *failed = true;
+    Fail(op, op->Annotate(what, done.status()));
+    return false;
+  }
+  if (*done) {
+    op->copying = false;
+    return true;
+  }
+  if (absl::Now() > op->copy_deadline) {
+    *failed = true;
+    Fail(op, absl::DeadlineExceededError(
+                 absl::StrCat(op->Describe(), ": ", what, " did not finish within ",
+                              absl::FormatDuration(op_timeout_), " (is the GPU hung?)")));
+  }
+  return false;
+}
+
+void GpuStager::SubmitReady() {
+  while (!to_submit_.empty()) {
+    OpPtr op = to_submit_.front();
+    if (op->copying) {
+      bool failed = false;
+      if (!CopyDone(op, "copying to the host", &failed)) return;  // Fail emptied the queue
+    }
+    to_submit_.pop_front();
+    SubmitToBackend(op);
+  }
+}
+
+void GpuStager::SubmitToBackend(const OpPtr& op) {
+  TensorView in = op->in, out = op->out;
+  if (op->gpu) {  // the staging buffer, in place (nullptr for an empty tensor)
+    in = out = TensorView{op->has_staging ? op->staging.data : nullptr, op->in.count,
+                          op->in.dtype};
+  }
+  absl::StatusOr<Handle> h = op->broadcast
+                                 ? backend_.broadcast(op->name, in, op->root, op->priority)
+                                 : backend_.push_pull(op->name, in, out, op->priority);
+  op->handed = true;
+  {
+    absl::MutexLock lock(&mu_);
+    Unpend(op->name);  // after the backend has it: later ones of the name come after it
+    if (op->gpu) ++stats_.gpu_ops;
+  }
+  if (!h.ok()) return Finish(op, h.status());
+  h->OnComplete([this, op](const absl::Status& status) {
+    absl::MutexLock lock(&mu_);
+    returned_.emplace_back(op, status);
+  });
+}
+
+void GpuStager::Returned(const OpPtr& op, const absl::Status& status) {
+  if (!status.ok() || !op->has_staging) return Finish(op, status);
+  auto ticket = copier_->Start(DeviceCopier::Direction::kToDevice, op->out.data,
+                               op->staging.data, op->bytes());
+  if (!ticket.ok()) return Fail(op, op->Annotate("copying back to the GPU", ticket.status()));
+  op->ticket = *ticket;
+  op->copying = true;
+  op->copy_deadline = absl::Now() + op_timeout_;
+  copying_back_.push_back(op);
+}
+
+void GpuStager::PollCopiesBack() {
+  for (size_t i = 0; i < copying_back_.size();) {
+    OpPtr op = copying_back_[i];
+    bool failed = false;
+    const bool done = CopyDone(op, "copying back to the GPU", &failed);
+    if (!done && !failed) {
+      ++i;
+      continue;
+    }
+    copying_back_.erase(copying_back_.begin() + i);
+    if (done) Finish(op, absl::OkStatus());
+  }
+}
+
+void GpuStager::Unpend(const std::string& name) {
+  auto it = pending_.find(name);
+  if (it != pending_.end() && --it->second == 0) pending_.erase(it);
+}
+
+void GpuStager::Finish(const OpPtr& op, absl::Status status) {
+  if (op->has_staging) {
+    if (op->copying) {
+      cache_.Abandon(op->staging);  // the copy may still write into it
+    } else {
+      cache_.Release(op->name, op->staging);
+    }
+    op->has_staging = false;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!op->handed) Unpend(op->name);
+    --outstanding_;
+  }
+  op->handle->Complete(std::move(status));
+}
+
+void GpuStager::Fail(const OpPtr& op, absl::Status status) {
+  HPS_LOG(ERROR) << status.message();
+  absl::Status broken;
+  {
+    absl::MutexLock lock(&mu_);
+    if (broken_.ok()) {
+      broken_ = absl::Status(status.code(),
+                             absl::StrCat("GPU staging failed earlier: ", status.message()));
+    }
+    broken = broken_;
+  }
+  Finish(op, std::move(status));
+  // What waits to be handed to the backend never will be: the rounds would not match.
+  std::deque<OpPtr> queued;
+  queued.swap(to_submit_);
+  for (const OpPtr& q : queued) {
+    if (q != op) Finish(q, broken);
+  }
+}
+
+}  // namespace hybridps

@@ -1,0 +1,42 @@
+// "dist_hybrid" with GPU tensors: the parameter-server store with host staging in front
+// (worker/gpu_staging.h). KVStore::Create("dist_hybrid") makes one in CUDA builds. CPU
+// tensors go to PsStore unchanged; a GPU tensor is copied into a pinned host buffer,
+// push_pulled (or broadcast) by PsStore as a CPU tensor, and copied back.
+#ifndef HYBRIDPS_WORKER_PS_GPU_H_
+#define HYBRIDPS_WORKER_PS_GPU_H_
+
+#include <memory>
+#include <string>
+
+#include "worker/gpu_staging.h"
+#include "worker/ps_store.h"
+
+namespace hybridps {
+
+class PsGpuStore : public PsStore {
+ public:
+  // `copier`: the GPU (NewCudaCopier()).
+  static absl::StatusOr<std::unique_ptr<PsGpuStore>> Create(
+      std::shared_ptr<Context> ctx, const Options& options,
+      std::unique_ptr<DeviceCopier> copier);
+  // Finishes the staged operations before PsStore's destructor leaves the job.
+  ~PsGpuStore() override;
+
+  absl::StatusOr<Handle> BroadcastAsync(absl::string_view name, TensorView tensor,
+                                        int root_rank, int priority) override;
+  absl::StatusOr<Handle> PushPullAsync(absl::string_view name, TensorView in, TensorView out,
+                                       int priority) override;
+  absl::Status Shutdown() override;
+
+  GpuStager::Stats staging_stats() { return stager_->stats(); }
+
+ private:
+  PsGpuStore(std::shared_ptr<Context> ctx, const Options& options)
+      : PsStore(std::move(ctx), options) {}
+
+  std::unique_ptr<GpuStager> stager_;
+};
+
+}  // namespace hybridps
+
+#endif  // HYBRIDPS_WORKER_PS_GPU_H_
