@@ -84,8 +84,12 @@ struct Options {
   size_t local_inline_bytes = 1 << 20;
   // HYBRIDPS_SERVER_THREADS: engine threads of a server (0: one per core, at most 4).
   int server_threads = 0;
-  // HYBRIDPS_CREDIT_BYTES: bytes a worker keeps in flight to the servers at most.
-  size_t credit_bytes = 64 << 20;
+  // HYBRIDPS_CREDIT_BYTES: payload bytes a worker has handed to the transport and not yet
+  // written out, at most. Small enough that the pushes leave in priority order across all
+  // servers (a deep queue per server lets the workers' flows drift apart, and a server
+  // cannot answer a round until every worker's push of it arrived), large enough to keep
+  // every connection busy.
+  size_t credit_bytes = 16 << 20;
   // HYBRIDPS_MAX_MESSAGE_BYTES: larger inbound messages are refused by the transport.
   size_t max_message_bytes = size_t{1} << 30;
   // HYBRIDPS_HEARTBEAT_INTERVAL_MS / HYBRIDPS_HEARTBEAT_TIMEOUT_MS: liveness. A peer

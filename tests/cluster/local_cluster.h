@@ -33,7 +33,7 @@ struct ClusterConfig {
   size_t local_inline_bytes = Options().local_inline_bytes;
   std::string transport = "inproc";  // inproc | ipc | tcp
   size_t partition_bytes = 4 << 20;
-  size_t credit_bytes = 64 << 20;
+  size_t credit_bytes = Options().credit_bytes;
   int server_threads = 2;
   absl::Duration heartbeat_interval = absl::Milliseconds(100);
   absl::Duration heartbeat_timeout = absl::Seconds(2);  // 1 s once flagged a thread stalled by load

@@ -34,6 +34,7 @@ TEST_F(OptionsTest, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(o->partition_bytes, 4u << 20);
   EXPECT_EQ(o->wire_chunk_bytes, 1u << 20);
   EXPECT_EQ(o->local_inline_bytes, 1u << 20);
+  EXPECT_EQ(o->credit_bytes, 16u << 20);
   EXPECT_EQ(o->backend, "dist_hybrid");
   EXPECT_EQ(o->rank, -1);
 }
