@@ -130,8 +130,14 @@ std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
   const int servers = placement.num_servers;
   std::vector<Partition> out;
   if (count * elem >= static_cast<size_t>(servers) * kSplitBytesPerServer) {
-    // One run per server, in a key-dependent rotation so rounding leftovers spread.
+    // Each server's element count by its share (exact to an element; a key-dependent
+    // rotation spreads the rounding), cut into pieces of at most partition_bytes. The
+    // pieces are then laid out interleaved: the next piece comes from the server furthest
+    // behind its share. In one run per server, every worker would push a large tensor to
+    // one server at a time, all of them to the same one, while the others' links idled.
     const int start = static_cast<int>((key >> 32) % static_cast<uint64_t>(servers));
+    std::vector<Partition> runs;
+    std::vector<size_t> first(servers, 0), pieces(servers, 0), total(servers, 0);
     size_t offset = 0;
     double cumulative = 0;
     for (int i = 0; i < servers; ++i) {
@@ -141,8 +147,32 @@ std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
                              ? count
                              : std::min(count, static_cast<size_t>(std::llround(
                                                    cumulative * static_cast<double>(count))));
-      if (end > offset) AppendRun(offset, end - offset, max_elems, s, &out);
+      first[s] = runs.size();
+      if (end > offset) AppendRun(offset, end - offset, max_elems, s, &runs);
+      pieces[s] = runs.size() - first[s];
+      total[s] = end > offset ? end - offset : 0;
       offset = std::max(offset, end);
+    }
+    std::vector<size_t> taken(servers, 0), placed(servers, 0);
+    offset = 0;
+    while (out.size() < runs.size()) {
+      int pick = -1;
+      double behind = 2;
+      for (int i = 0; i < servers; ++i) {  // ties go to the rotation's order
+        const int s = (start + i) % servers;
+        if (taken[s] == pieces[s]) continue;
+        const double done = static_cast<double>(placed[s]) / static_cast<double>(total[s]);
+        if (done < behind) {
+          behind = done;
+          pick = s;
+        }
+      }
+      Partition p = runs[first[pick] + taken[pick]++];
+      placed[pick] += p.count;
+      p.index = static_cast<uint32_t>(out.size());
+      p.offset = offset;
+      offset += p.count;
+      out.push_back(p);
     }
     return out;
   }

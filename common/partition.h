@@ -67,10 +67,12 @@ double ServerShare(const ServerPlacement& placement, int server);
 
 // As above, with the servers weighted by ServerShare. extra_servers == 0 gives exactly
 // the uniform placement above. Otherwise a tensor of at least
-// num_servers * kSplitBytesPerServer bytes is cut into one run of elements per server in
-// proportion to its share (each run into pieces of at most partition_bytes); smaller
-// tensors put each partition on a server drawn from the shares by the key's hash, so the
-// shares hold over many tensors.
+// num_servers * kSplitBytesPerServer bytes gives each server a number of elements in
+// proportion to its share (exact to an element), in pieces of at most partition_bytes
+// laid out interleaved (the next piece belongs to the server furthest behind its share),
+// so a worker pushing the tensor in order keeps every server busy; smaller tensors put
+// each partition on a server drawn from the shares by the key's hash, so the shares hold
+// over many tensors.
 std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
                                        size_t partition_bytes,
                                        const ServerPlacement& placement);

@@ -175,6 +175,18 @@ TEST(MixedPlacement, BytesFollowTheShares) {
     for (int s = 0; s < n + k; ++s) {
       EXPECT_NEAR(load[s] / count, ServerShare(placement, s), 1e-6) << n << "+" << k;
     }
+    // Interleaved: in every window of 2 (n + k) consecutive partitions, each server
+    // owns some (a worker pushing in order keeps every server's link busy).
+    const size_t window = 2 * static_cast<size_t>(n + k);
+    ASSERT_GE(parts.size(), window);
+    for (size_t i = 0; i + window <= parts.size(); ++i) {
+      std::vector<bool> seen(n + k, false);
+      for (size_t j = i; j < i + window; ++j) seen[parts[j].server] = true;
+      for (int s = 0; s < n + k; ++s) {
+        EXPECT_TRUE(seen[s]) << "server " << s << " missing from partitions " << i << ".."
+                             << i + window - 1 << " (" << n << "+" << k << ")";
+      }
+    }
     // Many small tensors: by hash, within 15% of each share.
     std::vector<double> small(n + k, 0);
     for (int t = 0; t < 8000; ++t) {
