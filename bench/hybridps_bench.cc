@@ -68,6 +68,8 @@
 #include "bench/zmq_echo.h"
 #if HYBRIDPS_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "worker/cuda_util.h"
 #endif
 
 namespace hybridps {
@@ -632,11 +634,6 @@ absl::Status WriteCsv(const std::string& path, const std::vector<Row>& rows,
 // ---- --gpu: GPU tensors through dist_hybrid's staging, against its two ceilings -------
 
 #if HYBRIDPS_WITH_CUDA
-absl::Status Cuda(cudaError_t err, absl::string_view call) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(call, " failed: ", cudaGetErrorString(err)));
-}
-
 // The device and pinned host memory of the benchmark, and its stream.
 struct GpuResources {
   void* device = nullptr;
@@ -655,8 +652,8 @@ absl::StatusOr<Timing> MeasureCopy(const Flags& f, void* dst, const void* src, s
   std::vector<double> us;
   for (int i = 0; i < f.warmup + f.iters; ++i) {
     const Clock::time_point t0 = Clock::now();
-    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(dst, src, bytes, kind, stream), "cudaMemcpyAsync"));
-    RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dst, src, bytes, kind, stream), "cudaMemcpyAsync"));
+    RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
     const Clock::time_point t1 = Clock::now();
     if (i >= f.warmup) us.push_back(Micros(t1 - t0));
   }
@@ -674,9 +671,9 @@ absl::StatusOr<Timing> MeasureGpuPushPull(const Flags& f, KVStore& kv, size_t by
     const int parity = it % 2;
     // Ready when submitted: cudaMemcpy from pageable memory may return before the data
     // has landed, and the store's stream does not wait for the default stream.
-    RETURN_IF_ERROR(Cuda(cudaMemcpy(device, pat.input[parity]->get(), bytes,
+    RETURN_IF_ERROR(CudaStatus(cudaMemcpy(device, pat.input[parity]->get(), bytes,
                                     cudaMemcpyHostToDevice), "cudaMemcpy"));
-    RETURN_IF_ERROR(Cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
+    RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
     const Clock::time_point t0 = Clock::now();
     ASSIGN_OR_RETURN(Handle h, kv.PushPullAsync(name, TensorView{device, count, f.dtype,
                                                                  Device::kGPU, device_id},
@@ -685,7 +682,7 @@ absl::StatusOr<Timing> MeasureGpuPushPull(const Flags& f, KVStore& kv, size_t by
     RETURN_IF_ERROR(h.Wait());
     const Clock::time_point t1 = Clock::now();
     if (it >= f.warmup) us.push_back(Micros(t1 - t0));
-    RETURN_IF_ERROR(Cuda(cudaMemcpy(work.get(), device, bytes, cudaMemcpyDeviceToHost),
+    RETURN_IF_ERROR(CudaStatus(cudaMemcpy(work.get(), device, bytes, cudaMemcpyDeviceToHost),
                          "cudaMemcpy"));
     if (std::memcmp(work.get(), pat.expected[parity]->get(), bytes) != 0) {
       return absl::DataLossError(absl::StrCat("MISMATCH in the GPU push_pull of ", bytes,
@@ -698,20 +695,20 @@ absl::StatusOr<Timing> MeasureGpuPushPull(const Flags& f, KVStore& kv, size_t by
 absl::Status RunGpu(const Flags& f, KVStore& kv) {
   const int rank = kv.rank(), n = kv.num_workers();
   int devices = 0;
-  RETURN_IF_ERROR(Cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount"));
+  RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&devices), "cudaGetDeviceCount"));
   if (devices == 0) return absl::FailedPreconditionError("--gpu: no CUDA device");
   const int device = kv.local_rank() % devices;
-  RETURN_IF_ERROR(Cuda(cudaSetDevice(device), "cudaSetDevice"));
+  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
   const std::vector<size_t> sizes = Sizes(f);
   if (sizes.empty()) return absl::InvalidArgumentError("no size to measure");
   const size_t max_bytes = sizes.back();
   const Patterns pat = MakePatterns(f.dtype, max_bytes / DTypeSize(f.dtype), rank, n);
   Buffer work(max_bytes);
   GpuResources gpu;
-  RETURN_IF_ERROR(Cuda(cudaMalloc(&gpu.device, max_bytes), "cudaMalloc"));
-  RETURN_IF_ERROR(Cuda(cudaHostAlloc(&gpu.pinned, max_bytes, cudaHostAllocDefault),
+  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&gpu.device, max_bytes), "cudaMalloc"));
+  RETURN_IF_ERROR(CudaStatus(cudaHostAlloc(&gpu.pinned, max_bytes, cudaHostAllocDefault),
                        "cudaHostAlloc"));
-  RETURN_IF_ERROR(Cuda(cudaStreamCreateWithFlags(&gpu.stream, cudaStreamNonBlocking),
+  RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&gpu.stream, cudaStreamNonBlocking),
                        "cudaStreamCreateWithFlags"));
   if (rank == 0) {
     std::printf(

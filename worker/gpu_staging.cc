@@ -275,12 +275,9 @@ void GpuStager::Accept(const OpPtr& op) {
     }
     op->staging = *buffer;
     op->has_staging = true;
-    auto ticket = copier_->Start(DeviceCopier::Direction::kToHost, op->staging.data,
-                                 op->in.data, op->bytes());
-    if (!ticket.ok()) return Fail(op, op->Annotate("copying to the host", ticket.status()));
-    op->ticket = *ticket;
-    op->copying = true;
-    op->copy_deadline = absl::Now() + op_timeout_;
+    absl::Status s = StartCopy(op, DeviceCopier::Direction::kToHost, op->staging.data,
+                               op->in.data);
+    if (!s.ok()) return Fail(op, op->Annotate("copying to the host", s));
     {
       absl::MutexLock lock(&mu_);
       stats_.host_allocations = cache_.allocations();
@@ -347,13 +344,18 @@ void GpuStager::SubmitToBackend(const OpPtr& op) {
 
 void GpuStager::Returned(const OpPtr& op, const absl::Status& status) {
   if (!status.ok() || !op->has_staging) return Finish(op, status);
-  auto ticket = copier_->Start(DeviceCopier::Direction::kToDevice, op->out.data,
-                               op->staging.data, op->bytes());
-  if (!ticket.ok()) return Fail(op, op->Annotate("copying back to the GPU", ticket.status()));
-  op->ticket = *ticket;
+  absl::Status s = StartCopy(op, DeviceCopier::Direction::kToDevice, op->out.data,
+                             op->staging.data);
+  if (!s.ok()) return Fail(op, op->Annotate("copying back to the GPU", s));
+  copying_back_.push_back(op);
+}
+
+absl::Status GpuStager::StartCopy(const OpPtr& op, DeviceCopier::Direction direction,
+                                  void* dst, const void* src) {
+  ASSIGN_OR_RETURN(op->ticket, copier_->Start(direction, dst, src, op->bytes()));
   op->copying = true;
   op->copy_deadline = absl::Now() + op_timeout_;
-  copying_back_.push_back(op);
+  return absl::OkStatus();
 }
 
 void GpuStager::PollCopiesBack() {

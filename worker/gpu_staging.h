@@ -171,6 +171,9 @@ class GpuStager {
   void SubmitReady();
   void SubmitToBackend(const OpPtr& op);
   void Returned(const OpPtr& op, const absl::Status& status);
+  // Starts op's copy of op->bytes() from src to dst; its ticket and deadline go on op.
+  absl::Status StartCopy(const OpPtr& op, DeviceCopier::Direction direction, void* dst,
+                         const void* src);
   void PollCopiesBack();
   // Polls op's copy: true when it is done (or failed: then `op` was failed too).
   bool CopyDone(const OpPtr& op, absl::string_view what, bool* failed);
