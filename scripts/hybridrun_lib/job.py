@@ -14,6 +14,7 @@ from types import FrameType
 
 from .plan import JobPlan, ProcessSpec, describe, launcher_for
 from .process import ManagedProcess, OutputSink, kill_now, terminate
+from .shm import remove_job_segments
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 POLL_S = 0.05
@@ -73,9 +74,11 @@ class Job:
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in HANDLED_SIGNALS}
         atexit.register(self._emergency_kill)
+        failed = True
         try:
             try:
                 self._run()
+                failed = False
                 return 0
             except JobFailedError as failure:
                 self.sink.message(failure.message)
@@ -86,6 +89,8 @@ class Job:
                 return 128 + interrupted.signum
         finally:
             self._stop_everything()
+            if failed:
+                self._remove_shared_memory()
             atexit.unregister(self._emergency_kill)
             for sig, handler in previous.items():
                 signal.signal(sig, signal.SIG_DFL if handler is None else handler)
@@ -202,6 +207,15 @@ class Job:
             terminate(leftovers, self.options.kill_grace)
         for proc in self.procs:
             proc.join_output(1.0)
+
+    def _remove_shared_memory(self) -> None:
+        """A killed local rank leaves its node's shared-memory segments behind (the
+        last rank to leave removes them); remove the job's on every worker host."""
+        workers = [ProcessSpec(w.role, w.index, w.argv,
+                               {**self.base_env, **w.env} if w.host.is_local else w.env,
+                               w.host, w.show_host) for w in self.plan.workers]
+        for warning in remove_job_segments(workers):
+            self.sink.message(warning)
 
     # -- helpers -------------------------------------------------------------
     def _failure(self, proc: ManagedProcess) -> JobFailedError:

@@ -208,12 +208,12 @@ class HybridRun:
 
 
 def hybridrun(job: JobEnv, np: int, servers: int, command: list[str],
-              backend: str = "dist_hybrid") -> HybridRun:
+              backend: str = "dist_hybrid", options: tuple[str, ...] = ()) -> HybridRun:
     """hybridrun -np NP; with dist_allreduce no servers are started (`servers` unused)."""
     placement = (["--servers", str(servers)] if backend == "dist_hybrid" else [])
     proc = subprocess.Popen(
         [sys.executable, str(HYBRIDRUN), "-np", str(np), *placement, "--backend", backend,
-         "--bin-dir", str(BUILD), "--", *command],
+         "--bin-dir", str(BUILD), *options, "--", *command],
         env=job.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True, errors="replace")
     assert proc.stdout is not None and proc.stderr is not None
@@ -357,9 +357,20 @@ def test_killed_worker_stops_the_job(job: JobEnv, backend: str) -> None:
     # (hybridrun then stops them at once).
     run = hybridrun(job, 3, 2, [str(TEST_WORKER), "--rounds", "200", "--sleep-ms", "300",
                                 "--die-rank", "1", "--die-round", "2", "--expect-failure"],
-                    backend)
+                    backend, options=("--verbose",))
+    run.err.wait_for(r"scheduler listens on port \d+", RUN_TIMEOUT)
+    port = int(re.search(r"scheduler listens on port (\d+)", run.err.text()).group(1))
+    run.out.wait_for(r"^\[worker 0\] round 1 ok$", RUN_TIMEOUT)
+    # hybridrun makes the three workers one node: with dist_hybrid they reduce in shared
+    # memory, and the killed rank leaves the node's segments for hybridrun to remove.
+    token = re.search(r"HYBRIDPS_JOB_TOKEN=(\S+)", run.err.text()).group(1)
+    mine = segment_prefix(port, token, 0).rsplit("-n", 1)[0] + "-n"
+    in_use = [n for n in os.listdir("/dev/shm") if n.startswith(mine)]
+    assert bool(in_use) == (backend == "dist_hybrid"), in_use
     died = run.out.wait_for(r"^\[worker 1\] worker 1: dying at round 2$", RUN_TIMEOUT)
     code, out, err, ended = run.finish(FAILURE_BOUND)
+    left = [n for n in os.listdir("/dev/shm") if n.startswith(mine)]
+    assert not left, f"hybridrun left the job's shared memory: {left}\n{err}"
     assert ended - died < FAILURE_BOUND
     assert code == 128 + signal.SIGKILL, f"{out}\n{err}"
     assert re.search(r"worker 1 .*(SIGKILL|signal 9)", err), err
