@@ -441,6 +441,36 @@ def test_survivors_name_the_killed_server(job: JobEnv, tmp_path: Path,
     assert_nothing_left(job.marker)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_killed_scheduler_fails_every_process(job: JobEnv, tmp_path: Path,
+                                              direct: list[DirectJob], backend: str) -> None:
+    # The scheduler is the job's control plane: without it there are no barriers, no
+    # failure reports and no orderly end, so every process must stop, naming it, within
+    # the heartbeat timeout (5 s) instead of running on or hanging at the end.
+    servers = 2 if backend == "dist_hybrid" else 0
+    j = DirectJob(job, tmp_path, workers=2, servers=servers,
+                  worker_args=["--rounds", "100000", "--sleep-ms", "20", "--expect-failure"],
+                  backend=backend)
+    direct.append(j)
+    j.output["worker 0"].wait_for(r"^round 3 ok$", RUN_TIMEOUT)
+    os.kill(j.procs["scheduler"].pid, signal.SIGKILL)
+    killed = time.monotonic()
+    codes = j.wait_all(RUN_TIMEOUT)  # the job must end by itself
+    assert codes["scheduler"] == -signal.SIGKILL
+    for rank in (0, 1):
+        label = f"worker {rank}"
+        assert codes[label] == 3, j.text()
+        assert j.exited[label] - killed < DETECTION_BOUND, j.text()
+        errors = error_lines(j.lines(label))
+        assert len(errors) == 1 and "scheduler" in errors[0], j.text()
+    for i in range(servers):
+        label = f"server {i}"
+        assert codes[label] != 0, j.text()
+        assert j.exited[label] - killed < DETECTION_BOUND, j.text()
+        assert any("scheduler" in line for line in j.lines(label)), j.text()
+    assert_nothing_left(job.marker)
+
+
 def test_logistic_regression_demo(job: JobEnv) -> None:
     run = hybridrun(job, 2, 2, [str(LOGREG)])
     code, out, err, _ = run.finish(RUN_TIMEOUT)
