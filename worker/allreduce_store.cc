@@ -240,6 +240,9 @@ void AllreduceStore::BreakLocked(const absl::Status& status) {
   if (broken_.ok()) {
     broken_ = status;
     if (!peers_left_) HPS_LOG(ERROR) << "the store can no longer be used: " << status.message();
+    // A round in Gloo would wait for its timeout when a peer hangs rather than dies (its
+    // sockets stay open): end it now, so its operations fail with this status.
+    if (comm_) comm_->Abort();
   }
   for (auto it = queued_.begin(); it != queued_.end();) {
     if (it->second->in_round) {

@@ -1,6 +1,12 @@
 #include "worker/gloo_comm.h"
 
+#include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <optional>
@@ -20,6 +26,7 @@
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
 #include "gloo/rendezvous/context.h"
+#include "gloo/transport/tcp/address.h"
 #include "gloo/transport/tcp/device.h"
 
 namespace hybridps {
@@ -58,6 +65,48 @@ void WithElementType(DType dtype, F&& f) {
     default:
       return f(static_cast<uint64_t*>(nullptr));
   }
+}
+
+bool SameAddress(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    const auto& x = reinterpret_cast<const sockaddr_in&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in&>(b);
+    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
+  }
+  if (a.ss_family == AF_INET6) {
+    const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
+    return x.sin6_port == y.sin6_port &&
+           std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
+  }
+  return false;
+}
+
+// This process's connected TCP sockets whose local address is one of `locals`:
+// (descriptor, inode).
+std::vector<std::pair<int, ino_t>> SocketsBoundTo(const std::vector<sockaddr_storage>& locals) {
+  std::vector<std::pair<int, ino_t>> found;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return found;
+  while (dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long n = std::strtol(e->d_name, &end, 10);
+    const int fd = static_cast<int>(n);
+    if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_storage self{}, peer{};
+    socklen_t len = sizeof self;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) != 0) continue;
+    len = sizeof peer;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
+    for (const auto& local : locals) {
+      if (SameAddress(self, local)) found.emplace_back(fd, st.st_ino);
+    }
+  }
+  closedir(dir);
+  return found;
 }
 
 }  // namespace
@@ -164,6 +213,24 @@ absl::StatusOr<std::unique_ptr<GlooComm>> GlooComm::Connect(int rank, int size,
                            comm->context_ = std::move(ctx);
                          });
   if (!s.ok()) return s;
+  // Gloo has no abort, and Debian's package cannot include the header of its socket
+  // pairs (gloo/common/memory.h is missing). Each connected pair reports the local
+  // address of its socket, unique on this host, so Abort finds the mesh's sockets by it
+  // (several stores in one process, as in the in-process tests, keep apart).
+  std::vector<sockaddr_storage> locals;
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    const auto* a = dynamic_cast<const gloo::transport::tcp::Address*>(
+        &comm->context_->getPair(r)->address());
+    if (a != nullptr) locals.push_back(a->getSockaddr());
+  }
+  comm->mesh_sockets_ = SocketsBoundTo(locals);
+  if (comm->mesh_sockets_.size() != static_cast<size_t>(size - 1)) {
+    HPS_LOG(WARNING) << "found " << comm->mesh_sockets_.size() << " sockets for a gloo "
+                     << "mesh of " << size << " ranks; a hung peer will be noticed only at "
+                     << "the operation timeout";
+    comm->mesh_sockets_.clear();
+  }
   return comm;
 }
 
@@ -175,6 +242,18 @@ void GlooComm::Close() {
     context_->closeConnections();
   } catch (const std::exception& e) {
     HPS_LOG(DEBUG) << "closing gloo connections: " << e.what();
+  }
+}
+
+void GlooComm::Abort() {
+  if (!context_) return;
+  for (const auto& [fd, inode] : mesh_sockets_) {
+    // Only while the descriptor still is the socket Gloo connected (a closed one may have
+    // been reused by anything).
+    struct stat st;
+    if (fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_ino == inode) {
+      shutdown(fd, SHUT_RDWR);
+    }
   }
 }
 

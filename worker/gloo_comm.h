@@ -9,9 +9,12 @@
 #ifndef HYBRIDPS_WORKER_GLOO_COMM_H_
 #define HYBRIDPS_WORKER_GLOO_COMM_H_
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -95,12 +98,20 @@ class GlooComm {
                                                                 absl::Duration timeout);
   // Closes every connection (peers blocked on us fail at once).
   void Close();
+  // Ends a collective that another thread is blocked in, at once, with an error, where it
+  // would otherwise wait for Gloo's timeout (a hung peer keeps its sockets open, so
+  // nothing else wakes it): shuts every connection down, which our own Gloo device thread
+  // reads as the peer closing, failing the pending buffers. Safe from any thread, any
+  // number of times; the communicator is unusable afterwards.
+  void Abort();
 
  private:
   GlooComm(int rank, int size) : rank_(rank), size_(size) {}
   int rank_;
   int size_;
   std::shared_ptr<gloo::Context> context_;  // null when size_ == 1
+  // The mesh's connected sockets (descriptor, inode), for Abort; empty if not found.
+  std::vector<std::pair<int, ino_t>> mesh_sockets_;
   // AllgatherBytes' buffers, kept from call to call (no allocation or zeroing per round).
   std::string slot_in_, slot_all_, tail_in_, tail_all_;
   std::vector<std::string> joined_;  // per rank, when tails were gathered

@@ -13,7 +13,11 @@
 #include "tests/cluster/tensor_fill.h"
 
 #if HYBRIDPS_HAVE_GLOO
+#include <thread>
+
+#include "gloo/rendezvous/hash_store.h"
 #include "worker/allreduce_store.h"
+#include "worker/gloo_comm.h"
 
 namespace hybridps::testing {
 namespace {
@@ -139,6 +143,58 @@ TEST(AllreduceTest, OperationsAfterShutdownFailClearly) {
   auto h = kv->PushPullAsync("late", b.view(), b.view());
   ASSERT_FALSE(h.ok());
   EXPECT_TRUE(absl::StrContains(h.status().message(), "shut down")) << h.status();
+}
+
+// Two ranks of one Gloo mesh, connected through an in-memory store.
+std::vector<std::unique_ptr<GlooComm>> ConnectMesh(gloo::rendezvous::HashStore& store) {
+  std::vector<std::unique_ptr<GlooComm>> comms(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto c = GlooComm::Connect(r, 2, "127.0.0.1", "", store, absl::Seconds(20));
+      ASSERT_TRUE(c.ok()) << c.status();
+      comms[r] = std::move(*c);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return comms;
+}
+
+TEST(GlooCommTest, AbortEndsABlockedCollectiveAtOnceAndLeavesOtherMeshesAlone) {
+  gloo::rendezvous::HashStore store_a, store_b;
+  auto a = ConnectMesh(store_a);
+  auto b = ConnectMesh(store_b);  // another mesh in this process, as in-process tests have
+  ASSERT_TRUE(a[0] && a[1] && b[0] && b[1]);
+  std::vector<float> x(1 << 18, 1.0f);
+  absl::Status blocked;
+  absl::Time ended;
+  // Rank 1 of mesh a never joins (a hung peer): rank 0 would wait for the 60 s timeout.
+  std::thread t([&] {
+    blocked = a[0]->Allreduce(DType::kFloat32, x.data(), x.data(), x.size(), absl::Seconds(60));
+    ended = absl::Now();
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time aborted = absl::Now();
+  a[0]->Abort();
+  t.join();
+  EXPECT_FALSE(blocked.ok());
+  EXPECT_LT(ended - aborted, absl::Seconds(5)) << blocked;
+  // Mesh b still works: Abort found mesh a's sockets only.
+  std::vector<std::vector<float>> y(2, std::vector<float>(1000));
+  std::vector<absl::Status> got(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    for (size_t i = 0; i < y[r].size(); ++i) y[r][i] = static_cast<float>(r + 1) * i;
+    threads.emplace_back([&, r] {
+      got[r] = b[r]->Allreduce(DType::kFloat32, y[r].data(), y[r].data(), y[r].size(),
+                               absl::Seconds(20));
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(got[r].ok()) << got[r];
+    for (size_t i = 0; i < y[r].size(); ++i) ASSERT_EQ(y[r][i], 3.0f * i) << r << " " << i;
+  }
 }
 
 }  // namespace

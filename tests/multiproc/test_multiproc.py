@@ -419,6 +419,33 @@ def test_survivors_name_the_killed_worker(job: JobEnv, tmp_path: Path,
     assert_nothing_left(job.marker)
 
 
+@pytest.mark.parametrize("backend,victim", [("dist_hybrid", "worker 1"),
+                                            ("dist_allreduce", "worker 1"),
+                                            ("dist_hybrid", "server 1")])
+def test_survivors_name_a_hung_peer(job: JobEnv, tmp_path: Path, direct: list[DirectJob],
+                                    backend: str, victim: str) -> None:
+    # A process that hangs (here: stopped) is alive to the kernel, so no socket closes;
+    # its missing heartbeats must still end the job, naming it, instead of a silent wait
+    # (with dist_allreduce the survivors are blocked inside a Gloo collective on it).
+    j = DirectJob(job, tmp_path, workers=3, servers=2 if backend == "dist_hybrid" else 0,
+                  worker_args=["--rounds", "100000", "--sleep-ms", "20", "--expect-failure"],
+                  backend=backend)
+    direct.append(j)
+    j.output["worker 0"].wait_for(r"^round 3 ok$", RUN_TIMEOUT)
+    os.killpg(j.procs[victim].pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    for label in (f"worker {r}" for r in range(3)):
+        if label == victim:
+            continue
+        assert j.wait(label, RUN_TIMEOUT) == 3, j.text()
+        assert j.exited[label] - stopped < DETECTION_BOUND + 1.0, j.text()
+        errors = error_lines(j.lines(label))
+        assert len(errors) == 1 and victim in errors[0], j.text()
+    assert j.wait("scheduler", RUN_TIMEOUT) == 1, j.text()
+    assert any(re.search(rf"{victim} .*(died|no heartbeat)", line)
+               for line in j.lines("scheduler")), j.text()
+
+
 def test_survivors_name_the_killed_server(job: JobEnv, tmp_path: Path,
                                           direct: list[DirectJob]) -> None:
     j = DirectJob(job, tmp_path, workers=2, servers=2,
