@@ -170,11 +170,12 @@ def main() -> int:
     only = {c.strip() for c in args.configs.split(",") if c.strip()}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    # No stray HYBRIDPS_* settings reach the jobs, except the two transport knobs the
-    # experiments vary (HYBRIDPS_CREDIT_BYTES, HYBRIDPS_WIRE_CHUNK_BYTES).
+    # No stray HYBRIDPS_* settings reach the jobs, except the transport knobs the
+    # experiments vary.
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("HYBRIDPS_")
-           or k in ("HYBRIDPS_CREDIT_BYTES", "HYBRIDPS_WIRE_CHUNK_BYTES")}
+           or k in ("HYBRIDPS_CREDIT_BYTES", "HYBRIDPS_WIRE_CHUNK_BYTES",
+                    "HYBRIDPS_BURST_GATHER_US")}
     # Generous liveness: on a loaded 2-core machine a saturated worker's heartbeats can
     # be late by seconds (a 5 s timeout ended a VGG-16 run with n = 4).
     env.update(HYBRIDPS_TIMEOUT_MS="600000", HYBRIDPS_START_TIMEOUT_MS="60000",

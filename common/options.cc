@@ -149,6 +149,13 @@ absl::Status GetMillis(const char* name, absl::Duration* out) {
   return absl::OkStatus();
 }
 
+absl::Status GetMicros(const char* name, absl::Duration* out) {
+  int64_t us = -1;
+  RETURN_IF_ERROR(GetNumber(name, &us));
+  if (us >= 0) *out = absl::Microseconds(us);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Options> OptionsFromEnvironment() {
@@ -222,6 +229,7 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_START_TIMEOUT_MS", &o.start_timeout));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_FUSION_BYTES", &o.fusion_bytes));
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_CYCLE_TIME_MS", &o.cycle_time));
+  RETURN_IF_ERROR(GetMicros("HYBRIDPS_BURST_GATHER_US", &o.burst_gather));
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_STALL_WARNING_MS", &o.stall_warning));
   if (o.backend == "dist_allreduce" && !Get("HYBRIDPS_NUM_SERVERS")) o.num_servers = 0;
   RETURN_IF_ERROR(o.Validate());

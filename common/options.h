@@ -90,6 +90,14 @@ struct Options {
   // cannot answer a round until every worker's push of it arrived), large enough to keep
   // every connection busy.
   size_t credit_bytes = 16 << 20;
+  // HYBRIDPS_BURST_GATHER_US: operations submitted less than this apart while earlier
+  // ones are still in flight form a burst; the worker gathers the burst (until a gap this
+  // long, at most ten times it) before dispatching it, so it leaves in priority order
+  // whatever the thread timing, and every worker's first window holds the same
+  // partitions (a server answers a round only when every worker's push of it arrived).
+  // An operation submitted to an idle store, or after a longer gap, leaves at once.
+  // 0: no gathering.
+  absl::Duration burst_gather = absl::Microseconds(200);
   // HYBRIDPS_MAX_MESSAGE_BYTES: larger inbound messages are refused by the transport.
   size_t max_message_bytes = size_t{1} << 30;
   // HYBRIDPS_HEARTBEAT_INTERVAL_MS / HYBRIDPS_HEARTBEAT_TIMEOUT_MS: liveness. A peer

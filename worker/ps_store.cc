@@ -32,6 +32,7 @@ struct PsStore::Op {
   bool completed = false;
   bool local = false;       // reduced across the node's local ranks first
   bool in_failing = false;  // listed in PsStore::failing_
+  bool burst = false;       // submitted within burst_gather of the previous operation
   int local_pending = 0;    // partitions the local reducer still works on (it may touch
                             // in/out until it reports them done)
   std::shared_ptr<HandleState> handle = std::make_shared<HandleState>();
@@ -195,6 +196,9 @@ absl::StatusOr<Handle> PsStore::Submit(std::shared_ptr<Op> op) {
     absl::MutexLock lock(&mu_);
     if (!closed_.ok()) return closed_;
     op->seq = next_seq_++;
+    const absl::Time now = absl::Now();
+    op->burst = now - last_submit_ < options_.burst_gather;
+    last_submit_ = now;
     commands_.push_back(Command{std::move(op), nullptr, nullptr, nullptr});
   }
   credits_->waker.Wake();
@@ -257,6 +261,9 @@ void PsStore::IoLoop() {
     if (!active_.empty()) until = std::min(until, active_.begin()->second->deadline);
     for (const auto& [id, call] : server_calls_) until = std::min(until, call.deadline);
     if (!failing_.empty()) until = std::min(until, now + absl::Milliseconds(1));
+    if (holding_since_ != absl::InfiniteFuture()) {
+      until = std::min(until, now + options_.burst_gather);
+    }
     auto polled = poller.Poll(until - now);
     if (!polled.ok()) {
       Break(polled.status());
@@ -285,6 +292,7 @@ void PsStore::IoLoop() {
     // The local reduction runs here, on this thread: a partition whose node contributions
     // are all in is summed and dispatched in this same turn, a reply copied out and
     // completed without a hand-off. Dispatch may hand the reducer a failed send.
+    ReleaseHeld(now, !broken_.ok());
     do {
       PumpLocal();
       Dispatch();
@@ -338,6 +346,11 @@ void PsStore::StartOp(std::shared_ptr<Op> op) {
     op->handle->Complete(broken_);
     return;
   }
+  // A burst that arrives while earlier work is in flight is gathered (Activate holds its
+  // partitions): the link is busy meanwhile, and the burst then leaves in priority order.
+  if (op->burst && !active_.empty() && holding_since_ == absl::InfiniteFuture()) {
+    holding_since_ = absl::Now();
+  }
   Op* raw = op.get();
   active_.emplace(op->seq, op);
   auto& queue = per_key_[op->key];
@@ -353,9 +366,31 @@ void PsStore::Activate(Op* op) {
   const uint64_t round = rounds_[op->key]++;
   op->rounds.assign(op->parts.size(), round);
   if (local_) return SubmitLocal(op);
+  const bool hold = holding_since_ != absl::InfiniteFuture();
   for (const Partition& p : op->parts) {
-    ready_.push(PartTask{op->priority, op->seq, p.index, active_.at(op->seq), false, nullptr, ""});
+    PartTask t{op->priority, op->seq, p.index, active_.at(op->seq), false, nullptr, ""};
+    if (hold) {
+      held_.push_back(std::move(t));
+    } else {
+      ready_.push(std::move(t));
+    }
   }
+}
+
+void PsStore::ReleaseHeld(absl::Time now, bool force) {
+  if (holding_since_ == absl::InfiniteFuture()) return;
+  absl::Time last;
+  {
+    absl::MutexLock lock(&mu_);
+    last = last_submit_;
+  }
+  if (!force && now - last < options_.burst_gather &&
+      now - holding_since_ < 10 * options_.burst_gather) {
+    return;  // the burst goes on
+  }
+  for (PartTask& t : held_) ready_.push(std::move(t));
+  held_.clear();
+  holding_since_ = absl::InfiniteFuture();
 }
 
 namespace {

@@ -123,6 +123,7 @@ class PsStore : public KVStore {
   void TakeCommands();
   void StartOp(std::shared_ptr<Op> op);
   void Activate(Op* op);
+  void ReleaseHeld(absl::Time now, bool force);
   void Dispatch();
   bool HasCredit(size_t bytes);
   void HandleReply(int server, Message msg);
@@ -168,6 +169,10 @@ class PsStore : public KVStore {
   absl::flat_hash_map<uint64_t, std::deque<std::shared_ptr<Op>>> per_key_;
   absl::flat_hash_map<uint64_t, uint64_t> rounds_;  // key -> next round
   std::priority_queue<PartTask> ready_;
+  // Partitions of a burst being gathered (Options::burst_gather); they join ready_ when
+  // the burst ends, the gathering has lasted ten gaps, or the store breaks.
+  std::vector<PartTask> held_;
+  absl::Time holding_since_ = absl::InfiniteFuture();  // InfiniteFuture: not gathering
   absl::flat_hash_map<uint64_t, InFlight> in_flight_;
   uint64_t next_request_id_ = 1;
   std::shared_ptr<HandleState> finalize_;
@@ -192,6 +197,7 @@ class PsStore : public KVStore {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status closed_ ABSL_GUARDED_BY(mu_);  // non-OK after Shutdown
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_submit_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::atomic<bool> io_exit_{false};
   absl::Mutex local_mu_;
   std::vector<LocalReducer::Event> local_events_ ABSL_GUARDED_BY(local_mu_);

@@ -21,6 +21,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterC
   o.partition_bytes = c.partition_bytes;
   o.local_inline_bytes = c.local_inline_bytes;
   o.credit_bytes = c.credit_bytes;
+  o.burst_gather = c.burst_gather;
   o.server_threads = c.server_threads;
   o.heartbeat_interval = c.heartbeat_interval;
   o.heartbeat_timeout = c.heartbeat_timeout;

@@ -34,6 +34,7 @@ struct ClusterConfig {
   std::string transport = "inproc";  // inproc | ipc | tcp
   size_t partition_bytes = 4 << 20;
   size_t credit_bytes = Options().credit_bytes;
+  absl::Duration burst_gather = Options().burst_gather;
   int server_threads = 2;
   absl::Duration heartbeat_interval = absl::Milliseconds(100);
   absl::Duration heartbeat_timeout = absl::Seconds(2);  // 1 s once flagged a thread stalled by load

@@ -11,7 +11,7 @@ class OptionsTest : public ::testing::Test {
   void TearDown() override {
     for (const char* v : {"HYBRIDPS_ROLE", "HYBRIDPS_NUM_WORKERS", "HYBRIDPS_NUM_SERVERS",
                           "HYBRIDPS_PARTITION_BYTES", "HYBRIDPS_WIRE_CHUNK_BYTES",
-                          "HYBRIDPS_LOCAL_INLINE_BYTES",
+                          "HYBRIDPS_LOCAL_INLINE_BYTES", "HYBRIDPS_BURST_GATHER_US",
                           "HYBRIDPS_TIMEOUT_MS", "HYBRIDPS_RANK",
                           "HYBRIDPS_BACKEND", "HYBRIDPS_SCHEDULER_PORT",
                           "HYBRIDPS_HEARTBEAT_TIMEOUT_MS", "HYBRIDPS_FUSION_BYTES",
@@ -35,6 +35,7 @@ TEST_F(OptionsTest, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(o->wire_chunk_bytes, 1u << 20);
   EXPECT_EQ(o->local_inline_bytes, 1u << 20);
   EXPECT_EQ(o->credit_bytes, 16u << 20);
+  EXPECT_EQ(o->burst_gather, absl::Microseconds(200));
   EXPECT_EQ(o->backend, "dist_hybrid");
   EXPECT_EQ(o->rank, -1);
 }
@@ -46,6 +47,7 @@ TEST_F(OptionsTest, ReadsVariables) {
   setenv("HYBRIDPS_PARTITION_BYTES", "1024", 1);
   setenv("HYBRIDPS_WIRE_CHUNK_BYTES", "0", 1);
   setenv("HYBRIDPS_LOCAL_INLINE_BYTES", "0", 1);
+  setenv("HYBRIDPS_BURST_GATHER_US", "0", 1);
   setenv("HYBRIDPS_TIMEOUT_MS", "2500", 1);
   setenv("HYBRIDPS_RANK", "2", 1);
   setenv("HYBRIDPS_SCHEDULER_PORT", "9000", 1);
@@ -57,6 +59,7 @@ TEST_F(OptionsTest, ReadsVariables) {
   EXPECT_EQ(o->partition_bytes, 1024u);
   EXPECT_EQ(o->wire_chunk_bytes, 0u);
   EXPECT_EQ(o->local_inline_bytes, 0u);
+  EXPECT_EQ(o->burst_gather, absl::ZeroDuration());
   EXPECT_EQ(o->op_timeout, absl::Milliseconds(2500));
   EXPECT_EQ(o->rank, 2);
   EXPECT_EQ(o->SchedulerEndpoint(), "tcp://127.0.0.1:9000");
