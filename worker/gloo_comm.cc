@@ -238,6 +238,14 @@ GlooComm::~GlooComm() = default;
 
 void GlooComm::Close() {
   if (!context_) return;
+  if (!mesh_sockets_.empty()) {
+    // Not Gloo's closeConnections: it resets the connections (SO_LINGER 0), which throws
+    // away what our last collective still has in the socket buffers. On a slow link the
+    // peers then lose the end of the round they are finishing with us, and get a reset
+    // (or, should the reset be dropped, wait until their timeout).
+    Abort();
+    return;
+  }
   try {
     context_->closeConnections();
   } catch (const std::exception& e) {

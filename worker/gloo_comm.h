@@ -96,12 +96,14 @@ class GlooComm {
   absl::StatusOr<std::vector<absl::string_view>> AllgatherBytes(absl::string_view mine,
                                                                 size_t slot,
                                                                 absl::Duration timeout);
-  // Closes every connection (peers blocked on us fail at once).
+  // Ends every connection after what was written to it (peers blocked on us fail at
+  // once, and a peer still receiving our last round gets all of it first).
   void Close();
-  // Ends a collective that another thread is blocked in, at once, with an error, where it
-  // would otherwise wait for Gloo's timeout (a hung peer keeps its sockets open, so
-  // nothing else wakes it): shuts every connection down, which our own Gloo device thread
-  // reads as the peer closing, failing the pending buffers. Safe from any thread, any
+  // Shuts every connection down (shutdown(2): what was written still leaves, then the
+  // peers read end-of-file). Ends a collective that another thread is blocked in, at
+  // once, with an error, where it would otherwise wait for Gloo's timeout (a hung peer
+  // keeps its sockets open, so nothing else wakes it): our own Gloo device thread reads
+  // the end as the peer closing and fails the pending buffers. Safe from any thread, any
   // number of times; the communicator is unusable afterwards.
   void Abort();
 
