@@ -289,10 +289,10 @@ void PsStore::IoLoop() {
       op->in_failing = false;
       MaybeComplete(op.get());  // lists it again if it still waits
     }
+    ReleaseHeld(now, !broken_.ok());  // a gathered burst whose end has come
     // The local reduction runs here, on this thread: a partition whose node contributions
     // are all in is summed and dispatched in this same turn, a reply copied out and
     // completed without a hand-off. Dispatch may hand the reducer a failed send.
-    ReleaseHeld(now, !broken_.ok());
     do {
       PumpLocal();
       Dispatch();
