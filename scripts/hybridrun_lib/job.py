@@ -211,10 +211,7 @@ class Job:
     def _remove_shared_memory(self) -> None:
         """A killed local rank leaves its node's shared-memory segments behind (the
         last rank to leave removes them); remove the job's on every worker host."""
-        workers = [ProcessSpec(w.role, w.index, w.argv,
-                               {**self.base_env, **w.env} if w.host.is_local else w.env,
-                               w.host, w.show_host) for w in self.plan.workers]
-        for warning in remove_job_segments(workers):
+        for warning in remove_job_segments(self.plan.workers):
             self.sink.message(warning)
 
     # -- helpers -------------------------------------------------------------

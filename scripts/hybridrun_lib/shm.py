@@ -31,36 +31,26 @@ def fnv1a64(text: str) -> int:
 def job_segment_prefix(env: Mapping[str, str]) -> str | None:
     """The /dev/shm name prefix of every node's segments of the job whose worker
     environment is ``env``, or None when the scheduler's port is not known yet."""
-    token = env.get("HYBRIDPS_JOB_TOKEN", "")
-    endpoint = env.get("HYBRIDPS_SCHEDULER_ENDPOINT")
-    if not endpoint:
-        port = env.get("HYBRIDPS_SCHEDULER_PORT", "")
-        if not port.isdigit():
-            return None
-        endpoint = f"tcp://{env.get('HYBRIDPS_SCHEDULER_ADDR', '')}:{port}"
-    if endpoint.startswith("inproc://"):
-        return None  # a job in one process: its segments end with it
-    return f"hybridps-{fnv1a64(f'{endpoint}|{token}'):016x}-"
+    port = env.get("HYBRIDPS_SCHEDULER_PORT", "")
+    if not port.isdigit():
+        return None
+    where = (f"tcp://{env.get('HYBRIDPS_SCHEDULER_ADDR', '')}:{port}|"
+             f"{env.get('HYBRIDPS_JOB_TOKEN', '')}")
+    return f"hybridps-{fnv1a64(where):016x}-"
 
 
-def remove_local(prefix: str, directory: str = SHM_DIR) -> list[str]:
-    """Unlink every entry of ``directory`` whose name starts with ``prefix``; the names
-    removed."""
-    removed = []
+def remove_local(prefix: str, directory: str = SHM_DIR) -> None:
+    """Unlink every entry of ``directory`` whose name starts with ``prefix``."""
     try:
         names = os.listdir(directory)
     except OSError:
-        return removed
+        return
     for name in names:
         if name.startswith(prefix):
             try:
                 os.unlink(os.path.join(directory, name))
-                removed.append(name)
-            except FileNotFoundError:
-                pass  # a rank that was still leaving got there first
             except OSError:
-                pass
-    return removed
+                pass  # e.g. a rank that was still leaving got there first
 
 
 def _remove_remote(host: Host, prefix: str) -> str | None:
@@ -88,13 +78,10 @@ def remove_job_segments(workers: Sequence[ProcessSpec]) -> list[str]:
     prefix = job_segment_prefix(workers[0].env)
     if prefix is None:
         return []
-    hosts: dict[str, Host] = {}
-    for spec in workers:
-        hosts.setdefault(spec.host.name if not spec.host.is_local else "", spec.host)
-    errors = []
-    remote = [h for h in hosts.values() if not h.is_local]
-    if any(h.is_local for h in hosts.values()):
+    if any(w.host.is_local for w in workers):
         remove_local(prefix)
+    remote = list({w.host.name: w.host for w in workers if not w.host.is_local}.values())
+    errors = []
     if remote:
         with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(remote), 32)) as pool:
             errors = [e for e in pool.map(lambda h: _remove_remote(h, prefix), remote) if e]
