@@ -75,8 +75,9 @@ struct Options {
   // HYBRIDPS_PARTITION_BYTES: a tensor is split into partitions of at most this size.
   size_t partition_bytes = 4 << 20;
   // HYBRIDPS_WIRE_CHUNK_BYTES: a partition travels to its server as requests of at most
-  // this size, so its push, sum and pull overlap (0: one request per partition).
-  size_t wire_chunk_bytes = 1 << 20;
+  // this size, so its push, sum and pull overlap (0: one request per partition). Small
+  // enough that a server's window (below) spans many requests.
+  size_t wire_chunk_bytes = 256 << 10;
   // HYBRIDPS_LOCAL_INLINE_BYTES: nodes of several local ranks reduce tensors of at most
   // this many bytes on the worker's I/O thread (no hand-off: lowest latency) and larger
   // ones on a reducer thread (their copies and sums overlap the network). Every local
@@ -90,6 +91,20 @@ struct Options {
   // cannot answer a round until every worker's push of it arrived), large enough to keep
   // every connection busy.
   size_t credit_bytes = 16 << 20;
+  // HYBRIDPS_SERVER_WINDOW_BYTES: payload bytes a worker may have pushed to one server
+  // without the answers (0: no window). A server answers a round only when every node's
+  // push of it arrived, so bytes a worker sends ahead of the others to one server only
+  // take link and socket-buffer room from them there; with the window full, the worker
+  // sends to its other servers instead (or waits). A partition that comes before all the
+  // worker's unanswered pushes to that server, in the order every worker shares (priority,
+  // then key, then partition), is never held, so workers that issue tensors in different
+  // orders cannot hold each other up. Large enough to cover a server's bandwidth times
+  // its round time; raise it on fast networks.
+  size_t server_window_bytes = 4 << 20;
+  // A partition held by a window goes anyway once nothing was sent for this long (a
+  // safety net: the shared order already rules out waiting on each other). Not read from
+  // the environment.
+  absl::Duration server_window_patience = absl::Milliseconds(20);
   // HYBRIDPS_BURST_GATHER_US: operations submitted less than this apart while earlier
   // ones are still in flight form a burst; the worker gathers the burst (until a gap this
   // long, at most ten times it) before dispatching it, so it leaves in priority order

@@ -74,6 +74,8 @@ absl::Status PsStore::Start() {
     return absl::FailedPreconditionError("dist_hybrid needs at least one server");
   }
   pushes_per_server_.reset(new std::atomic<uint64_t>[num_servers_]);
+  unanswered_.assign(num_servers_, 0);
+  unanswered_order_.assign(num_servers_, {});
   for (int i = 0; i < num_servers_; ++i) pushes_per_server_[i] = 0;
   // Connect to every server and complete the handshake before the first operation.
   Poller poller;
@@ -264,6 +266,7 @@ void PsStore::IoLoop() {
     if (holding_since_ != absl::InfiniteFuture()) {
       until = std::min(until, now + options_.burst_gather);
     }
+    if (windowed_waiting_) until = std::min(until, last_send_ + options_.server_window_patience);
     auto polled = poller.Poll(until - now);
     if (!polled.ok()) {
       Break(polled.status());
@@ -412,7 +415,23 @@ void PsStore::ReleaseFrame(void* /*data*/, void* hint) {
 }
 
 void PsStore::Dispatch() {
-  while (!ready_.empty()) {
+  // Partitions for servers whose window is full wait aside (Options::server_window_bytes)
+  // and go back into ready_ at the end, in their order.
+  std::vector<PartTask> windowed;
+  bool past_window = false;  // work-conserving: the next windowed partition goes anyway
+  while (true) {
+    if (ready_.empty()) {
+      // Only windowed partitions are left: once nothing has been sent for a while, the
+      // best of them goes, so workers that issued tensors in different orders cannot wait
+      // on each other's windows for ever.
+      if (windowed.empty() || past_window || absl::Now() - last_send_ < options_.server_window_patience) {
+        break;
+      }
+      for (PartTask& w : windowed) ready_.push(std::move(w));
+      windowed.clear();
+      past_window = true;
+      continue;
+    }
     PartTask t = ready_.top();
     Op* op = t.op.get();
     if ((op->completed || !op->status.ok()) && t.fail.empty()) {
@@ -423,7 +442,20 @@ void PsStore::Dispatch() {
     const Partition& part = op->parts[t.part];
     const size_t es = DTypeSize(op->in.dtype);
     const size_t bytes = part.count * es;
+    const size_t window = options_.server_window_bytes;
+    const GlobalOrder order{-static_cast<int64_t>(t.priority), op->key, part.index};
+    // A partition that comes before all this worker's unanswered pushes to its server (in
+    // the order every worker shares) is never held: some worker's window may wait for it,
+    // so windows cannot hold each other up when workers issued tensors in other orders.
+    if (window > 0 && !past_window && t.fail.empty() && unanswered_[part.server] > 0 &&
+        unanswered_[part.server] + bytes > window &&
+        !(order < *unanswered_order_[part.server].begin())) {
+      ready_.pop();
+      windowed.push_back(std::move(t));
+      continue;
+    }
     if (!HasCredit(bytes)) break;
+    past_window = false;
     ready_.pop();
     wire::Envelope env;
     const uint64_t id = next_request_id_++;
@@ -475,8 +507,20 @@ void PsStore::Dispatch() {
     }
     if (!t.fail.empty()) continue;  // its answer is the failure every node gets
     pushes_per_server_[part.server].fetch_add(1, std::memory_order_relaxed);
-    in_flight_.emplace(id, InFlight{active_.at(op->seq), part.index, op->rounds[part.index]});
+    const size_t pushed = pushes_data ? bytes : 0;
+    if (pushed > 0) {
+      unanswered_[part.server] += pushed;
+      unanswered_order_[part.server].insert(order);
+      if (unanswered_[part.server] > max_unanswered_.load(std::memory_order_relaxed)) {
+        max_unanswered_.store(unanswered_[part.server], std::memory_order_relaxed);
+      }
+    }
+    last_send_ = absl::Now();
+    in_flight_.emplace(id, InFlight{active_.at(op->seq), part.index, op->rounds[part.index],
+                                    part.server, pushed, order});
   }
+  windowed_waiting_ = !windowed.empty();
+  for (PartTask& w : windowed) ready_.push(std::move(w));
 }
 
 bool PsStore::HasCredit(size_t bytes) {
@@ -514,6 +558,11 @@ void PsStore::HandleReply(int server, Message raw) {
   }
   std::shared_ptr<Op> op = std::move(it->second.op);
   const uint32_t pi = it->second.part;
+  if (it->second.bytes > 0) {
+    unanswered_[it->second.server] -= it->second.bytes;
+    auto& orders = unanswered_order_[it->second.server];
+    orders.erase(orders.find(it->second.order));
+  }
   in_flight_.erase(it);
   const Partition& part = op->parts[pi];
   const size_t es = DTypeSize(op->in.dtype);

@@ -15,8 +15,10 @@
 #include <map>
 #include <memory>
 #include <queue>
+#include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -61,6 +63,8 @@ class PsStore : public KVStore {
 
   // Partitions per server dispatched so far (tests check placement and one push per node).
   std::vector<uint64_t> PushesPerServer() const;
+  // The most payload bytes this worker has had pushed to one server and unanswered.
+  size_t MaxUnansweredBytes() const { return max_unanswered_.load(); }
   // Where this worker sits (its node, the node's local ranks).
   const NodeLayout& layout() const { return layout_; }
 
@@ -99,10 +103,16 @@ class PsStore : public KVStore {
       return part > o.part;
     }
   };
+  // A partition's place in an order every worker agrees on (the submission sequence
+  // differs between workers): higher priority first, then key, then partition.
+  using GlobalOrder = std::tuple<int64_t, uint64_t, uint32_t>;
   struct InFlight {
     std::shared_ptr<Op> op;
     uint32_t part;
     uint64_t round;
+    int server;
+    size_t bytes;  // payload pushed (counted in unanswered_)
+    GlobalOrder order;
   };
   // A command for the I/O thread.
   struct Command {
@@ -174,6 +184,10 @@ class PsStore : public KVStore {
   std::vector<PartTask> held_;
   absl::Time holding_since_ = absl::InfiniteFuture();  // InfiniteFuture: not gathering
   absl::flat_hash_map<uint64_t, InFlight> in_flight_;
+  std::vector<size_t> unanswered_;  // by server: payload bytes pushed, reply not yet in
+  std::vector<std::multiset<GlobalOrder>> unanswered_order_;  // by server: those pushes
+  absl::Time last_send_ = absl::InfinitePast();
+  bool windowed_waiting_ = false;  // the last Dispatch left windowed partitions
   uint64_t next_request_id_ = 1;
   std::shared_ptr<HandleState> finalize_;
   bool finalize_sent_ = false;
@@ -199,6 +213,7 @@ class PsStore : public KVStore {
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_submit_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::atomic<bool> io_exit_{false};
+  std::atomic<size_t> max_unanswered_{0};
   absl::Mutex local_mu_;
   std::vector<LocalReducer::Event> local_events_ ABSL_GUARDED_BY(local_mu_);
   std::thread io_thread_;

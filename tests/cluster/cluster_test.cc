@@ -217,6 +217,31 @@ TEST(Pipeline, ABurstWhileBusyLeavesInPriorityOrder) {
 namespace hybridps::testing {
 namespace {
 
+// Two workers push_pull the same `tensors` float32 tensors of `count` elements, all at
+// priority 0, worker 0 issuing them first to last and worker 1 last to first; every sum
+// must be exact.
+void PushPullInOppositeOrders(LocalCluster* cluster, int tensors, size_t count) {
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    std::vector<Buffer> bufs;
+    for (int i = 0; i < tensors; ++i) bufs.emplace_back(DType::kFloat32, count);
+    std::vector<std::pair<int, Handle>> handles;
+    for (int j = 0; j < tensors; ++j) {
+      const int i = rank == 0 ? j : tensors - 1 - j;
+      bufs[i].Fill(rank, 0, i);
+      auto h = kv->PushPullAsync(absl::StrCat("t", i), bufs[i].view(), bufs[i].view(),
+                                 /*priority=*/0);
+      ASSERT_TRUE(h.ok());
+      handles.emplace_back(i, *h);
+    }
+    for (auto& [i, h] : handles) {
+      ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+      for (size_t k = 0; k < count; k += 101) {
+        ASSERT_EQ(bufs[i].at(k), Value(k, 0, 0, i) + Value(k, 1, 0, i));
+      }
+    }
+  });
+}
+
 // Credit is released when a payload has left, not when its round completes: with room for
 // one partition, two workers that issue the same tensors in opposite orders must not
 // deadlock (each holding the credit for a tensor the other has not sent yet).
@@ -229,26 +254,60 @@ TEST(Pipeline, OppositeIssueOrdersUnderTightCreditsDoNotDeadlock) {
   c.op_timeout = absl::Seconds(10);
   auto cluster = LocalCluster::Start(c);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  constexpr int kTensors = 24;
+  PushPullInOppositeOrders(cluster->get(), /*tensors=*/24, /*count=*/1024);
+}
+
+}  // namespace
+}  // namespace hybridps::testing
+
+namespace hybridps::testing {
+namespace {
+
+// A worker whose peer has not pushed yet gets no answers from the server, so it stops at
+// the server's window instead of piling the whole tensor onto that server's link.
+TEST(ServerWindow, BoundsWhatAWorkerPushesAheadOfTheOthers) {
+  ClusterConfig c;
+  c.workers = 2;
+  c.servers = 1;
+  c.transport = "tcp";
+  c.wire_chunk_bytes = 64 << 10;
+  c.server_window_bytes = 512 << 10;
+  c.server_window_patience = absl::Hours(1);  // no safety net: only the window decides
+  auto cluster = LocalCluster::Start(c);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  constexpr size_t kCount = (4 << 20) / sizeof(float);
   (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
-    std::vector<Buffer> bufs;
-    for (int i = 0; i < kTensors; ++i) bufs.emplace_back(DType::kFloat32, 1024);
-    std::vector<std::pair<int, Handle>> handles;
-    for (int j = 0; j < kTensors; ++j) {
-      const int i = rank == 0 ? j : kTensors - 1 - j;
-      bufs[i].Fill(rank, 0, i);
-      auto h = kv->PushPullAsync(absl::StrCat("t", i), bufs[i].view(), bufs[i].view(),
-                                 /*priority=*/0);
-      ASSERT_TRUE(h.ok());
-      handles.emplace_back(i, *h);
-    }
-    for (auto& [i, h] : handles) {
-      ASSERT_TRUE(h.Wait().ok()) << h.Wait();
-      for (size_t k = 0; k < 1024; k += 101) {
-        ASSERT_EQ(bufs[i].at(k), Value(k, 0, 0, i) + Value(k, 1, 0, i));
-      }
+    if (rank == 1) absl::SleepFor(absl::Milliseconds(300));  // worker 0 runs ahead
+    Buffer buf(DType::kFloat32, kCount);
+    buf.Fill(rank, 0, 7);
+    auto h = kv->PushPullAsync("grad", buf.view(), buf.view(), 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Wait().ok()) << h->Wait();
+    for (size_t k = 0; k < kCount; k += 4099) {
+      ASSERT_EQ(buf.at(k), Value(k, 0, 0, 7) + Value(k, 1, 0, 7)) << "element " << k;
     }
   });
+  auto* ps = dynamic_cast<PsStore*>((*cluster)->worker(0));
+  ASSERT_NE(ps, nullptr);
+  EXPECT_LE(ps->MaxUnansweredBytes(), c.server_window_bytes);
+  EXPECT_GE(ps->MaxUnansweredBytes(), c.wire_chunk_bytes);
+}
+
+// Windows of one chunk-group per server, and two workers that issue the same tensors in
+// opposite orders: each fills its windows with tensors the other has not sent yet. The
+// order every worker shares lets the earliest of them through, so nothing waits.
+TEST(ServerWindow, OppositeIssueOrdersUnderTightWindowsDoNotDeadlock) {
+  ClusterConfig c;
+  c.workers = 2;
+  c.servers = 2;
+  c.transport = "tcp";
+  c.wire_chunk_bytes = 16 << 10;
+  c.server_window_bytes = 64 << 10;
+  c.server_window_patience = absl::Hours(1);  // a deadlock would last until op_timeout
+  c.op_timeout = absl::Seconds(20);
+  auto cluster = LocalCluster::Start(c);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  PushPullInOppositeOrders(cluster->get(), /*tensors=*/24, /*count=*/(64 << 10) / 4);
 }
 
 }  // namespace

@@ -21,6 +21,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterC
   o.partition_bytes = c.partition_bytes;
   o.local_inline_bytes = c.local_inline_bytes;
   o.credit_bytes = c.credit_bytes;
+  o.wire_chunk_bytes = c.wire_chunk_bytes;
+  o.server_window_bytes = c.server_window_bytes;
+  o.server_window_patience = c.server_window_patience;
   o.burst_gather = c.burst_gather;
   o.server_threads = c.server_threads;
   o.heartbeat_interval = c.heartbeat_interval;

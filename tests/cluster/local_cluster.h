@@ -34,6 +34,9 @@ struct ClusterConfig {
   std::string transport = "inproc";  // inproc | ipc | tcp
   size_t partition_bytes = 4 << 20;
   size_t credit_bytes = Options().credit_bytes;
+  size_t wire_chunk_bytes = Options().wire_chunk_bytes;
+  size_t server_window_bytes = Options().server_window_bytes;
+  absl::Duration server_window_patience = Options().server_window_patience;
   absl::Duration burst_gather = Options().burst_gather;
   int server_threads = 2;
   absl::Duration heartbeat_interval = absl::Milliseconds(100);

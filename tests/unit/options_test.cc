@@ -12,6 +12,7 @@ class OptionsTest : public ::testing::Test {
     for (const char* v : {"HYBRIDPS_ROLE", "HYBRIDPS_NUM_WORKERS", "HYBRIDPS_NUM_SERVERS",
                           "HYBRIDPS_PARTITION_BYTES", "HYBRIDPS_WIRE_CHUNK_BYTES",
                           "HYBRIDPS_LOCAL_INLINE_BYTES", "HYBRIDPS_BURST_GATHER_US",
+                          "HYBRIDPS_SERVER_WINDOW_BYTES",
                           "HYBRIDPS_TIMEOUT_MS", "HYBRIDPS_RANK",
                           "HYBRIDPS_BACKEND", "HYBRIDPS_SCHEDULER_PORT",
                           "HYBRIDPS_HEARTBEAT_TIMEOUT_MS", "HYBRIDPS_FUSION_BYTES",
@@ -32,7 +33,8 @@ TEST_F(OptionsTest, DefaultsWhenNothingIsSet) {
   auto o = OptionsFromEnvironment();
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->partition_bytes, 4u << 20);
-  EXPECT_EQ(o->wire_chunk_bytes, 1u << 20);
+  EXPECT_EQ(o->wire_chunk_bytes, 256u << 10);
+  EXPECT_EQ(o->server_window_bytes, 4u << 20);
   EXPECT_EQ(o->local_inline_bytes, 1u << 20);
   EXPECT_EQ(o->credit_bytes, 16u << 20);
   EXPECT_EQ(o->burst_gather, absl::Microseconds(200));
@@ -48,6 +50,7 @@ TEST_F(OptionsTest, ReadsVariables) {
   setenv("HYBRIDPS_WIRE_CHUNK_BYTES", "0", 1);
   setenv("HYBRIDPS_LOCAL_INLINE_BYTES", "0", 1);
   setenv("HYBRIDPS_BURST_GATHER_US", "0", 1);
+  setenv("HYBRIDPS_SERVER_WINDOW_BYTES", "0", 1);
   setenv("HYBRIDPS_TIMEOUT_MS", "2500", 1);
   setenv("HYBRIDPS_RANK", "2", 1);
   setenv("HYBRIDPS_SCHEDULER_PORT", "9000", 1);
@@ -60,6 +63,7 @@ TEST_F(OptionsTest, ReadsVariables) {
   EXPECT_EQ(o->wire_chunk_bytes, 0u);
   EXPECT_EQ(o->local_inline_bytes, 0u);
   EXPECT_EQ(o->burst_gather, absl::ZeroDuration());
+  EXPECT_EQ(o->server_window_bytes, 0u);
   EXPECT_EQ(o->op_timeout, absl::Milliseconds(2500));
   EXPECT_EQ(o->rank, 2);
   EXPECT_EQ(o->SchedulerEndpoint(), "tcp://127.0.0.1:9000");
