@@ -418,13 +418,14 @@ void PsStore::Dispatch() {
   // Partitions for servers whose window is full wait aside (Options::server_window_bytes)
   // and go back into ready_ at the end, in their order.
   std::vector<PartTask> windowed;
-  bool past_window = false;  // work-conserving: the next windowed partition goes anyway
+  bool past_window = false;  // patience ran out: the next partition goes whatever its window
   while (true) {
     if (ready_.empty()) {
-      // Only windowed partitions are left: once nothing has been sent for a while, the
-      // best of them goes, so workers that issued tensors in different orders cannot wait
-      // on each other's windows for ever.
-      if (windowed.empty() || past_window || absl::Now() - last_send_ < options_.server_window_patience) {
+      // Only windowed partitions are left: once nothing has been sent for
+      // server_window_patience, the best of them goes (a safety net; the shared order
+      // below already keeps windows from waiting on each other).
+      if (windowed.empty() || past_window ||
+          absl::Now() - last_send_ < options_.server_window_patience) {
         break;
       }
       for (PartTask& w : windowed) ready_.push(std::move(w));
