@@ -95,11 +95,13 @@ struct Options {
   // without the answers (0: no window). A server answers a round only when every node's
   // push of it arrived, so bytes a worker sends ahead of the others to one server only
   // take link and socket-buffer room from them there; with the window full, the worker
-  // sends to its other servers instead (or waits). A partition that comes before all the
-  // worker's unanswered pushes to that server, in the order every worker shares (priority,
-  // then key, then partition), is never held, so workers that issue tensors in different
-  // orders cannot hold each other up. Large enough to cover a server's bandwidth times
-  // its round time; raise it on fast networks.
+  // sends to its other servers instead (or waits). The window counts, for a partition,
+  // the unanswered pushes to its server that come before it in the order every worker
+  // shares (priority, then key, then partition): pushes after it that went early do not
+  // hold it up, and all unanswered pushes to a server stay within two windows. A partition
+  // that comes before all of them is never held, so workers that issue tensors in
+  // different orders cannot hold each other up. Large enough to cover a server's
+  // bandwidth times its round time; raise it on fast networks.
   size_t server_window_bytes = 4 << 20;
   // A partition held by a window goes anyway once nothing was sent for this long (a
   // safety net: the shared order already rules out waiting on each other). Not read from

@@ -414,6 +414,15 @@ void PsStore::ReleaseFrame(void* /*data*/, void* hint) {
   delete h;
 }
 
+size_t PsStore::UnansweredBefore(int server, const GlobalOrder& order, size_t cap) const {
+  size_t sum = 0;
+  for (const auto& [o, bytes] : unanswered_order_[server]) {
+    if (!(o < order) || sum > cap) break;
+    sum += bytes;
+  }
+  return sum;
+}
+
 void PsStore::Dispatch() {
   // Partitions for servers whose window is full wait aside (Options::server_window_bytes)
   // and go back into ready_ at the end, in their order.
@@ -445,12 +454,19 @@ void PsStore::Dispatch() {
     const size_t bytes = part.count * es;
     const size_t window = options_.server_window_bytes;
     const GlobalOrder order{-static_cast<int64_t>(t.priority), op->key, part.index};
-    // A partition that comes before all this worker's unanswered pushes to its server (in
-    // the order every worker shares) is never held: some worker's window may wait for it,
-    // so windows cannot hold each other up when workers issued tensors in other orders.
-    if (window > 0 && !past_window && t.fail.empty() && unanswered_[part.server] > 0 &&
-        unanswered_[part.server] + bytes > window &&
-        !(order < *unanswered_order_[part.server].begin())) {
+    // The window counts the unanswered pushes to this server that come before this
+    // partition in the order every worker shares. Pushes after it (sent early, e.g. the
+    // first half of a burst that was dispatched in two) are answered only once the other
+    // workers reach them, so they must not hold it up; all unanswered pushes together
+    // stay within two windows. The earliest partition always goes, so windows cannot wait
+    // on each other when workers issued tensors in other orders.
+    size_t ahead = 0;
+    if (window > 0 && !past_window && t.fail.empty() &&
+        unanswered_[part.server] + bytes > window) {
+      ahead = UnansweredBefore(part.server, order, window);
+    }
+    if (ahead > 0 &&
+        (ahead + bytes > window || unanswered_[part.server] + bytes > 2 * window)) {
       ready_.pop();
       windowed.push_back(std::move(t));
       continue;
@@ -511,7 +527,7 @@ void PsStore::Dispatch() {
     const size_t pushed = pushes_data ? bytes : 0;
     if (pushed > 0) {
       unanswered_[part.server] += pushed;
-      unanswered_order_[part.server].insert(order);
+      unanswered_order_[part.server].emplace(order, pushed);
       if (unanswered_[part.server] > max_unanswered_.load(std::memory_order_relaxed)) {
         max_unanswered_.store(unanswered_[part.server], std::memory_order_relaxed);
       }
@@ -562,7 +578,7 @@ void PsStore::HandleReply(int server, Message raw) {
   if (it->second.bytes > 0) {
     unanswered_[it->second.server] -= it->second.bytes;
     auto& orders = unanswered_order_[it->second.server];
-    orders.erase(orders.find(it->second.order));
+    orders.erase(orders.find(it->second.order));  // any of equal order: same bytes
   }
   in_flight_.erase(it);
   const Partition& part = op->parts[pi];

@@ -135,6 +135,9 @@ class PsStore : public KVStore {
   void Activate(Op* op);
   void ReleaseHeld(absl::Time now, bool force);
   void Dispatch();
+  // Unanswered payload bytes pushed to `server` that come before `order` in the shared
+  // order (counting stops once past `cap`).
+  size_t UnansweredBefore(int server, const GlobalOrder& order, size_t cap) const;
   bool HasCredit(size_t bytes);
   void HandleReply(int server, Message msg);
   void FinishPart(Op* op, const absl::Status& status);
@@ -185,7 +188,8 @@ class PsStore : public KVStore {
   absl::Time holding_since_ = absl::InfiniteFuture();  // InfiniteFuture: not gathering
   absl::flat_hash_map<uint64_t, InFlight> in_flight_;
   std::vector<size_t> unanswered_;  // by server: payload bytes pushed, reply not yet in
-  std::vector<std::multiset<GlobalOrder>> unanswered_order_;  // by server: those pushes
+  // By server: those pushes in the shared order, with their payload bytes.
+  std::vector<std::multimap<GlobalOrder, size_t>> unanswered_order_;
   absl::Time last_send_ = absl::InfinitePast();
   bool windowed_waiting_ = false;  // the last Dispatch left windowed partitions
   uint64_t next_request_id_ = 1;

@@ -312,3 +312,63 @@ TEST(ServerWindow, OppositeIssueOrdersUnderTightWindowsDoNotDeadlock) {
 
 }  // namespace
 }  // namespace hybridps::testing
+
+namespace hybridps::testing {
+namespace {
+
+// Worker 0 pushes tensors the others will push last, filling its window at the server,
+// then tensors everyone pushes first. Pushes that come later in the shared order must not
+// count against the earlier ones: those go out under a window of their own at once
+// instead of one at a time as answers trickle in.
+TEST(ServerWindow, PushesSentAheadOfTheSharedOrderDoNotHoldUpEarlierOnes) {
+  ClusterConfig c;
+  c.workers = 2;
+  c.servers = 1;
+  c.transport = "tcp";
+  c.wire_chunk_bytes = 16 << 10;
+  c.server_window_bytes = 64 << 10;
+  c.server_window_patience = absl::Hours(1);  // only the window decides
+  c.burst_gather = absl::ZeroDuration();      // submissions leave in the order made
+  c.op_timeout = absl::Seconds(20);
+  auto cluster = LocalCluster::Start(c);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  constexpr int kEarly = 4, kLate = 4;  // tensors of one window each; early: 0..3
+  constexpr size_t kCount = (64 << 10) / sizeof(float);
+  (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
+    std::vector<Buffer> bufs;
+    for (int i = 0; i < kEarly + kLate; ++i) {
+      bufs.emplace_back(DType::kFloat32, kCount);
+      bufs.back().Fill(rank, 0, i);
+    }
+    std::vector<std::pair<int, Handle>> handles;
+    auto submit = [&](int i, int priority) {
+      auto h = kv->PushPullAsync(absl::StrCat("t", i), bufs[i].view(), bufs[i].view(),
+                                 priority);
+      ASSERT_TRUE(h.ok()) << h.status();
+      handles.emplace_back(i, *h);
+    };
+    // Priorities: tensor i has kEarly + kLate - i, so the shared order is 0, 1, 2, ...
+    if (rank == 0) {
+      for (int i = kEarly; i < kEarly + kLate; ++i) submit(i, kEarly + kLate - i);
+      absl::SleepFor(absl::Milliseconds(50));  // its window now holds late tensors
+      for (int i = 0; i < kEarly; ++i) submit(i, kEarly + kLate - i);
+    } else {
+      absl::SleepFor(absl::Milliseconds(300));  // worker 0 sends all it may meanwhile
+      for (int i = 0; i < kEarly + kLate; ++i) submit(i, kEarly + kLate - i);
+    }
+    for (auto& [i, h] : handles) {
+      ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+      for (size_t k = 0; k < kCount; k += 97) {
+        ASSERT_EQ(bufs[i].at(k), Value(k, 0, 0, i) + Value(k, 1, 0, i)) << "tensor " << i;
+      }
+    }
+  });
+  auto* ps = dynamic_cast<PsStore*>((*cluster)->worker(0));
+  ASSERT_NE(ps, nullptr);
+  // Before worker 1 pushed anything: one window of late tensors and one of early ones
+  // (one chunk of early ones only, if the late ones counted against them).
+  EXPECT_EQ(ps->MaxUnansweredBytes(), 2 * c.server_window_bytes);
+}
+
+}  // namespace
+}  // namespace hybridps::testing
