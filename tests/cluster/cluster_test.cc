@@ -310,12 +310,6 @@ TEST(ServerWindow, OppositeIssueOrdersUnderTightWindowsDoNotDeadlock) {
   PushPullInOppositeOrders(cluster->get(), /*tensors=*/24, /*count=*/(64 << 10) / 4);
 }
 
-}  // namespace
-}  // namespace hybridps::testing
-
-namespace hybridps::testing {
-namespace {
-
 // Worker 0 pushes tensors the others will push last, filling its window at the server,
 // then tensors everyone pushes first. Pushes that come later in the shared order must not
 // count against the earlier ones: those go out under a window of their own at once
