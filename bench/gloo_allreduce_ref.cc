@@ -37,6 +37,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "bench/models.h"
 #include "common/log.h"
 #include "common/options.h"
@@ -234,17 +235,35 @@ class Bench {
           f_.warmup, busf, "size(B)", "count", "gloo(us)", "p10", "algbw", "busbw", "ours(us)",
           "p10", "algbw", "busbw", "ours/gloo");
     }
+    auto* ar = dynamic_cast<AllreduceStore*>(&kv_);
+    std::string where;  // dist_allreduce: where its time went, per size
     for (size_t s = f_.min_bytes; s <= f_.max_bytes; s *= f_.factor) {
       const int iters = s <= (1 << 20) ? std::max(f_.iters, f_.small_iters) : f_.iters;
+      AllreduceStore::Stats before;
+      if (ar) before = ar->stats();
       ASSIGN_OR_RETURN(auto t, Interleave({kPlain, kOurs}, {s / 4}, work.data(), pat,
                                           absl::StrCat("sweep/", s), iters));
       const double g = t[0].first, o = t[1].first;
+      if (ar) {
+        const AllreduceStore::Stats after = ar->stats();
+        const double ops = f_.warmup + iters;
+        absl::StrAppendFormat(
+            &where, "#   %11zu: %.2f rounds, negotiation %.1f us, execution %.1f us per op\n",
+            s, double(after.rounds - before.rounds) / ops,
+            absl::ToDoubleMicroseconds(after.negotiating - before.negotiating) / ops,
+            absl::ToDoubleMicroseconds(after.executing - before.executing) / ops);
+      }
       if (rank_ == 0) {
         std::printf("  %11zu %10zu | %10.1f %8.1f %8.3f %8.3f | %10.1f %8.1f %8.3f %8.3f | %9.2f\n",
                     s, s / 4, g, t[0].second, s / g / 1e3, s / g / 1e3 * busf, o, t[1].second,
                     s / o / 1e3, s / o / 1e3 * busf, o / g);
         std::fflush(stdout);
       }
+    }
+    if (rank_ == 0 && !where.empty()) {
+      std::printf("# dist_allreduce, mean per operation on rank 0 (rounds include idle ticks):\n%s",
+                  where.c_str());
+      std::fflush(stdout);
     }
     return absl::OkStatus();
   }
