@@ -15,7 +15,6 @@
 #include <map>
 #include <memory>
 #include <queue>
-#include <set>
 #include <string>
 #include <thread>
 #include <tuple>

@@ -263,16 +263,23 @@ TEST(Pipeline, OppositeIssueOrdersUnderTightCreditsDoNotDeadlock) {
 namespace hybridps::testing {
 namespace {
 
+// Two workers over tcp with the given wire chunks and server window, and no safety net:
+// only the window decides what a worker sends (a deadlock would last until op_timeout).
+ClusterConfig WindowOnly(int servers, size_t chunk_bytes, size_t window_bytes) {
+  ClusterConfig c;
+  c.workers = 2;
+  c.servers = servers;
+  c.transport = "tcp";
+  c.wire_chunk_bytes = chunk_bytes;
+  c.server_window_bytes = window_bytes;
+  c.server_window_patience = absl::Hours(1);
+  return c;
+}
+
 // A worker whose peer has not pushed yet gets no answers from the server, so it stops at
 // the server's window instead of piling the whole tensor onto that server's link.
 TEST(ServerWindow, BoundsWhatAWorkerPushesAheadOfTheOthers) {
-  ClusterConfig c;
-  c.workers = 2;
-  c.servers = 1;
-  c.transport = "tcp";
-  c.wire_chunk_bytes = 64 << 10;
-  c.server_window_bytes = 512 << 10;
-  c.server_window_patience = absl::Hours(1);  // no safety net: only the window decides
+  const ClusterConfig c = WindowOnly(/*servers=*/1, 64 << 10, 512 << 10);
   auto cluster = LocalCluster::Start(c);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   constexpr size_t kCount = (4 << 20) / sizeof(float);
@@ -297,13 +304,7 @@ TEST(ServerWindow, BoundsWhatAWorkerPushesAheadOfTheOthers) {
 // opposite orders: each fills its windows with tensors the other has not sent yet. The
 // order every worker shares lets the earliest of them through, so nothing waits.
 TEST(ServerWindow, OppositeIssueOrdersUnderTightWindowsDoNotDeadlock) {
-  ClusterConfig c;
-  c.workers = 2;
-  c.servers = 2;
-  c.transport = "tcp";
-  c.wire_chunk_bytes = 16 << 10;
-  c.server_window_bytes = 64 << 10;
-  c.server_window_patience = absl::Hours(1);  // a deadlock would last until op_timeout
+  ClusterConfig c = WindowOnly(/*servers=*/2, 16 << 10, 64 << 10);
   c.op_timeout = absl::Seconds(20);
   auto cluster = LocalCluster::Start(c);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -315,13 +316,7 @@ TEST(ServerWindow, OppositeIssueOrdersUnderTightWindowsDoNotDeadlock) {
 // count against the earlier ones: those go out under a window of their own at once
 // instead of one at a time as answers trickle in.
 TEST(ServerWindow, PushesSentAheadOfTheSharedOrderDoNotHoldUpEarlierOnes) {
-  ClusterConfig c;
-  c.workers = 2;
-  c.servers = 1;
-  c.transport = "tcp";
-  c.wire_chunk_bytes = 16 << 10;
-  c.server_window_bytes = 64 << 10;
-  c.server_window_patience = absl::Hours(1);  // only the window decides
+  ClusterConfig c = WindowOnly(/*servers=*/1, 16 << 10, 64 << 10);
   c.burst_gather = absl::ZeroDuration();      // submissions leave in the order made
   c.op_timeout = absl::Seconds(20);
   auto cluster = LocalCluster::Start(c);
