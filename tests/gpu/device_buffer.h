@@ -1,5 +1,5 @@
 // GPU tensors for the GPU tests: device memory filled and read back through host Buffers
-// (tensor_fill.h). NOT RUN ON A GPU YET.
+// (tensor_fill.h).
 #ifndef HYBRIDPS_TESTS_GPU_DEVICE_BUFFER_H_
 #define HYBRIDPS_TESTS_GPU_DEVICE_BUFFER_H_
 

@@ -1,10 +1,12 @@
 // dist_allreduce on GPU tensors (NCCL). Needs a GPU: every test skips, saying so, where
 // cudaGetDeviceCount reports fewer devices than it needs. The jobs run in this process
 // (scheduler and workers as threads, LocalCluster), worker r on GPU r, so the 1-rank
-// variants need one GPU and the 2-rank ones two (NCCL does not support two ranks of one
-// communicator on one GPU).
+// variants need one GPU and the 2-rank ones two: NCCL refuses two ranks of one
+// communicator on one GPU of one host, and NCCL_HOSTID, which lets the multi-process
+// tests (test_multiproc.py, --shared-gpu) run two ranks on one GPU, is read once per
+// process.
 //
-// NOT RUN ON A GPU YET: written without one (see the README's GPU section).
+// Run on an H100 on 2026-11-25: the 1-rank variants pass; the 2-rank ones skip there.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -29,7 +31,7 @@ class GpuTest : public ::testing::TestWithParam<int> {
     const int devices = Devices();
     if (devices < n()) {
       GTEST_SKIP() << "needs " << n() << " GPU(s), cudaGetDeviceCount reports " << devices
-                   << ": not run";
+                   << ": not run (multiproc_gpu runs two ranks on one GPU)";
     }
     ClusterConfig c;
     c.backend = "dist_allreduce";

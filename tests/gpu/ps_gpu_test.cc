@@ -4,7 +4,7 @@
 // threads over inproc://); every worker uses GPU 0 (staging involves no NCCL, so several
 // workers may share a GPU).
 //
-// NOT RUN ON A GPU YET: written without one (see the README's GPU section).
+// Run on an H100 on 2026-11-25: all pass (bench/RESULTS.md, "GPU staging").
 #include <gtest/gtest.h>
 
 #include <memory>

@@ -570,8 +570,9 @@ def test_killed_local_rank_fails_its_node_peers(job: JobEnv, tmp_path: Path,
 
 
 # ---- GPU tensors (dist_allreduce on NCCL) -------------------------------------------------
-# Run as their own CTest test (label gpu, `-k gpu`); skipped where fewer than two GPUs are
-# visible. NOT RUN ON A GPU YET: written without one.
+# Run as their own CTest test (label gpu, `-k gpu`); skipped without a GPU. With one GPU
+# both worker processes use it (--shared-gpu: a distinct NCCL_HOSTID per process, so NCCL
+# connects them over its socket transport instead of refusing two ranks on one GPU).
 
 def visible_gpus() -> int:
     out = subprocess.run([str(TEST_WORKER), "--count-gpus"], capture_output=True, text=True,
@@ -581,12 +582,17 @@ def visible_gpus() -> int:
     return int(match.group(1))
 
 
-def test_gpu_two_workers_exact_sums(job: JobEnv) -> None:
+def nccl_gpu_args(ranks: int) -> list[str]:
+    """--gpu, plus --shared-gpu where fewer GPUs than `ranks` are visible; skips without."""
     gpus = visible_gpus()
-    if gpus < 2:
-        pytest.skip(f"needs 2 GPUs (one per worker process), CUDA reports {gpus}: not run")
+    if gpus < 1:
+        pytest.skip(f"needs a GPU, CUDA reports {gpus}: not run")
+    return ["--gpu"] + (["--shared-gpu"] if gpus < ranks else [])
+
+
+def test_gpu_two_workers_exact_sums(job: JobEnv) -> None:
     rounds = 5
-    run = hybridrun(job, 2, 0, [str(TEST_WORKER), "--gpu", "--rounds", str(rounds)],
+    run = hybridrun(job, 2, 0, [str(TEST_WORKER), *nccl_gpu_args(2), "--rounds", str(rounds)],
                     "dist_allreduce")
     code, out, err, _ = run.finish(RUN_TIMEOUT)
     assert code == 0, f"{out}\n{err}"
@@ -597,11 +603,8 @@ def test_gpu_two_workers_exact_sums(job: JobEnv) -> None:
 
 def test_gpu_survivor_names_the_killed_worker(job: JobEnv, tmp_path: Path,
                                               direct: list[DirectJob]) -> None:
-    gpus = visible_gpus()
-    if gpus < 2:
-        pytest.skip(f"needs 2 GPUs (one per worker process), CUDA reports {gpus}: not run")
     j = DirectJob(job, tmp_path, workers=2, servers=0,
-                  worker_args=["--gpu", "--rounds", "200", "--sleep-ms", "20", "--die-rank",
+                  worker_args=[*nccl_gpu_args(2), "--rounds", "200", "--sleep-ms", "20", "--die-rank",
                                "1", "--die-round", "2", "--expect-failure"],
                   backend="dist_allreduce")
     direct.append(j)
@@ -618,7 +621,6 @@ def test_gpu_survivor_names_the_killed_worker(job: JobEnv, tmp_path: Path,
 # ---- GPU tensors with dist_hybrid (host staging) ------------------------------------------
 # Every worker process on GPU 0 (`rank % devices`): staging involves no NCCL, so one GPU
 # runs them all. Part of the CTest test multiproc_gpu (label gpu); skipped without a GPU.
-# NOT RUN ON A GPU YET: written without one.
 
 def test_gpu_hybrid_one_node_of_three_local_ranks(job: JobEnv) -> None:
     gpus = visible_gpus()

@@ -14,10 +14,18 @@
 //                                memory); copied there before and back after each round
 //   --count-gpus                 prints "gpus N" (CUDA's device count; 0 without a GPU
 //                                or without CUDA in the build) and exits
+//   --shared-gpu                 several NCCL ranks on one GPU (tests on a one-GPU
+//                                machine): gives this process its own NCCL_HOSTID, so that
+//                                NCCL takes each rank for a host of its own (its check
+//                                refuses two ranks of one host on one GPU) and connects the
+//                                ranks over its socket transport on loopback. Test use only:
+//                                the ranks' kernels then share the GPU by time slices.
 //
 // Exit status: 0 when every round was right; 3 when an operation failed and
 // --expect-failure was given, 1 when it was not (the error is printed on one line,
 // "hybridps-test-worker: error: MESSAGE"); 1 for a wrong sum; 2 for bad flags.
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -49,13 +57,19 @@ struct Flags {
   bool expect_failure = false;
   bool gpu = false;
   bool count_gpus = false;
+  bool shared_gpu = false;
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    if (k == "--expect-failure" || k == "--gpu" || k == "--count-gpus") {
-      (k == "--gpu" ? f->gpu : k == "--count-gpus" ? f->count_gpus : f->expect_failure) = true;
+    bool* toggle = k == "--expect-failure" ? &f->expect_failure
+                   : k == "--gpu"            ? &f->gpu
+                   : k == "--count-gpus"     ? &f->count_gpus
+                   : k == "--shared-gpu"     ? &f->shared_gpu
+                                             : nullptr;
+    if (toggle != nullptr) {
+      *toggle = true;
       continue;
     }
     int* target = k == "--rounds"      ? &f->rounds
@@ -263,5 +277,10 @@ int main(int argc, char** argv) {
   Flags flags;
   if (!ParseFlags(argc, argv, &flags)) return 2;
   if (flags.count_gpus) return CountGpus();
+  if (flags.shared_gpu) {  // before anything can initialise NCCL
+    const std::string host = absl::StrCat("hybridps-test-pid-", getpid());
+    setenv("NCCL_HOSTID", host.c_str(), 1);
+    setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+  }
   return Run(flags);
 }
