@@ -22,13 +22,13 @@
 // --gpu 1 (CUDA builds; issue 5's benchmark of dist_hybrid's GPU staging): per size, in
 // the same run, the pinned cudaMemcpy bandwidth both ways (rank 0), the push_pull of a
 // CPU tensor and the push_pull of a GPU tensor (every worker, GPU local_rank % devices;
-// results checked exactly); %ref = GPU push_pull bandwidth / the slower of (pinned
-// memcpy, CPU push_pull), target >= 80%:
+// results checked exactly; the CPU and GPU iterations take turns); %ref = GPU push_pull
+// bandwidth / the slower of (pinned memcpy, CPU push_pull), target >= 80%:
 //
 //   scripts/hybridrun -np 1 --servers 1 -- build/bench/hybridps-bench --gpu 1
 //       --min-bytes 1M --max-bytes 256M --iters 10 --warmup 2      (one command line)
 //
-// NOT RUN ON A GPU YET: written without one.
+// Run on an H100 (bench/RESULTS.md).
 #include <dirent.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -441,8 +441,12 @@ absl::Status MeasureReference(const Flags& f, const std::vector<size_t>& sizes,
 }
 
 // The push_pull figures of one size; checks every iteration's result.
+// `samples`: where given, the timed iterations' microseconds are appended there too;
+// `first_it`: the number of the first iteration (the input pattern alternates with it).
 absl::StatusOr<Timing> MeasurePushPull(const Flags& f, KVStore& kv, size_t bytes,
-                                       const Patterns& pat, Buffer& work) {
+                                       const Patterns& pat, Buffer& work,
+                                       std::vector<double>* samples = nullptr,
+                                       int first_it = 0) {
   const size_t es = DTypeSize(f.dtype), count = bytes / es;
   const size_t k = std::min<size_t>(static_cast<size_t>(f.tensors), count);
   // Tensor j covers elements [first[j], first[j + 1]).
@@ -458,7 +462,7 @@ absl::StatusOr<Timing> MeasurePushPull(const Flags& f, KVStore& kv, size_t bytes
   std::vector<Handle> handles;
   handles.reserve(k);
   for (int it = 0; it < warmup + iters; ++it) {
-    const int parity = it % 2;
+    const int parity = (first_it + it) % 2;
     unsigned char* in = pat.input[parity]->get();
     if (f.inplace) {
       std::memcpy(work.get(), in, bytes);
@@ -488,6 +492,7 @@ absl::StatusOr<Timing> MeasurePushPull(const Flags& f, KVStore& kv, size_t bytes
                        ", expected the exact sum ", Load(f.dtype, want + i * es)));
     }
   }
+  if (samples != nullptr) samples->insert(samples->end(), us.begin(), us.end());
   return Summarize(std::move(us));
 }
 
@@ -661,14 +666,16 @@ absl::StatusOr<Timing> MeasureCopy(const Flags& f, void* dst, const void* src, s
 }
 
 // push_pull of one GPU tensor of `bytes`, in place; every result copied back and checked.
+// `samples` and `first_it` as for MeasurePushPull.
 absl::StatusOr<Timing> MeasureGpuPushPull(const Flags& f, KVStore& kv, size_t bytes,
                                           const Patterns& pat, void* device, int device_id,
-                                          Buffer& work) {
+                                          Buffer& work, std::vector<double>* samples = nullptr,
+                                          int first_it = 0) {
   const size_t es = DTypeSize(f.dtype), count = bytes / es;
   const std::string name = absl::StrCat("gpubench/", bytes);
   std::vector<double> us;
   for (int it = 0; it < f.warmup + f.iters; ++it) {
-    const int parity = it % 2;
+    const int parity = (first_it + it) % 2;
     // Ready when submitted: cudaMemcpy from pageable memory may return before the data
     // has landed, and the store's stream does not wait for the default stream.
     RETURN_IF_ERROR(CudaStatus(cudaMemcpy(device, pat.input[parity]->get(), bytes,
@@ -689,6 +696,7 @@ absl::StatusOr<Timing> MeasureGpuPushPull(const Flags& f, KVStore& kv, size_t by
                                               " bytes, iteration ", it));
     }
   }
+  if (samples != nullptr) samples->insert(samples->end(), us.begin(), us.end());
   return Summarize(std::move(us));
 }
 
@@ -715,7 +723,8 @@ absl::Status RunGpu(const Flags& f, KVStore& kv) {
         "# hybridps-bench --gpu: dist_hybrid push_pull of GPU tensors (staged through pinned "
         "host memory) against its ceilings, %d workers, dtype %s, in place, GPU %d\n"
         "# per size: d2h/h2d = pinned cudaMemcpyAsync bandwidth (rank 0); cpu = push_pull of "
-        "a CPU tensor; gpu = push_pull of a GPU tensor (every result checked exactly)\n"
+        "a CPU tensor; gpu = push_pull of a GPU tensor (every result checked exactly); the cpu "
+        "and gpu iterations take turns\n"
         "# median of %d iterations after %d warmup; bandwidths S / time in GB/s (1e9 B)\n"
         "# %%ref = gpu bandwidth / min(d2h, h2d, cpu) (issue 5's target: >= 80%%)\n"
         "# %11s %9s %9s %10s %10s %8s %8s %8s %6s\n",
@@ -733,9 +742,23 @@ absl::Status RunGpu(const Flags& f, KVStore& kv) {
                                         cudaMemcpyHostToDevice, gpu.stream));
     }
     RETURN_IF_ERROR(kv.Barrier());
-    ASSIGN_OR_RETURN(Timing cpu, MeasurePushPull(f, kv, bytes, pat, work));
-    ASSIGN_OR_RETURN(Timing on_gpu,
-                     MeasureGpuPushPull(f, kv, bytes, pat, gpu.device, device, work));
+    // The CPU and the GPU push_pull take turns, one iteration each (after the warmup of
+    // both), so that the two meet the same moments of a shared, noisy machine.
+    Flags warm = f;
+    warm.small_max_bytes = 0;  // f.warmup and f.iters at every size
+    warm.iters = 0;
+    Flags one = warm;
+    one.warmup = 0;
+    one.iters = 1;
+    RETURN_IF_ERROR(MeasurePushPull(warm, kv, bytes, pat, work).status());
+    RETURN_IF_ERROR(MeasureGpuPushPull(warm, kv, bytes, pat, gpu.device, device, work).status());
+    std::vector<double> cpu_us, gpu_us;
+    for (int it = 0; it < f.iters; ++it) {
+      RETURN_IF_ERROR(MeasurePushPull(one, kv, bytes, pat, work, &cpu_us, it).status());
+      RETURN_IF_ERROR(MeasureGpuPushPull(one, kv, bytes, pat, gpu.device, device, work,
+                                         &gpu_us, it).status());
+    }
+    const Timing cpu = Summarize(std::move(cpu_us)), on_gpu = Summarize(std::move(gpu_us));
     if (rank == 0) {
       const double ref = std::min({GBps(bytes, d2h.median_us), GBps(bytes, h2d.median_us),
                                    GBps(bytes, cpu.median_us)});
