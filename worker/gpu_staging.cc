@@ -17,8 +17,8 @@ namespace {
 // after its last progress (an operation arrived or returned, a copy ended): a copy of a
 // few MiB ends sooner than a sleeping thread wakes (a 20 us timed wait took 70-90 us on
 // the H100 host of bench/RESULTS.md). Then it polls every kPollInterval. Without copies
-// in flight it sleeps until woken (it does not spin while the servers work: that slowed
-// the store's own network threads there).
+// in flight it sleeps until woken (spinning also while the servers work did not pay
+// there).
 constexpr absl::Duration kPollInterval = absl::Microseconds(20);
 constexpr absl::Duration kSpinFor = absl::Microseconds(500);
 
