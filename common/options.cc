@@ -72,6 +72,7 @@ absl::Status Options::Validate() const {
     return bad("cycle_time_ms", cycle_time);
   }
   if (stall_warning <= absl::ZeroDuration()) return bad("stall_warning_ms", stall_warning);
+  if (spin < absl::ZeroDuration() || spin > absl::Milliseconds(10)) return bad("spin_us", spin);
   if (deployment != "colocated" && deployment != "dedicated" && deployment != "mixed") {
     return bad("deployment", deployment);
   }
@@ -234,6 +235,7 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_FUSION_BYTES", &o.fusion_bytes));
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_CYCLE_TIME_MS", &o.cycle_time));
   RETURN_IF_ERROR(GetMicros("HYBRIDPS_BURST_GATHER_US", &o.burst_gather));
+  RETURN_IF_ERROR(GetMicros("HYBRIDPS_SPIN_US", &o.spin));
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_STALL_WARNING_MS", &o.stall_warning));
   if (o.backend == "dist_allreduce" && !Get("HYBRIDPS_NUM_SERVERS")) o.num_servers = 0;
   RETURN_IF_ERROR(o.Validate());

@@ -107,6 +107,12 @@ struct Options {
   // safety net: the shared order already rules out waiting on each other). Not read from
   // the environment.
   absl::Duration server_window_patience = absl::Milliseconds(20);
+  // HYBRIDPS_SPIN_US: after each burst of activity the worker's I/O thread, the server's
+  // loop and a thread waiting on a handle keep polling without sleeping for this long
+  // (0: never; at most 10000). It saves the thread wake-ups of small operations, which
+  // cost tens of microseconds each on VMs, at the price of busy cores while operations
+  // run; meant for hosts with cores to spare.
+  absl::Duration spin = absl::ZeroDuration();
   // HYBRIDPS_BURST_GATHER_US: operations submitted less than this apart while earlier
   // ones are still in flight form a burst; the worker gathers the burst (until a gap this
   // long, at most ten times it) before dispatching it, so it leaves in priority order

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/spin.h"
 #include "common/status.h"
 #include "common/wire.h"
 
@@ -130,8 +131,14 @@ absl::Status Server::Run() {
       break;
     }
     absl::Time now = absl::Now();
-    ASSIGN_OR_RETURN(int n, poller.Poll(control_->NextTick() - now));
-    (void)n;
+    // Options::spin: shortly after activity, look again at once instead of sleeping.
+    const bool spin = now - last_activity_ < options_.spin;
+    ASSIGN_OR_RETURN(int n, poller.Poll(spin ? absl::ZeroDuration() : control_->NextTick() - now));
+    if (n > 0 && options_.spin > absl::ZeroDuration()) {
+      last_activity_ = absl::Now();
+    } else if (spin) {
+      CpuRelax();
+    }
     if (poller.Readable(wake_idx)) waker_.Drain();
     TakeSumsDone();
     if (poller.Readable(data_idx)) {

@@ -3,11 +3,10 @@
 #include <pthread.h>
 #include <sys/prctl.h>
 
-#include <thread>
-
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/spin.h"
 #include "common/status.h"
 
 namespace hybridps {
@@ -21,17 +20,6 @@ namespace {
 // there).
 constexpr absl::Duration kPollInterval = absl::Microseconds(20);
 constexpr absl::Duration kSpinFor = absl::Microseconds(500);
-
-// A short pause in a polling loop (lets the other hyperthread run).
-void CpuRelax() {
-  for (int i = 0; i < 16; ++i) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#else
-    std::this_thread::yield();
-#endif
-  }
-}
 
 std::string DeviceOf(const TensorView& t) {
   return t.device == Device::kGPU ? absl::StrCat("on GPU ", t.device_id) : "in host memory";

@@ -2,6 +2,7 @@
 #ifndef HYBRIDPS_WORKER_HANDLE_H_
 #define HYBRIDPS_WORKER_HANDLE_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <utility>
@@ -9,6 +10,9 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/spin.h"
 
 namespace hybridps {
 
@@ -26,6 +30,7 @@ class HandleState {
       if (done_) return;
       status_ = status;
       done_ = true;
+      done_fast_.store(true, std::memory_order_release);
       callbacks.swap(callbacks_);
     }
     for (auto& cb : callbacks) cb(status);
@@ -46,6 +51,12 @@ class HandleState {
     callback(status);
   }
   absl::Status Wait() {
+    // Options::spin: poll for a while before sleeping (see SetWaitSpin).
+    const int64_t spin_ns = wait_spin_ns_.load(std::memory_order_relaxed);
+    if (spin_ns > 0 && !done_fast_.load(std::memory_order_acquire)) {
+      const absl::Time until = absl::Now() + absl::Nanoseconds(spin_ns);
+      while (!done_fast_.load(std::memory_order_acquire) && absl::Now() < until) CpuRelax();
+    }
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(&done_));
     return status_;
@@ -54,12 +65,19 @@ class HandleState {
     absl::MutexLock lock(&mu_);
     return done_;
   }
+  // How long Wait() polls before it sleeps, for every handle of this process (the
+  // stores set it from Options::spin when created; zero: sleep at once).
+  static void SetWaitSpin(absl::Duration spin) {
+    wait_spin_ns_.store(absl::ToInt64Nanoseconds(spin), std::memory_order_relaxed);
+  }
 
  private:
   absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> done_fast_{false};  // done_, readable without the lock
+  static inline std::atomic<int64_t> wait_spin_ns_{0};
 };
 
 class Handle {

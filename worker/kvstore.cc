@@ -17,6 +17,7 @@ absl::StatusOr<std::unique_ptr<KVStore>> KVStore::Create(absl::string_view type,
                                                          const Options& options,
                                                          std::shared_ptr<Context> ctx) {
   if (!ctx) ctx = std::make_shared<Context>();
+  HandleState::SetWaitSpin(options.spin);
   if (type == "dist_hybrid") {
 #if HYBRIDPS_WITH_CUDA  // GPU tensors staged through pinned host memory (ps_gpu.h)
     ASSIGN_OR_RETURN(auto store, PsGpuStore::Create(std::move(ctx), options, NewCudaCopier()));

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/spin.h"
 #include "common/status.h"
 #include "common/wire.h"
 
@@ -267,10 +268,16 @@ void PsStore::IoLoop() {
       until = std::min(until, now + options_.burst_gather);
     }
     if (windowed_waiting_) until = std::min(until, last_send_ + options_.server_window_patience);
-    auto polled = poller.Poll(until - now);
+    // Options::spin: shortly after activity, look again at once instead of sleeping.
+    const bool spin = now - last_activity_ < options_.spin;
+    auto polled = poller.Poll(spin ? absl::ZeroDuration() : until - now);
     if (!polled.ok()) {
       Break(polled.status());
       absl::SleepFor(absl::Milliseconds(1));
+    } else if (*polled > 0 && options_.spin > absl::ZeroDuration()) {
+      last_activity_ = absl::Now();
+    } else if (spin) {
+      CpuRelax();
     }
     credits_->waker.Drain();
     TakeCommands();

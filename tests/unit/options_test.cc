@@ -12,7 +12,7 @@ class OptionsTest : public ::testing::Test {
     for (const char* v : {"HYBRIDPS_ROLE", "HYBRIDPS_NUM_WORKERS", "HYBRIDPS_NUM_SERVERS",
                           "HYBRIDPS_PARTITION_BYTES", "HYBRIDPS_WIRE_CHUNK_BYTES",
                           "HYBRIDPS_LOCAL_INLINE_BYTES", "HYBRIDPS_BURST_GATHER_US",
-                          "HYBRIDPS_SERVER_WINDOW_BYTES",
+                          "HYBRIDPS_SPIN_US", "HYBRIDPS_SERVER_WINDOW_BYTES",
                           "HYBRIDPS_TIMEOUT_MS", "HYBRIDPS_RANK",
                           "HYBRIDPS_BACKEND", "HYBRIDPS_SCHEDULER_PORT",
                           "HYBRIDPS_HEARTBEAT_TIMEOUT_MS", "HYBRIDPS_FUSION_BYTES",
@@ -38,6 +38,7 @@ TEST_F(OptionsTest, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(o->local_inline_bytes, 1u << 20);
   EXPECT_EQ(o->credit_bytes, 16u << 20);
   EXPECT_EQ(o->burst_gather, absl::Microseconds(200));
+  EXPECT_EQ(o->spin, absl::ZeroDuration());
   EXPECT_EQ(o->backend, "dist_hybrid");
   EXPECT_EQ(o->rank, -1);
 }
@@ -50,6 +51,7 @@ TEST_F(OptionsTest, ReadsVariables) {
   setenv("HYBRIDPS_WIRE_CHUNK_BYTES", "0", 1);
   setenv("HYBRIDPS_LOCAL_INLINE_BYTES", "0", 1);
   setenv("HYBRIDPS_BURST_GATHER_US", "0", 1);
+  setenv("HYBRIDPS_SPIN_US", "150", 1);
   setenv("HYBRIDPS_SERVER_WINDOW_BYTES", "0", 1);
   setenv("HYBRIDPS_TIMEOUT_MS", "2500", 1);
   setenv("HYBRIDPS_RANK", "2", 1);
@@ -63,6 +65,7 @@ TEST_F(OptionsTest, ReadsVariables) {
   EXPECT_EQ(o->wire_chunk_bytes, 0u);
   EXPECT_EQ(o->local_inline_bytes, 0u);
   EXPECT_EQ(o->burst_gather, absl::ZeroDuration());
+  EXPECT_EQ(o->spin, absl::Microseconds(150));
   EXPECT_EQ(o->server_window_bytes, 0u);
   EXPECT_EQ(o->op_timeout, absl::Milliseconds(2500));
   EXPECT_EQ(o->rank, 2);
@@ -88,6 +91,11 @@ TEST_F(OptionsTest, BadValuesNameTheVariable) {
   ASSERT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find("wire_chunk_bytes"), absl::string_view::npos);
   unsetenv("HYBRIDPS_WIRE_CHUNK_BYTES");
+  setenv("HYBRIDPS_SPIN_US", "20000", 1);  // above 10 ms
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("spin_us"), absl::string_view::npos);
+  unsetenv("HYBRIDPS_SPIN_US");
   setenv("HYBRIDPS_HEARTBEAT_TIMEOUT_MS", "10", 1);  // below the interval
   EXPECT_FALSE(OptionsFromEnvironment().ok());
   unsetenv("HYBRIDPS_HEARTBEAT_TIMEOUT_MS");
