@@ -28,7 +28,8 @@
 //   scripts/hybridrun -np 1 --servers 1 -- build/bench/hybridps-bench --gpu 1
 //       --min-bytes 1M --max-bytes 256M --iters 10 --warmup 2      (one command line)
 //
-// Run on an H100 (bench/RESULTS.md).
+// Run on an H100 (bench/RESULTS.md). The code: gpu_staging_bench.cc; the flags, patterns
+// and one size's measurement that both use: bench_sweep.h.
 #include <dirent.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -64,51 +65,42 @@
 #include "common/options.h"
 #include "common/status.h"
 #include "worker/kvstore.h"
+#include "bench/bench_sweep.h"
 #include "bench/idle_cpu.h"
 #include "bench/zmq_echo.h"
-#if HYBRIDPS_WITH_CUDA
-#include <cuda_runtime_api.h>
-
-#include "worker/cuda_util.h"
-#endif
 
 namespace hybridps {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using bench::Buffer;
+using bench::ExactLimit;
+using bench::Flags;
+using bench::GBps;
 using bench::IdleFigure;
+using bench::ItersFor;
+using bench::kKiB;
+using bench::kMaxValue;
+using bench::kMiB;
+using bench::Load;
+using bench::MakePatterns;
 using bench::MeasureIdle;
+using bench::MeasurePushPull;
 using bench::Micros;
+using bench::Patterns;
+using bench::RunGpu;
+using bench::Sizes;
+using bench::Summarize;
+using bench::Timing;
+using bench::WarmupFor;
 using bench::ZmqEcho;
 
-constexpr size_t kKiB = 1024, kMiB = 1024 * 1024;
 // Sizes of the issue's targets.
 constexpr size_t kGoodputSize = 4 * kMiB;
 constexpr size_t kLatencySize = 4 * kKiB;
 constexpr double kGoodputTargetGBps = 1.6;
 constexpr double kLatencyTargetUs = 80;
 constexpr double kIdleTargetPct = 1.0;  // "~0%": no process above 1% of a core
-// Each worker contributes 1..kMaxValue per element.
-constexpr int kMaxValue = 8;
-
-struct Flags {
-  std::string backend;  // empty: the job's HYBRIDPS_BACKEND
-  size_t min_bytes = 4 * kKiB;
-  size_t max_bytes = 64 * kMiB;
-  size_t factor = 2;
-  int iters = 20;
-  int warmup = 5;
-  // Sizes up to small_max_bytes run max(iters, small_iters) iterations, enough for a p99.
-  size_t small_max_bytes = 64 * kKiB;
-  int small_iters = 1000;
-  DType dtype = DType::kFloat32;
-  int tensors = 1;
-  bool inplace = false;
-  bool reference = true;
-  double idle_seconds = 3;
-  std::string csv;  // rank 0 writes the figures there too
-  bool gpu = false;  // issue 5's GPU staging benchmark instead of the sweep
-};
 
 constexpr char kUsage[] =
     "usage: hybridps-bench [--backend dist_hybrid] [--min-bytes 4K] [--max-bytes 64M]\n"
@@ -221,163 +213,6 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   return f;
 }
 
-// ---- statistics ------------------------------------------------------------------------
-
-struct Timing {
-  double median_us = 0;
-  double p99_us = 0;  // nearest rank
-  double min_us = 0;
-  size_t samples = 0;
-};
-
-Timing Summarize(std::vector<double> us) {
-  Timing t;
-  if (us.empty()) return t;
-  std::sort(us.begin(), us.end());
-  const size_t n = us.size();
-  t.samples = n;
-  t.median_us = n % 2 ? us[n / 2] : (us[n / 2 - 1] + us[n / 2]) / 2;
-  t.p99_us = us[static_cast<size_t>(std::ceil(0.99 * static_cast<double>(n))) - 1];
-  t.min_us = us.front();
-  return t;
-}
-
-
-// Bytes per microsecond are 1e6 bytes per second: / 1e3 gives GB/s (1 GB = 1e9 bytes).
-double GBps(size_t bytes, double us) { return us > 0 ? static_cast<double>(bytes) / us / 1e3 : 0; }
-
-// ---- data: exact sums -----------------------------------------------------------------
-
-// Owns `bytes` of 64-byte-aligned memory.
-class Buffer {
- public:
-  explicit Buffer(size_t bytes)
-      : data_(static_cast<unsigned char*>(
-            std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64)))) {
-    std::memset(data_.get(), 0, bytes);  // fault the pages in before anything is timed
-  }
-  unsigned char* get() const { return data_.get(); }
-
- private:
-  struct Free {
-    void operator()(unsigned char* p) const { std::free(p); }
-  };
-  std::unique_ptr<unsigned char, Free> data_;
-};
-
-// The value worker `rank` contributes at element `i` on iterations of parity `parity`:
-// 1..4 on even iterations and 5..8 on odd ones, varying with the element's position, so a
-// stale, misplaced or missing contribution changes the sum.
-int Contribution(int rank, size_t i, int parity) {
-  const uint64_t mix = (static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull) >> 62;
-  return 1 + static_cast<int>((mix + static_cast<uint64_t>(rank)) & 3) + 4 * parity;
-}
-
-// Largest sum of small integers the type holds exactly (and, for uint8, below the
-// poison byte 0xff).
-int64_t ExactLimit(DType t) {
-  switch (t) {
-    case DType::kFloat16:
-      return 2048;
-    case DType::kBFloat16:
-      return 256;
-    case DType::kUInt8:
-      return 254;
-    case DType::kFloat32:
-      return int64_t{1} << 24;
-    default:
-      return std::numeric_limits<int32_t>::max();
-  }
-}
-
-void Store(DType t, unsigned char* p, int64_t v) {
-  const float f = static_cast<float>(v);
-  switch (t) {
-    case DType::kFloat32:
-      std::memcpy(p, &f, 4);
-      break;
-    case DType::kFloat64: {
-      double d = static_cast<double>(v);
-      std::memcpy(p, &d, 8);
-      break;
-    }
-    case DType::kFloat16: {
-      uint16_t h = FloatToHalf(f);
-      std::memcpy(p, &h, 2);
-      break;
-    }
-    case DType::kBFloat16: {
-      uint16_t h = FloatToBFloat16(f);
-      std::memcpy(p, &h, 2);
-      break;
-    }
-    case DType::kInt32: {
-      int32_t x = static_cast<int32_t>(v);
-      std::memcpy(p, &x, 4);
-      break;
-    }
-    case DType::kInt64:
-      std::memcpy(p, &v, 8);
-      break;
-    case DType::kUInt8:
-      *p = static_cast<unsigned char>(v);
-      break;
-  }
-}
-
-double Load(DType t, const unsigned char* p) {
-  float f;
-  double d;
-  uint16_t h;
-  int32_t i32;
-  int64_t i64;
-  switch (t) {
-    case DType::kFloat32:
-      std::memcpy(&f, p, 4);
-      return f;
-    case DType::kFloat64:
-      std::memcpy(&d, p, 8);
-      return d;
-    case DType::kFloat16:
-      std::memcpy(&h, p, 2);
-      return HalfToFloat(h);
-    case DType::kBFloat16:
-      std::memcpy(&h, p, 2);
-      return BFloat16ToFloat(h);
-    case DType::kInt32:
-      std::memcpy(&i32, p, 4);
-      return i32;
-    case DType::kInt64:
-      std::memcpy(&i64, p, 8);
-      return static_cast<double>(i64);
-    case DType::kUInt8:
-      return *p;
-  }
-  return 0;
-}
-
-// This worker's inputs and the exact sums, for both parities, over the largest size;
-// every size uses a prefix.
-struct Patterns {
-  std::unique_ptr<Buffer> input[2], expected[2];
-};
-
-Patterns MakePatterns(DType t, size_t count, int rank, int num_workers) {
-  const size_t es = DTypeSize(t);
-  Patterns p;
-  for (int parity = 0; parity < 2; ++parity) {
-    p.input[parity] = std::make_unique<Buffer>(count * es);
-    p.expected[parity] = std::make_unique<Buffer>(count * es);
-    for (size_t i = 0; i < count; ++i) {
-      int64_t sum = 0;
-      for (int r = 0; r < num_workers; ++r) sum += Contribution(r, i, parity);
-      Store(t, p.input[parity]->get() + i * es, Contribution(rank, i, parity));
-      Store(t, p.expected[parity]->get() + i * es, sum);
-    }
-  }
-  return p;
-}
-
 // ---- the sweep ------------------------------------------------------------------------
 
 struct Row {
@@ -387,23 +222,6 @@ struct Row {
   // when S is larger); a memcpy of S bytes.
   std::optional<Timing> echo, echo_parts, memcpy;
 };
-
-std::vector<size_t> Sizes(const Flags& f) {
-  std::vector<size_t> out;
-  const size_t es = DTypeSize(f.dtype);
-  for (size_t s = f.min_bytes; s <= f.max_bytes; s *= f.factor) {
-    if (s >= es) out.push_back(s / es * es);
-    if (s > std::numeric_limits<size_t>::max() / f.factor) break;
-  }
-  return out;
-}
-
-int ItersFor(const Flags& f, size_t bytes) {
-  return bytes <= f.small_max_bytes ? std::max(f.iters, f.small_iters) : f.iters;
-}
-int WarmupFor(const Flags& f, size_t bytes) {
-  return bytes <= f.small_max_bytes ? std::max(f.warmup, f.small_iters / 10) : f.warmup;
-}
 
 // The reference figures of every size (rank 0, before the sweep).
 absl::Status MeasureReference(const Flags& f, const std::vector<size_t>& sizes,
@@ -438,62 +256,6 @@ absl::Status MeasureReference(const Flags& f, const std::vector<size_t>& sizes,
     rows[k].memcpy = Summarize(std::move(copy_us));
   }
   return absl::OkStatus();
-}
-
-// The push_pull figures of one size; checks every iteration's result.
-// `samples`: where given, the timed iterations' microseconds are appended there too;
-// `first_it`: the number of the first iteration (the input pattern alternates with it).
-absl::StatusOr<Timing> MeasurePushPull(const Flags& f, KVStore& kv, size_t bytes,
-                                       const Patterns& pat, Buffer& work,
-                                       std::vector<double>* samples = nullptr,
-                                       int first_it = 0) {
-  const size_t es = DTypeSize(f.dtype), count = bytes / es;
-  const size_t k = std::min<size_t>(static_cast<size_t>(f.tensors), count);
-  // Tensor j covers elements [first[j], first[j + 1]).
-  std::vector<size_t> first(k + 1);
-  for (size_t j = 0; j <= k; ++j) first[j] = count / k * j + std::min(j, count % k);
-  std::vector<std::string> names(k);
-  for (size_t j = 0; j < k; ++j) names[j] = absl::StrCat("bench/", bytes, "/", j);
-  auto view = [&](unsigned char* base, size_t j) {
-    return TensorView{base + first[j] * es, first[j + 1] - first[j], f.dtype};
-  };
-  const int iters = ItersFor(f, bytes), warmup = WarmupFor(f, bytes);
-  std::vector<double> us;
-  std::vector<Handle> handles;
-  handles.reserve(k);
-  for (int it = 0; it < warmup + iters; ++it) {
-    const int parity = (first_it + it) % 2;
-    unsigned char* in = pat.input[parity]->get();
-    if (f.inplace) {
-      std::memcpy(work.get(), in, bytes);
-      in = work.get();
-    } else {
-      std::memset(work.get(), 0xff, bytes);  // poison: NaN or -1, never a valid sum
-    }
-    handles.clear();
-    const Clock::time_point t0 = Clock::now();
-    for (size_t j = 0; j < k; ++j) {
-      ASSIGN_OR_RETURN(Handle h, kv.PushPullAsync(names[j], view(in, j), view(work.get(), j)));
-      handles.push_back(std::move(h));
-    }
-    for (const Handle& h : handles) RETURN_IF_ERROR(h.Wait());
-    const Clock::time_point t1 = Clock::now();
-    if (it >= warmup) us.push_back(Micros(t1 - t0));
-    const unsigned char* want = pat.expected[parity]->get();
-    if (std::memcmp(work.get(), want, bytes) != 0) {
-      size_t i = 0;
-      while (std::memcmp(work.get() + i * es, want + i * es, es) == 0) ++i;
-      size_t j = 0;
-      while (first[j + 1] <= i) ++j;
-      return absl::DataLossError(
-          absl::StrCat("MISMATCH in push_pull of ", bytes, " bytes (", count, " ",
-                       DTypeName(f.dtype), "), iteration ", it, ", tensor '", names[j],
-                       "' element ", i - first[j], ": got ", Load(f.dtype, work.get() + i * es),
-                       ", expected the exact sum ", Load(f.dtype, want + i * es)));
-    }
-  }
-  if (samples != nullptr) samples->insert(samples->end(), us.begin(), us.end());
-  return Summarize(std::move(us));
 }
 
 // ---- output ---------------------------------------------------------------------------
@@ -635,154 +397,6 @@ absl::Status WriteCsv(const std::string& path, const std::vector<Row>& rows,
   if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", path));
   return absl::OkStatus();
 }
-
-// ---- --gpu: GPU tensors through dist_hybrid's staging, against its two ceilings -------
-
-#if HYBRIDPS_WITH_CUDA
-// The device and pinned host memory of the benchmark, and its stream.
-struct GpuResources {
-  void* device = nullptr;
-  void* pinned = nullptr;
-  cudaStream_t stream = nullptr;
-  ~GpuResources() {
-    if (device != nullptr) cudaFree(device);
-    if (pinned != nullptr) cudaFreeHost(pinned);
-    if (stream != nullptr) cudaStreamDestroy(stream);
-  }
-};
-
-// Pinned cudaMemcpyAsync of `bytes` one way, waited for: median over the iterations.
-absl::StatusOr<Timing> MeasureCopy(const Flags& f, void* dst, const void* src, size_t bytes,
-                                   cudaMemcpyKind kind, cudaStream_t stream) {
-  std::vector<double> us;
-  for (int i = 0; i < f.warmup + f.iters; ++i) {
-    const Clock::time_point t0 = Clock::now();
-    RETURN_IF_ERROR(CudaStatus(cudaMemcpyAsync(dst, src, bytes, kind, stream), "cudaMemcpyAsync"));
-    RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
-    const Clock::time_point t1 = Clock::now();
-    if (i >= f.warmup) us.push_back(Micros(t1 - t0));
-  }
-  return Summarize(std::move(us));
-}
-
-// push_pull of one GPU tensor of `bytes`, in place; every result copied back and checked.
-// `samples` and `first_it` as for MeasurePushPull.
-absl::StatusOr<Timing> MeasureGpuPushPull(const Flags& f, KVStore& kv, size_t bytes,
-                                          const Patterns& pat, void* device, int device_id,
-                                          Buffer& work, std::vector<double>* samples = nullptr,
-                                          int first_it = 0) {
-  const size_t es = DTypeSize(f.dtype), count = bytes / es;
-  const std::string name = absl::StrCat("gpubench/", bytes);
-  std::vector<double> us;
-  for (int it = 0; it < f.warmup + f.iters; ++it) {
-    const int parity = (first_it + it) % 2;
-    // Ready when submitted: cudaMemcpy from pageable memory may return before the data
-    // has landed, and the store's stream does not wait for the default stream.
-    RETURN_IF_ERROR(CudaStatus(cudaMemcpy(device, pat.input[parity]->get(), bytes,
-                                    cudaMemcpyHostToDevice), "cudaMemcpy"));
-    RETURN_IF_ERROR(CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
-    const Clock::time_point t0 = Clock::now();
-    ASSIGN_OR_RETURN(Handle h, kv.PushPullAsync(name, TensorView{device, count, f.dtype,
-                                                                 Device::kGPU, device_id},
-                                                TensorView{device, count, f.dtype,
-                                                           Device::kGPU, device_id}));
-    RETURN_IF_ERROR(h.Wait());
-    const Clock::time_point t1 = Clock::now();
-    if (it >= f.warmup) us.push_back(Micros(t1 - t0));
-    RETURN_IF_ERROR(CudaStatus(cudaMemcpy(work.get(), device, bytes, cudaMemcpyDeviceToHost),
-                         "cudaMemcpy"));
-    if (std::memcmp(work.get(), pat.expected[parity]->get(), bytes) != 0) {
-      return absl::DataLossError(absl::StrCat("MISMATCH in the GPU push_pull of ", bytes,
-                                              " bytes, iteration ", it));
-    }
-  }
-  if (samples != nullptr) samples->insert(samples->end(), us.begin(), us.end());
-  return Summarize(std::move(us));
-}
-
-absl::Status RunGpu(const Flags& f, KVStore& kv) {
-  const int rank = kv.rank(), n = kv.num_workers();
-  int devices = 0;
-  RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&devices), "cudaGetDeviceCount"));
-  if (devices == 0) return absl::FailedPreconditionError("--gpu: no CUDA device");
-  const int device = kv.local_rank() % devices;
-  RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device), "cudaSetDevice"));
-  const std::vector<size_t> sizes = Sizes(f);
-  if (sizes.empty()) return absl::InvalidArgumentError("no size to measure");
-  const size_t max_bytes = sizes.back();
-  const Patterns pat = MakePatterns(f.dtype, max_bytes / DTypeSize(f.dtype), rank, n);
-  Buffer work(max_bytes);
-  GpuResources gpu;
-  RETURN_IF_ERROR(CudaStatus(cudaMalloc(&gpu.device, max_bytes), "cudaMalloc"));
-  RETURN_IF_ERROR(CudaStatus(cudaHostAlloc(&gpu.pinned, max_bytes, cudaHostAllocDefault),
-                       "cudaHostAlloc"));
-  RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&gpu.stream, cudaStreamNonBlocking),
-                       "cudaStreamCreateWithFlags"));
-  if (rank == 0) {
-    std::printf(
-        "# hybridps-bench --gpu: dist_hybrid push_pull of GPU tensors (staged through pinned "
-        "host memory) against its ceilings, %d workers, dtype %s, in place, GPU %d\n"
-        "# per size: d2h/h2d = pinned cudaMemcpyAsync bandwidth (rank 0); cpu = push_pull of "
-        "a CPU tensor; gpu = push_pull of a GPU tensor (every result checked exactly); the cpu "
-        "and gpu iterations take turns\n"
-        "# median of %d iterations after %d warmup; bandwidths S / time in GB/s (1e9 B)\n"
-        "# %%ref = gpu bandwidth / min(d2h, h2d, cpu) (issue 5's target: >= 80%%)\n"
-        "# %11s %9s %9s %10s %10s %8s %8s %8s %6s\n",
-        n, std::string(DTypeName(f.dtype)).c_str(), device, f.iters, f.warmup, "size(B)",
-        "d2h", "h2d", "cpu(us)", "gpu(us)", "cpu_bw", "gpu_bw", "ref_bw", "%ref");
-    std::fflush(stdout);
-  }
-  double worst = -1;
-  for (size_t bytes : sizes) {
-    Timing d2h, h2d;
-    if (rank == 0) {
-      ASSIGN_OR_RETURN(d2h, MeasureCopy(f, gpu.pinned, gpu.device, bytes,
-                                        cudaMemcpyDeviceToHost, gpu.stream));
-      ASSIGN_OR_RETURN(h2d, MeasureCopy(f, gpu.device, gpu.pinned, bytes,
-                                        cudaMemcpyHostToDevice, gpu.stream));
-    }
-    RETURN_IF_ERROR(kv.Barrier());
-    // The CPU and the GPU push_pull take turns, one iteration each (after the warmup of
-    // both), so that the two meet the same moments of a shared, noisy machine.
-    Flags warm = f;
-    warm.small_max_bytes = 0;  // f.warmup and f.iters at every size
-    warm.iters = 0;
-    Flags one = warm;
-    one.warmup = 0;
-    one.iters = 1;
-    RETURN_IF_ERROR(MeasurePushPull(warm, kv, bytes, pat, work).status());
-    RETURN_IF_ERROR(MeasureGpuPushPull(warm, kv, bytes, pat, gpu.device, device, work).status());
-    std::vector<double> cpu_us, gpu_us;
-    for (int it = 0; it < f.iters; ++it) {
-      RETURN_IF_ERROR(MeasurePushPull(one, kv, bytes, pat, work, &cpu_us, it).status());
-      RETURN_IF_ERROR(MeasureGpuPushPull(one, kv, bytes, pat, gpu.device, device, work,
-                                         &gpu_us, it).status());
-    }
-    const Timing cpu = Summarize(std::move(cpu_us)), on_gpu = Summarize(std::move(gpu_us));
-    if (rank == 0) {
-      const double ref = std::min({GBps(bytes, d2h.median_us), GBps(bytes, h2d.median_us),
-                                   GBps(bytes, cpu.median_us)});
-      const double pct = 100 * GBps(bytes, on_gpu.median_us) / ref;
-      worst = worst < 0 ? pct : std::min(worst, pct);
-      std::printf("  %11zu %9.2f %9.2f %10.1f %10.1f %8.3f %8.3f %8.3f %6.1f\n", bytes,
-                  GBps(bytes, d2h.median_us), GBps(bytes, h2d.median_us), cpu.median_us,
-                  on_gpu.median_us, GBps(bytes, cpu.median_us), GBps(bytes, on_gpu.median_us),
-                  ref, pct);
-      std::fflush(stdout);
-    }
-  }
-  if (rank == 0) {
-    std::printf("# SUMMARY: GPU push_pull at worst %.1f%% of the slower reference (target >= "
-                "80%%: %s)\n", worst, worst >= 80 ? "met" : "NOT MET");
-    std::fflush(stdout);
-  }
-  return kv.Barrier();
-}
-#else
-absl::Status RunGpu(const Flags&, KVStore&) {
-  return absl::UnimplementedError("--gpu: this build has no CUDA");
-}
-#endif
 
 absl::Status Run(const Flags& f, const Options& options, absl::string_view backend, KVStore& kv) {
   const int rank = kv.rank(), n = kv.num_workers();
