@@ -29,8 +29,10 @@ while [[ $# -gt 0 ]]; do
 done
 
 cd "$(dirname "$0")/.."
-cmake --build "$build_dir" -j2 --target hybridps-gloo-ref hybridps-server hybridps-scheduler \
-  >/dev/null
+if [[ -f "$build_dir/CMakeCache.txt" ]]; then  # a build tree (not a scripts/bundle folder)
+  cmake --build "$build_dir" -j2 --target hybridps-gloo-ref hybridps-server hybridps-scheduler \
+    >/dev/null
+fi
 ref="$build_dir/bench/hybridps-gloo-ref"
 [[ -n "$out" ]] || out="$(mktemp -d /tmp/hybridps-allreduce-bench.XXXXXX)"
 mkdir -p "$out"
