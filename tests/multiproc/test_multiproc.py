@@ -351,12 +351,13 @@ def test_two_workers_two_servers_exact_sums(job: JobEnv, backend: str) -> None:
     assert_nothing_left(job.marker)
 
 
-def test_spinning_loops_keep_exact_sums(job: JobEnv) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_spinning_loops_keep_exact_sums(job: JobEnv, backend: str) -> None:
     """HYBRIDPS_SPIN_US: the worker's I/O thread, the servers' loops and the waits poll for
     a while after activity instead of sleeping; results and the job's end are unchanged."""
     spun = JobEnv(job.marker, {**job.env, "HYBRIDPS_SPIN_US": "300"})
     rounds = 20
-    run = hybridrun(spun, 2, 2, [str(TEST_WORKER), "--rounds", str(rounds)])
+    run = hybridrun(spun, 2, 2, [str(TEST_WORKER), "--rounds", str(rounds)], backend)
     code, out, err, _ = run.finish(RUN_TIMEOUT)
     assert code == 0, f"{out}\n{err}"
     for rank in range(2):
