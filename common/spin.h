@@ -4,6 +4,9 @@
 
 #include <thread>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
 namespace hybridps {
 
 // A short pause in a polling loop (lets the other hyperthread of the core run).
@@ -16,6 +19,32 @@ inline void CpuRelax() {
 #endif
   }
 }
+
+// Options::spin for a poll loop: for `spin` after a poll that found work, poll again at
+// once (pausing briefly) instead of sleeping until the loop's own timeout. One per loop
+// thread.
+class PollSpin {
+ public:
+  explicit PollSpin(absl::Duration spin) : spin_(spin) {}
+  // The timeout to poll with, given the loop's own.
+  absl::Duration Timeout(absl::Time now, absl::Duration timeout) {
+    spinning_ = now - last_activity_ < spin_;
+    return spinning_ ? absl::ZeroDuration() : timeout;
+  }
+  // After the poll: `ready` items were ready.
+  void Polled(int ready) {
+    if (ready > 0 && spin_ > absl::ZeroDuration()) {
+      last_activity_ = absl::Now();
+    } else if (spinning_) {
+      CpuRelax();
+    }
+  }
+
+ private:
+  const absl::Duration spin_;
+  absl::Time last_activity_ = absl::InfinitePast();
+  bool spinning_ = false;
+};
 
 }  // namespace hybridps
 

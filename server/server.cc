@@ -122,6 +122,7 @@ absl::Status Server::Run() {
       });
   HPS_LOG(INFO) << "serving on " << endpoint_ << " with " << threads << " engine threads";
   Poller poller;
+  PollSpin spin(options_.spin);  // Options::spin
   const int data_idx = poller.Add(data_.get());
   const int ctl_idx = poller.Add(control_->socket());
   const int wake_idx = poller.AddFd(waker_.fd());
@@ -131,14 +132,8 @@ absl::Status Server::Run() {
       break;
     }
     absl::Time now = absl::Now();
-    // Options::spin: shortly after activity, look again at once instead of sleeping.
-    const bool spin = now - last_activity_ < options_.spin;
-    ASSIGN_OR_RETURN(int n, poller.Poll(spin ? absl::ZeroDuration() : control_->NextTick() - now));
-    if (n > 0 && options_.spin > absl::ZeroDuration()) {
-      last_activity_ = absl::Now();
-    } else if (spin) {
-      CpuRelax();
-    }
+    ASSIGN_OR_RETURN(int n, poller.Poll(spin.Timeout(now, control_->NextTick() - now)));
+    spin.Polled(n);
     if (poller.Readable(wake_idx)) waker_.Drain();
     TakeSumsDone();
     if (poller.Readable(data_idx)) {

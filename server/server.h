@@ -14,7 +14,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "common/control_client.h"
 #include "common/options.h"
 #include "common/transport.h"
@@ -84,7 +83,6 @@ class Server {
   std::atomic<bool> stop_{false};
   absl::Status exit_status_;
   bool done_ = false;
-  absl::Time last_activity_ = absl::InfinitePast();  // the last poll that found work (spin)
   Stats stats_;
   struct SumDone {
     uint64_t key;

@@ -249,6 +249,7 @@ std::vector<uint64_t> PsStore::PushesPerServer() const {
 }
 
 void PsStore::IoLoop() {
+  PollSpin spin(options_.spin);
   while (!io_exit_.load()) {
     Poller poller;
     std::vector<int> data_idx(data_.size(), -1);
@@ -268,16 +269,12 @@ void PsStore::IoLoop() {
       until = std::min(until, now + options_.burst_gather);
     }
     if (windowed_waiting_) until = std::min(until, last_send_ + options_.server_window_patience);
-    // Options::spin: shortly after activity, look again at once instead of sleeping.
-    const bool spin = now - last_activity_ < options_.spin;
-    auto polled = poller.Poll(spin ? absl::ZeroDuration() : until - now);
+    auto polled = poller.Poll(spin.Timeout(now, until - now));
     if (!polled.ok()) {
       Break(polled.status());
       absl::SleepFor(absl::Milliseconds(1));
-    } else if (*polled > 0 && options_.spin > absl::ZeroDuration()) {
-      last_activity_ = absl::Now();
-    } else if (spin) {
-      CpuRelax();
+    } else {
+      spin.Polled(*polled);
     }
     credits_->waker.Drain();
     TakeCommands();

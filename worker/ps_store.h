@@ -190,7 +190,6 @@ class PsStore : public KVStore {
   // By server: those pushes in the shared order, with their payload bytes.
   std::vector<std::multimap<GlobalOrder, size_t>> unanswered_order_;
   absl::Time last_send_ = absl::InfinitePast();
-  absl::Time last_activity_ = absl::InfinitePast();  // the last poll that found work (spin)
   bool windowed_waiting_ = false;  // the last Dispatch left windowed partitions
   uint64_t next_request_id_ = 1;
   std::shared_ptr<HandleState> finalize_;

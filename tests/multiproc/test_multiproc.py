@@ -618,8 +618,8 @@ def test_gpu_two_workers_exact_sums(job: JobEnv) -> None:
 def test_gpu_survivor_names_the_killed_worker(job: JobEnv, tmp_path: Path,
                                               direct: list[DirectJob]) -> None:
     j = DirectJob(job, tmp_path, workers=2, servers=0,
-                  worker_args=[*nccl_gpu_args(2), "--rounds", "200", "--sleep-ms", "20", "--die-rank",
-                               "1", "--die-round", "2", "--expect-failure"],
+                  worker_args=[*nccl_gpu_args(2), "--rounds", "200", "--sleep-ms", "20",
+                               "--die-rank", "1", "--die-round", "2", "--expect-failure"],
                   backend="dist_allreduce")
     direct.append(j)
     assert j.wait("worker 1", RUN_TIMEOUT) == -signal.SIGKILL, j.text()
