@@ -95,6 +95,22 @@ std::string Options::SchedulerEndpoint() const {
   return absl::StrCat("tcp://", scheduler_addr, ":", scheduler_port);
 }
 
+std::string Options::JobTokenDigest() const {
+  if (job_token.empty()) return "";
+  // FNV-1a over a fixed prefix and the token, then a 64-bit finaliser (splitmix64):
+  // the same in every process and build, and it does not give the token away.
+  uint64_t h = 1469598103934665603ull;
+  for (char c : absl::StrCat("hybridps job token\n", job_token)) {
+    h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  }
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  h ^= h >> 31;
+  return absl::StrCat(absl::Hex(h, absl::kZeroPad16));
+}
+
 namespace {
 
 std::optional<std::string> Get(const char* name) {

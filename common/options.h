@@ -69,8 +69,11 @@ struct Options {
   std::string interface;
   // HYBRIDPS_TRANSPORT: tcp | ipc | inproc — how servers bind their data endpoint.
   std::string transport = "tcp";
-  // HYBRIDPS_JOB_TOKEN: shared secret of the job (carried, not yet checked: the
-  // challenge/HMAC handshake is future work).
+  // HYBRIDPS_JOB_TOKEN: the job's token (hybridrun makes a random one per job). The
+  // scheduler refuses workers and servers whose token differs from its own (both unset
+  // counts as equal), so a process of another job that reaches this scheduler's address
+  // cannot join. Only a fingerprint travels; it keeps jobs apart, it does not
+  // authenticate against someone who can read the job's traffic.
   std::string job_token;
   // HYBRIDPS_PARTITION_BYTES: a tensor is split into partitions of at most this size.
   size_t partition_bytes = 4 << 20;
@@ -149,6 +152,8 @@ struct Options {
   absl::Status Validate() const;
   // The ZeroMQ endpoint of the scheduler.
   std::string SchedulerEndpoint() const;
+  // What Register carries of job_token: empty without one, else a 64-bit hash in hex.
+  std::string JobTokenDigest() const;
 };
 
 // Reads every HYBRIDPS_* variable; unknown values or malformed numbers are an error that

@@ -226,6 +226,23 @@ void Scheduler::HandleRegister(Node& node, uint64_t id, const wire::Register& re
   if (reg.role() != wire::ROLE_WORKER && reg.role() != wire::ROLE_SERVER) {
     return fail(absl::InvalidArgumentError("only workers and servers register"));
   }
+  if (reg.token_digest() != token_digest_) {
+    const std::string who =
+        absl::StrCat("the ", WireRoleName(reg.role()), " on ", reg.host(), " pid ", reg.pid());
+    const std::string job =
+        absl::StrCat("the job of the scheduler at ", options_.SchedulerEndpoint());
+    std::string what;
+    if (reg.token_digest().empty()) {
+      what = absl::StrCat(who, " has no HYBRIDPS_JOB_TOKEN, but ", job, " has one");
+    } else if (token_digest_.empty()) {
+      what = absl::StrCat(who, " has a HYBRIDPS_JOB_TOKEN, but ", job, " has none");
+    } else {
+      what = absl::StrCat(who, " has a different HYBRIDPS_JOB_TOKEN from ", job);
+    }
+    return fail(absl::PermissionDeniedError(absl::StrCat(
+        what, ": it belongs to another job. Start every process of a job with the same "
+        "token (hybridrun does), or leave it unset everywhere")));
+  }
   const bool worker = reg.role() == wire::ROLE_WORKER;
   const size_t want = worker ? options_.num_workers : options_.num_servers;
   if (Count(reg.role(), true) >= want) {

@@ -83,6 +83,7 @@ class Scheduler {
   std::string endpoint_;
   std::map<std::string, Node> nodes_;  // by routing id
   bool welcomed_ = false;
+  const std::string token_digest_ = options_.JobTokenDigest();  // Register must match it
   int register_order_ = 0;  // Registration order, kept in Node::rank until ranks are given.
   absl::Time start_time_;
   // Barrier arrivals per group: peer -> request id.

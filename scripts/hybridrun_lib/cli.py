@@ -7,7 +7,7 @@ import secrets
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .binaries import (BIN_DIR_ENV, SCHEDULER_BINARY, SERVER_BINARY, BinaryNotFoundError,
@@ -47,7 +47,8 @@ environment of the workers:
   (here 0..N-1 and N: the workers of one host form one node and reduce locally;
   across hosts the position among, and number of, the workers of the host, and
   HYBRIDPS_NODE_ID=the host) HYBRIDPS_SCHEDULER_ADDR HYBRIDPS_SCHEDULER_PORT HYBRIDPS_NUM_WORKERS
-  HYBRIDPS_NUM_SERVERS HYBRIDPS_BACKEND HYBRIDPS_JOB_TOKEN PYTHONUNBUFFERED=1;
+  HYBRIDPS_NUM_SERVERS HYBRIDPS_BACKEND HYBRIDPS_JOB_TOKEN (the exported one, else a
+  new random one; the scheduler refuses processes with another) PYTHONUNBUFFERED=1;
   across hosts also HYBRIDPS_DEPLOYMENT HYBRIDPS_EXTRA_SERVERS and, with
   --network-interface, HYBRIDPS_INTERFACE. Local processes inherit the environment
   of hybridrun; remote ones get only these, the -x variables and the HYBRIDPS_*
@@ -214,6 +215,12 @@ def multi_host(args: argparse.Namespace) -> tuple[MultiHost, Host] | None:
     return MultiHost(placement, by_name), Host("localhost", address)
 
 
+
+def job_token(environ: Mapping[str, str]) -> str:
+    """The job's HYBRIDPS_JOB_TOKEN: the one exported to hybridrun (so that processes
+    started by hand can join with it), else a new random one."""
+    return environ.get("HYBRIDPS_JOB_TOKEN") or secrets.token_hex(16)
+
 def make_plan(args: argparse.Namespace, repo_root: Path, port_file: str) -> JobPlan:
     """Build the job plan; raises BinaryNotFoundError and SetupError."""
     multi = multi_host(args)
@@ -232,7 +239,7 @@ def make_plan(args: argparse.Namespace, repo_root: Path, port_file: str) -> JobP
     return build_plan(num_workers=num_workers, num_servers=num_servers,
                       backend=args.backend, scheduler_bin=scheduler_bin,
                       server_bin=server_bin, command=args.command,
-                      job_token=secrets.token_hex(16), port_file=port_file,
+                      job_token=job_token(os.environ), port_file=port_file,
                       scheduler_host=scheduler_host,
                       multi=multi[0] if multi else None,
                       interface=args.network_interface,

@@ -2,6 +2,8 @@
 // timeout, barriers and orderly shutdown.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <optional>
 #include <thread>
 
@@ -143,6 +145,53 @@ TEST_F(SchedulerTest, DuplicateAndOutOfRangeRanksAreRefused) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("out of range"), absl::string_view::npos) << r.status();
   ta.join();
+}
+
+TEST_F(SchedulerTest, NodesOfAnotherJobAreRefusedByTheirToken) {
+  options_.job_token = "token-of-this-job";
+  StartScheduler(1);
+  const std::string digest = options_.JobTokenDigest();
+  EXPECT_EQ(digest.size(), 16u);
+  EXPECT_EQ(digest.find("token"), std::string::npos);  // the token itself does not travel
+  struct Case {
+    std::string token, expect;
+  } cases[] = {
+      {"token-of-another-job", "has a different HYBRIDPS_JOB_TOKEN from the job of the scheduler"},
+      {"", "has no HYBRIDPS_JOB_TOKEN, but the job of the scheduler"},
+  };
+  for (const Case& c : cases) {
+    Options o = options_;
+    o.role = Role::kWorker;
+    o.rank = 0;
+    o.job_token = c.token;
+    auto stray = ControlClient::Connect(ctx_, o, {});
+    ASSERT_TRUE(stray.ok()) << stray.status();
+    auto r = (*stray)->Register("");
+    ASSERT_FALSE(r.ok()) << "token '" << c.token << "' was let in";
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
+    EXPECT_NE(r.status().message().find(c.expect), absl::string_view::npos) << r.status();
+    EXPECT_NE(r.status().message().find(absl::StrCat("pid ", getpid())), absl::string_view::npos)
+        << r.status();
+  }
+  // The refused ones took no place: the job's own worker still gets rank 0.
+  auto own = Client(0);
+  auto welcome = own->Register("");
+  ASSERT_TRUE(welcome.ok()) << welcome.status();
+  EXPECT_EQ(welcome->rank(), 0);
+}
+
+TEST_F(SchedulerTest, ANodeWithATokenIsRefusedByASchedulerWithout) {
+  StartScheduler(1);
+  Options o = options_;
+  o.role = Role::kWorker;
+  o.job_token = "some-token";
+  auto stray = ControlClient::Connect(ctx_, o, {});
+  ASSERT_TRUE(stray.ok()) << stray.status();
+  auto r = (*stray)->Register("");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("has a HYBRIDPS_JOB_TOKEN, but the job of the scheduler"),
+            absl::string_view::npos)
+      << r.status();
 }
 
 TEST_F(SchedulerTest, StartTimeoutSaysWhoIsMissing) {

@@ -564,6 +564,35 @@ def test_local_ranks_exact_sums_and_no_shared_memory_left(job: JobEnv, tmp_path:
     assert_nothing_left(job.marker)
 
 
+def test_a_process_of_another_job_is_refused(job: JobEnv, tmp_path: Path,
+                                            direct: list[DirectJob]) -> None:
+    """A worker started with another job's HYBRIDPS_JOB_TOKEN (a stale process, a second
+    launch on the same port) that reaches this job's scheduler first is refused: it exits
+    with an error naming the token, takes no rank, and the job itself runs."""
+    stray: list[subprocess.CompletedProcess[str]] = []
+
+    def start_stray(port: int) -> None:
+        env = {**job.env, "HYBRIDPS_SCHEDULER_ADDR": "127.0.0.1",
+               "HYBRIDPS_SCHEDULER_PORT": str(port), "HYBRIDPS_NUM_WORKERS": "2",
+               "HYBRIDPS_NUM_SERVERS": "1", "HYBRIDPS_JOB_TOKEN": "another-job",
+               "HYBRIDPS_BACKEND": "dist_hybrid", "HYBRIDPS_ROLE": "worker",
+               "HYBRIDPS_RANK": "0"}
+        stray.append(subprocess.run([str(TEST_WORKER), "--rounds", "3"], env=env,
+                                    stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                    errors="replace", timeout=RUN_TIMEOUT))
+
+    j = DirectJob(job, tmp_path, workers=2, servers=1, worker_args=["--rounds", "3"],
+                  before_workers=start_stray)
+    direct.append(j)
+    out = stray[0].stdout + stray[0].stderr
+    assert stray[0].returncode != 0, out
+    assert "has a different HYBRIDPS_JOB_TOKEN from the job of the scheduler" in out, out
+    assert "round 0 ok" not in out, out
+    assert_every_round_ok(j, workers=2, rounds=3)
+    assert any("refused a registration" in line for line in j.lines("scheduler")), j.text()
+    assert_nothing_left(job.marker)
+
+
 def test_killed_local_rank_fails_its_node_peers(job: JobEnv, tmp_path: Path,
                                                 direct: list[DirectJob]) -> None:
     j = DirectJob(job, tmp_path, workers=4, servers=1,

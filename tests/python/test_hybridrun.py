@@ -247,6 +247,16 @@ def test_success_prefixes_and_environment(standins: Standins) -> None:
     assert not Path(sched["HYBRIDPS_PORT_FILE"]).parent.exists()
 
 
+def test_an_exported_job_token_is_the_jobs(standins: Standins) -> None:
+    # So that processes started by hand with the same export can join the job.
+    code, _, err = standins.run("-np", "2", "--servers", "1",
+                                env={"HYBRIDPS_JOB_TOKEN": "chosen-by-the-user"})
+    assert code == 0, err
+    envs = standins.envs()
+    assert len(envs) == 4
+    assert {e["HYBRIDPS_JOB_TOKEN"] for e in envs.values()} == {"chosen-by-the-user"}
+
+
 def test_worker_failure_stops_job(standins: Standins) -> None:
     code, out, err = standins.run("-np", "3", "--servers", "2",
                                   env={"STANDIN_WORKER_MODE": "fail",
