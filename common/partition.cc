@@ -20,12 +20,17 @@ uint64_t TensorKey(absl::string_view name) {
   return h;
 }
 
-std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
-                                       size_t partition_bytes, int num_servers) {
+namespace {
+
+// PartitionTensor's uniform placement; tensors of at least num_servers * split_per_server
+// bytes are split into a multiple of num_servers partitions.
+std::vector<Partition> PartitionUniform(uint64_t key, size_t count, DType dtype,
+                                        size_t partition_bytes, int num_servers,
+                                        size_t split_per_server) {
   const size_t max_elems = std::max<size_t>(1, partition_bytes / DTypeSize(dtype));
   const size_t servers = static_cast<size_t>(num_servers);
   size_t parts = std::max<size_t>(1, (count + max_elems - 1) / max_elems);
-  if (count * DTypeSize(dtype) >= servers * kSplitBytesPerServer && count >= servers) {
+  if (count * DTypeSize(dtype) >= servers * split_per_server && count >= servers) {
     parts = (parts + servers - 1) / servers * servers;
   }
   const size_t base = count / parts;
@@ -43,6 +48,14 @@ std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
     offset += p.count;
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
+                                       size_t partition_bytes, int num_servers) {
+  return PartitionUniform(key, count, dtype, partition_bytes, num_servers,
+                          kSplitBytesPerServer);
 }
 
 std::vector<Partition> SplitIntoChunks(std::vector<Partition> parts, DType dtype,
@@ -129,7 +142,7 @@ std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
   const size_t max_elems = std::max<size_t>(1, partition_bytes / elem);
   const int servers = placement.num_servers;
   std::vector<Partition> out;
-  if (count * elem >= static_cast<size_t>(servers) * kSplitBytesPerServer) {
+  if (count * elem >= static_cast<size_t>(servers) * kMixedSplitBytesPerServer) {
     // Each server's element count by its share (exact to an element; a key-dependent
     // rotation spreads the rounding), cut into pieces of at most partition_bytes. The
     // pieces are then laid out interleaved: the next piece comes from the server furthest
@@ -176,7 +189,7 @@ std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
     }
     return out;
   }
-  out = PartitionTensor(key, count, dtype, partition_bytes, servers);
+  out = PartitionUniform(key, count, dtype, partition_bytes, servers, kMixedSplitBytesPerServer);
   for (Partition& p : out) {
     const uint64_t h = Mix64(key ^ (0x9e3779b97f4a7c15ull * (p.index + 1)));
     p.server = PickByShare(placement, static_cast<double>(h >> 11) * 0x1.0p-53);
