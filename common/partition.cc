@@ -22,15 +22,15 @@ uint64_t TensorKey(absl::string_view name) {
 
 namespace {
 
-// PartitionTensor's uniform placement; tensors of at least num_servers * split_per_server
-// bytes are split into a multiple of num_servers partitions.
+// PartitionTensor's uniform placement; a tensor of at least split_per_server bytes per
+// server is split into a multiple of num_servers partitions (SIZE_MAX: none is).
 std::vector<Partition> PartitionUniform(uint64_t key, size_t count, DType dtype,
                                         size_t partition_bytes, int num_servers,
                                         size_t split_per_server) {
   const size_t max_elems = std::max<size_t>(1, partition_bytes / DTypeSize(dtype));
   const size_t servers = static_cast<size_t>(num_servers);
   size_t parts = std::max<size_t>(1, (count + max_elems - 1) / max_elems);
-  if (count * DTypeSize(dtype) >= servers * split_per_server && count >= servers) {
+  if (count * DTypeSize(dtype) / servers >= split_per_server && count >= servers) {
     parts = (parts + servers - 1) / servers * servers;
   }
   const size_t base = count / parts;
@@ -142,7 +142,12 @@ std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
   const size_t max_elems = std::max<size_t>(1, partition_bytes / elem);
   const int servers = placement.num_servers;
   std::vector<Partition> out;
-  if (count * elem >= static_cast<size_t>(servers) * kMixedSplitBytesPerServer) {
+  double smallest = 1;  // share of a server that has one
+  for (int s = 0; s < servers; ++s) {
+    const double share = ServerShare(placement, s);
+    if (share > 0) smallest = std::min(smallest, share);
+  }
+  if (static_cast<double>(count * elem) * smallest >= static_cast<double>(kSplitBytesPerServer)) {
     // Each server's element count by its share (exact to an element; a key-dependent
     // rotation spreads the rounding), cut into pieces of at most partition_bytes. The
     // pieces are then laid out interleaved: the next piece comes from the server furthest
@@ -189,7 +194,8 @@ std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
     }
     return out;
   }
-  out = PartitionUniform(key, count, dtype, partition_bytes, servers, kMixedSplitBytesPerServer);
+  // Not split (the shares' pieces would be too small): by hash, weighted by the shares.
+  out = PartitionUniform(key, count, dtype, partition_bytes, servers, SIZE_MAX);
   for (Partition& p : out) {
     const uint64_t h = Mix64(key ^ (0x9e3779b97f4a7c15ull * (p.index + 1)));
     p.server = PickByShare(placement, static_cast<double>(h >> 11) * 0x1.0p-53);

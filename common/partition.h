@@ -23,19 +23,16 @@ struct Partition {
   int server = 0;         // rank of the server that owns it
 };
 
-// A tensor of at least num_servers * kSplitBytesPerServer bytes is split into a multiple
-// of num_servers partitions, so it spreads evenly over every server. Smaller tensors go
-// whole to a server drawn by their hash. 128 KiB: with 256 KiB, ResNet-50's 256 KiB-1 MiB
-// tensors went whole to one server each, leaving the busiest of 4 servers 2.3 % above its
-// share (now 1.0 %, for 1.5 % more requests); on the emulated cluster colocated jobs went
-// from 1.11 to 1.09 times their bound, dedicated ones with 2 servers from 1.16 to 1.12
-// (bench/RESULTS.md, 2026-11-25; 64 KiB made 2 servers slower).
+// A tensor is split over the servers when every server's share of it (ServerShare) would
+// be at least kSplitBytesPerServer bytes: with S even shares, from S * 128 KiB, into a
+// multiple of S partitions. Smaller tensors go whole to a server drawn by their hash.
+// 128 KiB: with 256 KiB, ResNet-50's 256 KiB-1 MiB tensors went whole to one server each,
+// leaving the busiest of 4 servers 2.3 % above its share (now 1.0 %, for 1.5 % more
+// requests); on the emulated cluster colocated jobs went from 1.11 to 1.09 times their
+// bound, dedicated ones with 2 servers from 1.16 to 1.12. 64 KiB spread the bytes as well
+// but made 2 servers, and mixed placements with 2 extra hosts (pieces of 40-60 KiB for
+// the colocated servers' 10 % shares), slower (bench/RESULTS.md, 2026-11-25).
 inline constexpr size_t kSplitBytesPerServer = 128 << 10;
-// The same for mixed placements (extra server hosts, shares by BytePS's optimum). Kept at
-// 256 KiB: 64 KiB evened the bytes out too (ResNet-50 with 2 extra hosts: busiest link
-// 1.042 -> 1.022 of the bound) but cut the smaller shares into pieces of 40-60 KiB, and
-// measured slower (1.21 -> 1.26 times the bound, six runs each).
-inline constexpr size_t kMixedSplitBytesPerServer = 256 << 10;
 
 // Splits `count` elements of `dtype` into P = ceil(bytes / partition_bytes) partitions
 // (rounded up to a multiple of num_servers for tensors large enough, see above) of nearly
@@ -76,8 +73,8 @@ double MixedExtraShare(int colocated, int extra);
 double ServerShare(const ServerPlacement& placement, int server);
 
 // As above, with the servers weighted by ServerShare. extra_servers == 0 gives exactly
-// the uniform placement above. Otherwise a tensor of at least
-// num_servers * kMixedSplitBytesPerServer bytes gives each server a number of elements in
+// the uniform placement above. Otherwise a tensor large enough to split (every server's
+// share at least kSplitBytesPerServer) gives each server a number of elements in
 // proportion to its share (exact to an element), in pieces of at most partition_bytes
 // laid out interleaved (the next piece belongs to the server furthest behind its share),
 // so a worker pushing the tensor in order keeps every server busy; smaller tensors put

@@ -127,9 +127,9 @@ TEST(Placement, BalancedForResNet50LikeModel) {
 // against the bound's. Colocated or dedicated (4 servers): the busiest server's share
 // times 4 (1.023 for ResNet-50 when only tensors of 4 x 256 KiB were split; now 1.010).
 // Mixed (k extra server hosts): a worker host sends its share of the others' replies and
-// what its own server does not keep, an extra host sends n times its share (ResNet-50:
-// 1.028 and 1.042, from its tensors under (n + k) x 256 KiB placed whole, see
-// kMixedSplitBytesPerServer).
+// what its own server does not keep, an extra host sends n times its share (ResNet-50,
+// k = 1: 1.028 when only tensors of 5 x 256 KiB were split, now 1.010; k = 2: 1.042, its
+// tensors under 1.25 MiB would give the 10 % shares pieces under 128 KiB).
 TEST(Placement, RealModelsLoadTheBusiestLinkNearTheBound) {
   const int n = 4;
   for (const char* model : {"resnet50", "vgg16"}) {
@@ -158,7 +158,7 @@ TEST(Placement, RealModelsLoadTheBusiestLinkNearTheBound) {
         }
         bound = 2.0 * n * (n - 1) / (n * n + k * n - 2 * k);
       }
-      EXPECT_LT(busiest / bound, k == 0 ? 1.015 : 1.05) << model << ", k = " << k;
+      EXPECT_LT(busiest / bound, k < 2 ? 1.015 : 1.05) << model << ", k = " << k;
     }
   }
 }
