@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/partition.h"
 #include "common/status.h"
 
 namespace hybridps {
@@ -97,17 +98,9 @@ std::string Options::SchedulerEndpoint() const {
 
 std::string Options::JobTokenDigest() const {
   if (job_token.empty()) return "";
-  // FNV-1a over a fixed prefix and the token, then a 64-bit finaliser (splitmix64):
-  // the same in every process and build, and it does not give the token away.
-  uint64_t h = 1469598103934665603ull;
-  for (char c : absl::StrCat("hybridps job token\n", job_token)) {
-    h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  }
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
-  h ^= h >> 31;
+  // The project's stable 64-bit string hash, over a fixed prefix and the token: the same
+  // in every process and build, and it does not give the token away.
+  const uint64_t h = TensorKey(absl::StrCat("hybridps job token\n", job_token));
   return absl::StrCat(absl::Hex(h, absl::kZeroPad16));
 }
 

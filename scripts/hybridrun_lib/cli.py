@@ -215,11 +215,11 @@ def multi_host(args: argparse.Namespace) -> tuple[MultiHost, Host] | None:
     return MultiHost(placement, by_name), Host("localhost", address)
 
 
-
 def job_token(environ: Mapping[str, str]) -> str:
     """The job's HYBRIDPS_JOB_TOKEN: the one exported to hybridrun (so that processes
     started by hand can join with it), else a new random one."""
     return environ.get("HYBRIDPS_JOB_TOKEN") or secrets.token_hex(16)
+
 
 def make_plan(args: argparse.Namespace, repo_root: Path, port_file: str) -> JobPlan:
     """Build the job plan; raises BinaryNotFoundError and SetupError."""
