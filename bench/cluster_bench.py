@@ -83,19 +83,34 @@ def configs_for(n: int) -> list[Config]:
 
 
 class Cluster:
-    def __init__(self, hosts: int, bandwidth: str, prefix: str) -> None:
+    def __init__(self, hosts: int, bandwidth: str, prefix: str,
+                 sysctls: list[str] | None = None) -> None:
         self.hosts = [f"{prefix}-h{i}" for i in range(hosts)]
         self.prefix, self.bandwidth = prefix, bandwidth
+        self.sysctls = sysctls or []
         self.iface = f"{prefix}-net"
 
     def __enter__(self) -> Cluster:
         subprocess.run([str(EMULATED), "up", "--hosts", str(len(self.hosts)),
                         "--bandwidth", self.bandwidth, "--prefix", self.prefix,
-                        "--subnet", "10.213.9"], check=True, timeout=120)
+                        "--subnet", "10.213.9"]
+                       + [a for s in self.sysctls for a in ("--sysctl", s)],
+                       check=True, timeout=120)
         return self
 
     def __exit__(self, *exc: object) -> None:
         subprocess.run([str(EMULATED), "down", "--prefix", self.prefix], timeout=120)
+
+    def forget_tcp_metrics(self) -> None:
+        """Every host forgets what its TCP learned about its peers (ssthresh, RTT).
+
+        Linux keeps such metrics per destination and starts new connections from them, so
+        without this a job inherits the congestion of the jobs before it: under CUBIC a
+        mixed job at the end of the table read 1.41 times its bound, 1.09 on fresh hosts.
+        """
+        for host in self.hosts:
+            subprocess.run(["ip", "netns", "exec", host, "ip", "tcp_metrics", "flush", "all"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
 
     def iperf_bytes_per_s(self, seconds: int = 4) -> float:
         """Goodput of one TCP stream from host 1 to host 0 (bytes/s)."""
@@ -153,6 +168,11 @@ def main() -> int:
     parser.add_argument("--out", default=str(REPO / "bench" / "cluster_results"))
     parser.add_argument("--prefix", default="hpb")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--keep-tcp-metrics", action="store_true",
+                        help="do not flush the hosts' TCP metrics before each job")
+    parser.add_argument("--sysctl", action="append", default=[], metavar="KEY=VALUE",
+                        help="set in every emulated host (repeatable), e.g. "
+                             "net.ipv4.tcp_congestion_control=cubic")
     parser.add_argument("--report-only", action="store_true",
                         help="redo <out>/cluster.md and cluster.png from <out>/cluster.csv "
                              "(e.g. after merging runs); run nothing")
@@ -175,7 +195,8 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("HYBRIDPS_")
            or k in ("HYBRIDPS_CREDIT_BYTES", "HYBRIDPS_WIRE_CHUNK_BYTES",
-                    "HYBRIDPS_BURST_GATHER_US", "HYBRIDPS_SERVER_WINDOW_BYTES")}
+                    "HYBRIDPS_BURST_GATHER_US", "HYBRIDPS_SERVER_WINDOW_BYTES",
+                    "HYBRIDPS_MAX_SERVER_LANES")}
     # Generous liveness: on a loaded 2-core machine a saturated worker's heartbeats can
     # be late by seconds (a 5 s timeout ended a VGG-16 run with n = 4).
     env.update(HYBRIDPS_TIMEOUT_MS="600000", HYBRIDPS_START_TIMEOUT_MS="60000",
@@ -187,7 +208,7 @@ def main() -> int:
     load_before = os.getloadavg()
     rows: list[dict] = []
     failed: list[str] = []
-    with Cluster(2 * max(ns), args.bandwidth, args.prefix) as cluster:
+    with Cluster(2 * max(ns), args.bandwidth, args.prefix, args.sysctl) as cluster:
         bw = statistics.median(cluster.iperf_bytes_per_s() for _ in range(3))
         print(f"# link goodput (iperf3, one stream, median of 3): {bw * 8 / 1e9:.3f} Gbit/s "
               f"(tc rate {args.bandwidth}); load average before: {load_before[0]:.2f}",
@@ -197,6 +218,8 @@ def main() -> int:
                 for cfg in configs_for(n):
                     if only and cfg.name not in only:
                         continue
+                    if not args.keep_tcp_metrics:
+                        cluster.forget_tcp_metrics()
                     try:
                         fields = run_job(cluster, cfg, n, model, args.iters,
                                          Path(args.build), args.timeout, env)

@@ -54,6 +54,9 @@ absl::Status Options::Validate() const {
   }
   if (server_threads < 0 || server_threads > 256) return bad("server_threads", server_threads);
   if (credit_bytes < 1) return bad("credit_bytes", credit_bytes);
+  if (max_server_lanes < 1 || max_server_lanes > 16) {
+    return bad("max_server_lanes (1..16)", max_server_lanes);
+  }
   if (server_window_patience <= absl::ZeroDuration()) {
     return bad("server_window_patience", server_window_patience);
   }
@@ -235,6 +238,7 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_SERVER_THREADS", &o.server_threads));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_CREDIT_BYTES", &o.credit_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_SERVER_WINDOW_BYTES", &o.server_window_bytes));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_MAX_SERVER_LANES", &o.max_server_lanes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_MAX_MESSAGE_BYTES", &o.max_message_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOG_LEVEL", &o.log_level));
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_HEARTBEAT_INTERVAL_MS", &o.heartbeat_interval));

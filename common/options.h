@@ -106,6 +106,15 @@ struct Options {
   // different orders cannot hold each other up. Large enough to cover a server's
   // bandwidth times its round time; raise it on fast networks.
   size_t server_window_bytes = 4 << 20;
+  // HYBRIDPS_MAX_SERVER_LANES: TCP connections a worker opens to one server (1..16). A
+  // server gets its byte share (partition.h's ServerShare) over the smallest server's
+  // share, rounded, connections, at most this many; its window above grows with them.
+  // TCP divides a congested link between connections, not bytes: with one connection
+  // each, the mixed placement's extra servers, which should get 2-3 times a colocated
+  // server's bytes, got an equal share of every worker's uplink and ran 1.4 times their
+  // bound under CUBIC (bench/RESULTS.md). A partition always uses the same connection, so
+  // its rounds stay in order. Even placements (colocated, dedicated) use one connection.
+  int max_server_lanes = 4;
   // A partition held by a window goes anyway once nothing was sent for this long (a
   // safety net: the shared order already rules out waiting on each other). Not read from
   // the environment.

@@ -94,6 +94,16 @@ double ServerShare(const ServerPlacement& placement, int server) {
   return server >= n ? f / k : (1 - f) / n;
 }
 
+int ServerLanes(const ServerPlacement& placement, int server, int max_lanes) {
+  double smallest = 1;
+  for (int s = 0; s < placement.num_servers; ++s) {
+    const double share = ServerShare(placement, s);
+    if (share > 0) smallest = std::min(smallest, share);
+  }
+  const double lanes = std::round(ServerShare(placement, server) / smallest);
+  return static_cast<int>(std::clamp(lanes, 1.0, static_cast<double>(std::max(1, max_lanes))));
+}
+
 namespace {
 
 // Cuts `count` elements starting at `offset` into ceil(bytes / partition_bytes) pieces

@@ -72,6 +72,12 @@ double MixedExtraShare(int colocated, int extra);
 // Share of the bytes server `server` should own under `placement` (sums to 1).
 double ServerShare(const ServerPlacement& placement, int server);
 
+// Connections a worker opens to `server` (Options::max_server_lanes): its ServerShare over
+// the smallest positive share, rounded, in [1, max_lanes]. TCP shares a congested link
+// per connection, so connections in proportion to bytes give every server the share of
+// the workers' links its bytes need.
+int ServerLanes(const ServerPlacement& placement, int server, int max_lanes);
+
 // As above, with the servers weighted by ServerShare. extra_servers == 0 gives exactly
 // the uniform placement above. Otherwise a tensor large enough to split (every server's
 // share at least kSplitBytesPerServer) gives each server a number of elements in

@@ -25,6 +25,7 @@ struct PsStore::Op {
   uint64_t seq = 0;
   absl::Time deadline;
   std::vector<Partition> parts;
+  std::vector<uint32_t> lanes;   // per partition: its data connection (AssignLanes)
   std::vector<uint64_t> rounds;  // per partition, set when activated
   size_t remaining = 0;          // partitions not yet finished
   std::atomic<int> zc_pending{0};  // payload frames ZeroMQ has not released yet
@@ -78,28 +79,40 @@ absl::Status PsStore::Start() {
   unanswered_.assign(num_servers_, 0);
   unanswered_order_.assign(num_servers_, {});
   for (int i = 0; i < num_servers_; ++i) pushes_per_server_[i] = 0;
-  // Connect to every server and complete the handshake before the first operation.
+  // Connect to every server, over as many connections (lanes) as its byte share calls
+  // for, and complete the handshakes before the first operation.
   Poller poller;
-  for (int i = 0; i < num_servers_; ++i) {
-    ASSIGN_OR_RETURN(auto sock,
-                     Socket::Create(*ctx_, SocketType::kDealer, options_.max_message_bytes));
-    RETURN_IF_ERROR(sock->Connect(servers_[i].endpoint()));
-    inproc_.push_back(absl::StartsWith(servers_[i].endpoint(), "inproc://"));
-    // Servers count pushes per node: a node introduces itself by its node index.
-    Message hello = Encode("", MakeHello(Role::kWorker, layout_.node));
-    RETURN_IF_ERROR(sock->Send(hello));
-    poller.Add(sock.get());
-    data_.push_back(std::move(sock));
+  const ServerPlacement placement{num_servers_, options_.extra_servers};
+  for (int s = 0; s < num_servers_; ++s) {
+    const bool tcp = absl::StartsWith(servers_[s].endpoint(), "tcp://");
+    inproc_.push_back(absl::StartsWith(servers_[s].endpoint(), "inproc://"));
+    lane_first_.push_back(static_cast<int>(data_.size()));
+    lane_count_.push_back(tcp ? ServerLanes(placement, s, options_.max_server_lanes) : 1);
+    for (int l = 0; l < lane_count_[s]; ++l) {
+      ASSIGN_OR_RETURN(auto sock,
+                       Socket::Create(*ctx_, SocketType::kDealer, options_.max_message_bytes));
+      RETURN_IF_ERROR(sock->Connect(servers_[s].endpoint()));
+      // Servers count pushes per node: a node introduces itself by its node index.
+      Message hello = Encode("", MakeHello(Role::kWorker, layout_.node));
+      RETURN_IF_ERROR(sock->Send(hello));
+      poller.Add(sock.get());
+      data_.push_back(std::move(sock));
+      lane_server_.push_back(s);
+    }
   }
-  std::vector<bool> acked(num_servers_, false);
-  int pending = num_servers_;
+  pushes_per_lane_.reset(new std::atomic<uint64_t>[data_.size()]);
+  for (size_t i = 0; i < data_.size(); ++i) pushes_per_lane_[i] = 0;
+  std::vector<bool> acked(data_.size(), false);
+  size_t pending = data_.size();
   const absl::Time deadline = absl::Now() + options_.start_timeout;
   while (pending > 0) {
     absl::Time now = absl::Now();
     if (now >= deadline) {
       std::vector<std::string> missing;
-      for (int i = 0; i < num_servers_; ++i) {
-        if (!acked[i]) missing.push_back(absl::StrCat(i, " (", servers_[i].endpoint(), ")"));
+      for (int s = 0; s < num_servers_; ++s) {
+        bool all = true;
+        for (int l = 0; l < lane_count_[s]; ++l) all = all && acked[lane_first_[s] + l];
+        if (!all) missing.push_back(absl::StrCat(s, " (", servers_[s].endpoint(), ")"));
       }
       return absl::DeadlineExceededError(absl::StrCat(
           "no handshake from servers ", absl::StrJoin(missing, ", "), " within ",
@@ -107,14 +120,15 @@ absl::Status PsStore::Start() {
     }
     ASSIGN_OR_RETURN(int n, poller.Poll(deadline - now));
     if (n == 0) continue;
-    for (int i = 0; i < num_servers_; ++i) {
-      if (!poller.Readable(i)) continue;
+    for (size_t i = 0; i < data_.size(); ++i) {
+      if (!poller.Readable(static_cast<int>(i))) continue;
       ASSIGN_OR_RETURN(auto msg, data_[i]->TryRecv());
       if (!msg) continue;
       ASSIGN_OR_RETURN(Decoded d, Decode(std::move(*msg), false));
+      const int s = lane_server_[i];
       if (d.env.body_case() == wire::Envelope::kError) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "server ", i, " (", servers_[i].endpoint(), ") refused the handshake: ",
+            "server ", s, " (", servers_[s].endpoint(), ") refused the handshake: ",
             d.env.error().message()));
       }
       if (d.env.body_case() == wire::Envelope::kHelloAck && !acked[i]) {
@@ -192,6 +206,7 @@ absl::StatusOr<Handle> PsStore::PushPullAsync(absl::string_view name, TensorView
 absl::StatusOr<Handle> PsStore::Submit(std::shared_ptr<Op> op) {
   op->key = TensorKey(op->name);
   op->parts = Place(op->key, op->in.count, op->in.dtype);
+  op->lanes = AssignLanes(op->key, op->parts);
   op->remaining = op->parts.size();
   op->deadline = absl::Now() + options_.op_timeout;
   Handle h(op->handle);
@@ -248,6 +263,26 @@ std::vector<uint64_t> PsStore::PushesPerServer() const {
   return v;
 }
 
+std::vector<uint32_t> PsStore::AssignLanes(uint64_t key,
+                                           const std::vector<Partition>& parts) const {
+  std::vector<uint32_t> lanes(parts.size());
+  std::vector<uint64_t> next(num_servers_, key);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int s = parts[i].server;
+    lanes[i] = static_cast<uint32_t>(lane_first_[s]) +
+               static_cast<uint32_t>(next[s]++ % static_cast<uint64_t>(lane_count_[s]));
+  }
+  return lanes;
+}
+
+std::vector<std::vector<uint64_t>> PsStore::PushesPerLane() const {
+  std::vector<std::vector<uint64_t>> v(num_servers_);
+  for (int s = 0; s < num_servers_; ++s) {
+    for (int l = 0; l < lane_count_[s]; ++l) v[s].push_back(pushes_per_lane_[lane_first_[s] + l]);
+  }
+  return v;
+}
+
 void PsStore::IoLoop() {
   PollSpin spin(options_.spin);
   while (!io_exit_.load()) {
@@ -283,7 +318,7 @@ void PsStore::IoLoop() {
       while (data_[i]) {
         auto msg = data_[i]->TryRecv();
         if (!msg.ok() || !*msg) break;
-        HandleReply(static_cast<int>(i), std::move(**msg));
+        HandleReply(lane_server_[i], std::move(**msg));
       }
     }
     if (poller.Readable(ctl_idx)) control_->OnReadable();
@@ -456,7 +491,7 @@ void PsStore::Dispatch() {
     const Partition& part = op->parts[t.part];
     const size_t es = DTypeSize(op->in.dtype);
     const size_t bytes = part.count * es;
-    const size_t window = options_.server_window_bytes;
+    const size_t window = options_.server_window_bytes * lane_count_[part.server];
     const GlobalOrder order{-static_cast<int64_t>(t.priority), op->key, part.index};
     // The window counts the unanswered pushes to this server that come before this
     // partition in the order every worker shares. Pushes after it (sent early, e.g. the
@@ -513,7 +548,8 @@ void PsStore::Dispatch() {
                         new SendHint{active_.at(op->seq), credits_, bytes});
       }
     }
-    Socket* sock = data_[part.server].get();
+    const size_t lane = op->lanes[t.part];
+    Socket* sock = data_[lane].get();
     Message msg = Encode("", env, std::move(payload));
     absl::Status s = sock ? sock->Send(msg) : broken_;
     if (!s.ok()) {
@@ -528,6 +564,7 @@ void PsStore::Dispatch() {
     }
     if (!t.fail.empty()) continue;  // its answer is the failure every node gets
     pushes_per_server_[part.server].fetch_add(1, std::memory_order_relaxed);
+    pushes_per_lane_[lane].fetch_add(1, std::memory_order_relaxed);
     const size_t pushed = pushes_data ? bytes : 0;
     if (pushed > 0) {
       unanswered_[part.server] += pushed;

@@ -62,6 +62,9 @@ class PsStore : public KVStore {
 
   // Partitions per server dispatched so far (tests check placement and one push per node).
   std::vector<uint64_t> PushesPerServer() const;
+  // The same per data connection: element l of server s's vector counts its lane l
+  // (Options::max_server_lanes).
+  std::vector<std::vector<uint64_t>> PushesPerLane() const;
   // The most payload bytes this worker has had pushed to one server and unanswered.
   size_t MaxUnansweredBytes() const { return max_unanswered_.load(); }
   // Where this worker sits (its node, the node's local ranks).
@@ -139,6 +142,11 @@ class PsStore : public KVStore {
   size_t UnansweredBefore(int server, const GlobalOrder& order, size_t cap) const;
   bool HasCredit(size_t bytes);
   void HandleReply(int server, Message msg);
+  // The data connection (index into data_) of every partition of tensor `key`: a
+  // tensor's partitions for one server take that server's lanes in turn, starting at one
+  // drawn from the key (so one-partition tensors spread too). The same for every round of
+  // the tensor, so a partition's rounds reach its server in order.
+  std::vector<uint32_t> AssignLanes(uint64_t key, const std::vector<Partition>& parts) const;
   void FinishPart(Op* op, const absl::Status& status);
   void MaybeComplete(Op* op);
   void CheckDeadlines(absl::Time now);
@@ -175,7 +183,10 @@ class PsStore : public KVStore {
 
   // I/O thread only.
   std::unique_ptr<ControlClient> control_;
-  std::vector<std::unique_ptr<Socket>> data_;  // by server rank
+  // The data connections: server s's lanes are data_[lane_first_[s]] and the
+  // lane_count_[s] - 1 after it (Options::max_server_lanes); lane_server_ maps back.
+  std::vector<std::unique_ptr<Socket>> data_;
+  std::vector<int> lane_first_, lane_count_, lane_server_;
   std::vector<bool> inproc_;                   // by server rank: payloads are copied
   std::map<uint64_t, std::shared_ptr<Op>> active_;  // by seq: submission (= deadline) order
   absl::flat_hash_map<uint64_t, std::deque<std::shared_ptr<Op>>> per_key_;
@@ -198,6 +209,7 @@ class PsStore : public KVStore {
   std::vector<std::shared_ptr<Op>> failing_;  // failed ops waiting for ZeroMQ to release their payloads
   absl::Time broken_at_ = absl::InfiniteFuture();
   std::unique_ptr<std::atomic<uint64_t>[]> pushes_per_server_;
+  std::unique_ptr<std::atomic<uint64_t>[]> pushes_per_lane_;  // by data_ index
   absl::flat_hash_map<uint64_t, ServerCall> server_calls_;  // by request id
 
   std::atomic<bool> one_server_per_tensor_{false};

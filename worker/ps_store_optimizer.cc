@@ -200,7 +200,10 @@ absl::StatusOr<std::vector<wire::OptimizerResponse>> PsStore::CallServers(
         if (--st->pending == 0) st->done.Notify();
       };
       const int server = requests[i].first;
-      Socket* sock = data_[server].get();
+      // A server's first connection. The calls that come here (SetOptimizer, saving and
+      // loading state) are made between steps, after the pushes they depend on returned;
+      // the other lanes give no order against them (Options::max_server_lanes).
+      Socket* sock = data_[lane_first_[server]].get();
       if (!broken_.ok() || sock == nullptr) {
         done(broken_.ok() ? absl::UnavailableError("no connection") : broken_);
         continue;

@@ -359,5 +359,58 @@ TEST(ServerWindow, PushesSentAheadOfTheSharedOrderDoNotHoldUpEarlierOnes) {
   EXPECT_EQ(ps->MaxUnansweredBytes(), 2 * c.server_window_bytes);
 }
 
+// Mixed placement over tcp: 2 worker hosts with a server each and one extra server, which
+// owns half the bytes (a colocated one a quarter), so every worker opens 2 connections to
+// it. Exact sums over rounds, and both of its connections carry pushes; with
+// max_server_lanes = 1 there is one connection per server.
+TEST(ServerLanes, TheExtraServerOfAMixedPlacementGetsTwoConnections) {
+  for (int max_lanes : {4, 1}) {
+    ClusterConfig c;
+    c.workers = 2;
+    c.servers = 3;
+    c.transport = "tcp";
+    c.deployment = "mixed";
+    c.extra_servers = 1;
+    c.max_server_lanes = max_lanes;
+    auto cluster = LocalCluster::Start(c);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    constexpr size_t kBig = (3 << 20) / sizeof(float), kSmall = 1000;
+    constexpr int kRounds = 3, kSmallTensors = 24;
+    (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
+      for (int round = 0; round < kRounds; ++round) {
+        std::vector<Buffer> bufs;
+        bufs.emplace_back(DType::kFloat32, kBig);
+        for (int i = 0; i < kSmallTensors; ++i) bufs.emplace_back(DType::kFloat32, kSmall);
+        std::vector<Handle> handles;
+        for (size_t i = 0; i < bufs.size(); ++i) {
+          bufs[i].Fill(rank, round, static_cast<int>(i));
+          auto h = kv->PushPullAsync(absl::StrCat("lane", i), bufs[i].view(), bufs[i].view(),
+                                     -static_cast<int>(i));
+          ASSERT_TRUE(h.ok()) << h.status();
+          handles.push_back(*h);
+        }
+        for (size_t i = 0; i < bufs.size(); ++i) {
+          ASSERT_TRUE(handles[i].Wait().ok()) << handles[i].Wait();
+          for (size_t k = 0; k < bufs[i].count; k += 13) {
+            ASSERT_EQ(bufs[i].at(k), Value(k, 0, round, static_cast<int>(i)) +
+                                         Value(k, 1, round, static_cast<int>(i)))
+                << "tensor " << i << " element " << k << " round " << round;
+          }
+        }
+      }
+    });
+    for (int w = 0; w < 2; ++w) {
+      auto* ps = dynamic_cast<PsStore*>((*cluster)->worker(w));
+      ASSERT_NE(ps, nullptr);
+      const auto lanes = ps->PushesPerLane();
+      ASSERT_EQ(lanes.size(), 3u);
+      EXPECT_EQ(lanes[0].size(), 1u);
+      EXPECT_EQ(lanes[1].size(), 1u);
+      ASSERT_EQ(lanes[2].size(), max_lanes > 1 ? 2u : 1u) << "worker " << w;
+      for (uint64_t pushes : lanes[2]) EXPECT_GT(pushes, 0u) << "worker " << w;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hybridps::testing

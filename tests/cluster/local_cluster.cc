@@ -25,6 +25,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterC
   o.server_window_bytes = c.server_window_bytes;
   o.server_window_patience = c.server_window_patience;
   o.burst_gather = c.burst_gather;
+  o.deployment = c.deployment;
+  o.extra_servers = c.extra_servers;
+  o.max_server_lanes = c.max_server_lanes;
   o.server_threads = c.server_threads;
   o.heartbeat_interval = c.heartbeat_interval;
   o.heartbeat_timeout = c.heartbeat_timeout;

@@ -38,6 +38,10 @@ struct ClusterConfig {
   size_t server_window_bytes = Options().server_window_bytes;
   absl::Duration server_window_patience = Options().server_window_patience;
   absl::Duration burst_gather = Options().burst_gather;
+  // Key placement (Options::deployment, extra_servers) and connections per server.
+  std::string deployment = "colocated";
+  int extra_servers = 0;
+  int max_server_lanes = Options().max_server_lanes;
   int server_threads = 2;
   absl::Duration heartbeat_interval = absl::Milliseconds(100);
   absl::Duration heartbeat_timeout = absl::Seconds(2);  // 1 s once flagged a thread stalled by load

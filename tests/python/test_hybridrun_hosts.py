@@ -432,3 +432,27 @@ def test_emulated_cluster_shapes_both_directions_and_always_cleans_up() -> None:
     finally:
         subprocess.run([str(EMULATED_CLUSTER), "down", "--prefix", prefix],
                        capture_output=True, timeout=60)
+
+
+@needs_netns
+def test_emulated_cluster_sets_sysctls_in_every_host() -> None:
+    prefix = f"s{os.getpid() % 100000}"
+    # The opposite of the kernel's default in every host, read back inside each.
+    script = (f"for h in {prefix}-h0 {prefix}-h1; do "
+              "ip netns exec $h sysctl -n net.ipv4.tcp_slow_start_after_idle; done")
+    done = subprocess.run(
+        [str(EMULATED_CLUSTER), "run", "--hosts", "2", "--bandwidth", "none",
+         "--prefix", prefix, "--subnet", f"10.216.{os.getpid() % 250}",
+         "--sysctl", "net.ipv4.tcp_slow_start_after_idle=0", "--", "sh", "-c", script],
+        capture_output=True, text=True, timeout=60)
+    try:
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["0", "0"], done.stdout
+        bad = subprocess.run([str(EMULATED_CLUSTER), "up", "--prefix", prefix,
+                              "--sysctl", "no-equals-sign"],
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2
+        assert "--sysctl wants KEY=VALUE, not 'no-equals-sign'" in bad.stderr
+    finally:
+        subprocess.run([str(EMULATED_CLUSTER), "down", "--prefix", prefix],
+                       capture_output=True, timeout=60)

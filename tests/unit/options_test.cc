@@ -13,6 +13,7 @@ class OptionsTest : public ::testing::Test {
                           "HYBRIDPS_PARTITION_BYTES", "HYBRIDPS_WIRE_CHUNK_BYTES",
                           "HYBRIDPS_LOCAL_INLINE_BYTES", "HYBRIDPS_BURST_GATHER_US",
                           "HYBRIDPS_SPIN_US", "HYBRIDPS_SERVER_WINDOW_BYTES",
+                          "HYBRIDPS_MAX_SERVER_LANES",
                           "HYBRIDPS_TIMEOUT_MS", "HYBRIDPS_RANK",
                           "HYBRIDPS_BACKEND", "HYBRIDPS_SCHEDULER_PORT",
                           "HYBRIDPS_HEARTBEAT_TIMEOUT_MS", "HYBRIDPS_FUSION_BYTES",
@@ -35,6 +36,7 @@ TEST_F(OptionsTest, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(o->partition_bytes, 4u << 20);
   EXPECT_EQ(o->wire_chunk_bytes, 256u << 10);
   EXPECT_EQ(o->server_window_bytes, 4u << 20);
+  EXPECT_EQ(o->max_server_lanes, 4);
   EXPECT_EQ(o->local_inline_bytes, 1u << 20);
   EXPECT_EQ(o->credit_bytes, 16u << 20);
   EXPECT_EQ(o->burst_gather, absl::Microseconds(200));
@@ -53,6 +55,7 @@ TEST_F(OptionsTest, ReadsVariables) {
   setenv("HYBRIDPS_BURST_GATHER_US", "0", 1);
   setenv("HYBRIDPS_SPIN_US", "150", 1);
   setenv("HYBRIDPS_SERVER_WINDOW_BYTES", "0", 1);
+  setenv("HYBRIDPS_MAX_SERVER_LANES", "1", 1);
   setenv("HYBRIDPS_TIMEOUT_MS", "2500", 1);
   setenv("HYBRIDPS_RANK", "2", 1);
   setenv("HYBRIDPS_SCHEDULER_PORT", "9000", 1);
@@ -67,6 +70,7 @@ TEST_F(OptionsTest, ReadsVariables) {
   EXPECT_EQ(o->burst_gather, absl::ZeroDuration());
   EXPECT_EQ(o->spin, absl::Microseconds(150));
   EXPECT_EQ(o->server_window_bytes, 0u);
+  EXPECT_EQ(o->max_server_lanes, 1);
   EXPECT_EQ(o->op_timeout, absl::Milliseconds(2500));
   EXPECT_EQ(o->rank, 2);
   EXPECT_EQ(o->SchedulerEndpoint(), "tcp://127.0.0.1:9000");
@@ -91,6 +95,11 @@ TEST_F(OptionsTest, BadValuesNameTheVariable) {
   ASSERT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find("wire_chunk_bytes"), absl::string_view::npos);
   unsetenv("HYBRIDPS_WIRE_CHUNK_BYTES");
+  setenv("HYBRIDPS_MAX_SERVER_LANES", "0", 1);  // at least one connection
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("max_server_lanes"), absl::string_view::npos);
+  unsetenv("HYBRIDPS_MAX_SERVER_LANES");
   setenv("HYBRIDPS_SPIN_US", "20000", 1);  // above 10 ms
   o = OptionsFromEnvironment();
   ASSERT_FALSE(o.ok());

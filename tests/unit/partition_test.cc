@@ -87,6 +87,28 @@ TEST(Partition, ConsecutivePartitionsGoToConsecutiveServers) {
 // Bytes per server for a ResNet-50-like list of tensors (161 tensors, 25.6 M float32
 // parameters) with 4 MiB partitions stay within 10% of the mean; many equal small
 // tensors spread by hash within 15%.
+// Connections per server follow the byte shares: one each for even placements, 2 for the
+// extra server of 4 worker hosts + 1 (1/3 of the bytes against 1/6), 3 for each of 2
+// extra ones (0.3 against 0.1), capped by max_lanes; a server with no bytes gets one.
+TEST(Placement, ServerLanesFollowTheShares) {
+  for (int s = 0; s < 4; ++s) EXPECT_EQ(ServerLanes(ServerPlacement{4, 0}, s, 4), 1);
+  const ServerPlacement one_extra{5, 1}, two_extra{6, 2};
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_EQ(ServerLanes(one_extra, s, 4), 1) << "colocated server " << s;
+    EXPECT_EQ(ServerLanes(two_extra, s, 4), 1) << "colocated server " << s;
+  }
+  EXPECT_EQ(ServerLanes(one_extra, 4, 4), 2);
+  EXPECT_EQ(ServerLanes(two_extra, 4, 4), 3);
+  EXPECT_EQ(ServerLanes(two_extra, 5, 4), 3);
+  EXPECT_EQ(ServerLanes(two_extra, 5, 2), 2);  // capped
+  EXPECT_EQ(ServerLanes(two_extra, 5, 1), 1);  // lanes off
+  // 2 worker hosts + 2 extra: the extra servers get every byte, the colocated ones none.
+  const ServerPlacement all_extra{4, 2};
+  EXPECT_EQ(ServerShare(all_extra, 0), 0.0);
+  EXPECT_EQ(ServerLanes(all_extra, 0, 4), 1);
+  EXPECT_EQ(ServerLanes(all_extra, 2, 4), 1);
+}
+
 TEST(Placement, BalancedForResNet50LikeModel) {
   std::vector<size_t> sizes;
   const size_t conv[] = {9408,   4096,   36864,  16384,  16384,  65536,  147456, 32768,
