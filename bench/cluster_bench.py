@@ -267,10 +267,23 @@ def report(rows: list[dict], out: Path, args: argparse.Namespace, load: float) -
     plot(rows, out / "cluster.png", args.bandwidth)
 
 
+def congestion_control(args: argparse.Namespace) -> str:
+    """What the emulated hosts ran: a --sysctl setting, else this machine's."""
+    for s in args.sysctl:
+        key, _, value = s.partition("=")
+        if key.strip() == "net.ipv4.tcp_congestion_control":
+            return value.strip()
+    try:
+        return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
 def tables(rows: list[dict], bw: float, args: argparse.Namespace, load: float) -> str:
     lines = [f"Links: tc rate {args.bandwidth} per direction, iperf3 goodput "
              f"{bw * 8 / 1e9:.3f} Gbit/s (B in the bounds); iterations: {args.iters} timed "
-             f"after 1 warmup, median; load average at start {load:.2f}.", "",
+             f"after 1 warmup, median; load average at start {load:.2f}; hosts' TCP "
+             f"congestion control: {congestion_control(args)}.", "",
              "| model | n | configuration | servers | measured (ms) | bound (ms) | "
              "measured / bound | bound with even placement (ms) |",
              "|---|---|---|---|---|---|---|---|"]
