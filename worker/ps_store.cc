@@ -491,7 +491,7 @@ void PsStore::Dispatch() {
     const Partition& part = op->parts[t.part];
     const size_t es = DTypeSize(op->in.dtype);
     const size_t bytes = part.count * es;
-    const size_t window = options_.server_window_bytes * lane_count_[part.server];
+    const size_t window = options_.server_window_bytes;
     const GlobalOrder order{-static_cast<int64_t>(t.priority), op->key, part.index};
     // The window counts the unanswered pushes to this server that come before this
     // partition in the order every worker shares. Pushes after it (sent early, e.g. the
