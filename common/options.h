@@ -108,16 +108,15 @@ struct Options {
   size_t server_window_bytes = 4 << 20;
   // HYBRIDPS_MAX_SERVER_LANES: TCP connections a worker opens to one server (1..16). A
   // server gets its byte share (partition.h's ServerShare) over the smallest server's
-  // share, rounded, connections, at most this many. The window above stays per server:
-  // every server's downlink takes the same bytes per second whatever its connections, and
-  // scaling the window with them let the workers run 2x further apart at the extra servers
-  // of a mixed job (the answers there started ~1 s late; 1.30 -> 1.09 times the bound
-  // without, bench/RESULTS.md).
-  // TCP divides a congested link between connections, not bytes: with one connection
-  // each, the mixed placement's extra servers, which should get 2-3 times a colocated
-  // server's bytes, got an equal share of every worker's uplink and ran 1.4 times their
-  // bound under CUBIC (bench/RESULTS.md). A partition always uses the same connection, so
-  // its rounds stay in order. Even placements (colocated, dedicated) use one connection.
+  // share, rounded, connections, at most this many; even placements (colocated,
+  // dedicated) use one. TCP divides a congested link between connections, not bytes: with
+  // one connection each, the mixed placement's extra servers, which should get 2-3 times
+  // a colocated server's bytes, got an equal share of every worker's uplink and ran 1.4
+  // times their bound under CUBIC (bench/RESULTS.md). A partition always uses the same
+  // connection, so its rounds stay in order. The window above stays per server: every
+  // server's downlink takes the same bytes per second whatever its connections, and
+  // scaling the window with them let the workers run twice as far apart at the extra
+  // servers (their answers started ~1 s late; 1.30 -> 1.09 times the bound without).
   int max_server_lanes = 4;
   // A partition held by a window goes anyway once nothing was sent for this long (a
   // safety net: the shared order already rules out waiting on each other). Not read from

@@ -185,6 +185,8 @@ class PsStore : public KVStore {
   std::unique_ptr<ControlClient> control_;
   // The data connections: server s's lanes are data_[lane_first_[s]] and the
   // lane_count_[s] - 1 after it (Options::max_server_lanes); lane_server_ maps back.
+  // The three index vectors are set in Create and only read afterwards (Submit reads
+  // them on the caller's thread).
   std::vector<std::unique_ptr<Socket>> data_;
   std::vector<int> lane_first_, lane_count_, lane_server_;
   std::vector<bool> inproc_;                   // by server rank: payloads are copied
