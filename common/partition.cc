@@ -94,13 +94,23 @@ double ServerShare(const ServerPlacement& placement, int server) {
   return server >= n ? f / k : (1 - f) / n;
 }
 
-int ServerLanes(const ServerPlacement& placement, int server, int max_lanes) {
+namespace {
+
+// The smallest positive ServerShare (a colocated server of 2 worker hosts + 2 extra ones
+// has none).
+double SmallestShare(const ServerPlacement& placement) {
   double smallest = 1;
   for (int s = 0; s < placement.num_servers; ++s) {
     const double share = ServerShare(placement, s);
     if (share > 0) smallest = std::min(smallest, share);
   }
-  const double lanes = std::round(ServerShare(placement, server) / smallest);
+  return smallest;
+}
+
+}  // namespace
+
+int ServerLanes(const ServerPlacement& placement, int server, int max_lanes) {
+  const double lanes = std::round(ServerShare(placement, server) / SmallestShare(placement));
   return static_cast<int>(std::clamp(lanes, 1.0, static_cast<double>(std::max(1, max_lanes))));
 }
 
@@ -152,12 +162,8 @@ std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
   const size_t max_elems = std::max<size_t>(1, partition_bytes / elem);
   const int servers = placement.num_servers;
   std::vector<Partition> out;
-  double smallest = 1;  // share of a server that has one
-  for (int s = 0; s < servers; ++s) {
-    const double share = ServerShare(placement, s);
-    if (share > 0) smallest = std::min(smallest, share);
-  }
-  if (static_cast<double>(count * elem) * smallest >= static_cast<double>(kSplitBytesPerServer)) {
+  if (static_cast<double>(count * elem) * SmallestShare(placement) >=
+      static_cast<double>(kSplitBytesPerServer)) {
     // Each server's element count by its share (exact to an element; a key-dependent
     // rotation spreads the rounding), cut into pieces of at most partition_bytes. The
     // pieces are then laid out interleaved: the next piece comes from the server furthest

@@ -142,6 +142,9 @@ class PsStore : public KVStore {
   size_t UnansweredBefore(int server, const GlobalOrder& order, size_t cap) const;
   bool HasCredit(size_t bytes);
   void HandleReply(int server, Message msg);
+  // Opens the data connections to every server and completes their handshakes within
+  // Options::start_timeout (ps_store_connect.cc).
+  absl::Status ConnectServers();
   // The data connection (index into data_) of every partition of tensor `key`: a
   // tensor's partitions for one server take that server's lanes in turn, starting at one
   // drawn from the key (so one-partition tensors spread too). The same for every round of
@@ -185,8 +188,8 @@ class PsStore : public KVStore {
   std::unique_ptr<ControlClient> control_;
   // The data connections: server s's lanes are data_[lane_first_[s]] and the
   // lane_count_[s] - 1 after it (Options::max_server_lanes); lane_server_ maps back.
-  // The three index vectors are set in Create and only read afterwards (Submit reads
-  // them on the caller's thread).
+  // The three index vectors are set by ConnectServers when the store starts and only read
+  // afterwards (Submit reads them on the caller's thread).
   std::vector<std::unique_ptr<Socket>> data_;
   std::vector<int> lane_first_, lane_count_, lane_server_;
   std::vector<bool> inproc_;                   // by server rank: payloads are copied
@@ -210,7 +213,6 @@ class PsStore : public KVStore {
   absl::Status broken_;  // non-OK: a peer died or an operation timed out; all later fail
   std::vector<std::shared_ptr<Op>> failing_;  // failed ops waiting for ZeroMQ to release their payloads
   absl::Time broken_at_ = absl::InfiniteFuture();
-  std::unique_ptr<std::atomic<uint64_t>[]> pushes_per_server_;
   std::unique_ptr<std::atomic<uint64_t>[]> pushes_per_lane_;  // by data_ index
   absl::flat_hash_map<uint64_t, ServerCall> server_calls_;  // by request id
 
