@@ -105,8 +105,9 @@ class Cluster:
         """Every host forgets what its TCP learned about its peers (ssthresh, RTT).
 
         Linux keeps such metrics per destination and starts new connections from them, so
-        without this a job inherits the congestion of the jobs before it: under CUBIC a
-        mixed job at the end of the table read 1.41 times its bound, 1.09 on fresh hosts.
+        without this a job could inherit the congestion of the jobs before it. (In the one
+        paired run of 2026-11-25 it made no difference beyond the spread of single runs;
+        it keeps jobs independent of their order in the table.)
         """
         for host in self.hosts:
             subprocess.run(["ip", "netns", "exec", host, "ip", "tcp_metrics", "flush", "all"],
