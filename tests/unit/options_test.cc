@@ -39,7 +39,7 @@ TEST_F(OptionsTest, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(o->max_server_lanes, 4);
   EXPECT_EQ(o->local_inline_bytes, 1u << 20);
   EXPECT_EQ(o->credit_bytes, 16u << 20);
-  EXPECT_EQ(o->burst_gather, absl::Microseconds(200));
+  EXPECT_EQ(o->burst_gather, absl::Milliseconds(1));
   EXPECT_EQ(o->spin, absl::ZeroDuration());
   EXPECT_EQ(o->backend, "dist_hybrid");
   EXPECT_EQ(o->rank, -1);
