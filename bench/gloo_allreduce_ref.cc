@@ -249,8 +249,11 @@ class Bench {
         const AllreduceStore::Stats after = ar->stats();
         const double ops = f_.warmup + iters;
         absl::StrAppendFormat(
-            &where, "#   %11zu: %.2f rounds, negotiation %.1f us, execution %.1f us per op\n",
+            &where,
+            "#   %11zu: %.2f rounds (%.2f by the waiting thread), negotiation %.1f us, "
+            "execution %.1f us per op\n",
             s, double(after.rounds - before.rounds) / ops,
+            double(after.caller_rounds - before.caller_rounds) / ops,
             absl::ToDoubleMicroseconds(after.negotiating - before.negotiating) / ops,
             absl::ToDoubleMicroseconds(after.executing - before.executing) / ops);
       }

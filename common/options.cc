@@ -76,6 +76,7 @@ absl::Status Options::Validate() const {
     return bad("cycle_time_ms", cycle_time);
   }
   if (stall_warning <= absl::ZeroDuration()) return bad("stall_warning_ms", stall_warning);
+  if (caller_rounds != 0 && caller_rounds != 1) return bad("caller_rounds", caller_rounds);
   if (spin < absl::ZeroDuration() || spin > absl::Milliseconds(10)) return bad("spin_us", spin);
   if (deployment != "colocated" && deployment != "dedicated" && deployment != "mixed") {
     return bad("deployment", deployment);
@@ -250,6 +251,7 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   RETURN_IF_ERROR(GetMicros("HYBRIDPS_BURST_GATHER_US", &o.burst_gather));
   RETURN_IF_ERROR(GetMicros("HYBRIDPS_SPIN_US", &o.spin));
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_STALL_WARNING_MS", &o.stall_warning));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_CALLER_ROUNDS", &o.caller_rounds));
   if (o.backend == "dist_allreduce" && !Get("HYBRIDPS_NUM_SERVERS")) o.num_servers = 0;
   RETURN_IF_ERROR(o.Validate());
   return o;

@@ -23,11 +23,11 @@ struct AllreduceStore::Op {
   uint32_t occurrence = 0;
   uint64_t seq = 0;
   absl::Time submitted, deadline, next_warning;
-  // Executor only: per rank, whether it ever listed this operation in a round (the
+  // Round holder only: per rank, whether it ever listed this operation in a round (the
   // deadline error names those that never did).
   std::vector<bool> seen;
-  int rounds_listed = 0;  // executor only
-  bool in_round = false;  // guarded by mu_: the executor is running it; Break leaves it
+  int rounds_listed = 0;  // round holder only
+  bool in_round = false;  // guarded by mu_: a round is running it; Break leaves it
   std::shared_ptr<HandleState> handle = std::make_shared<HandleState>();
 
   std::string Describe() const {

@@ -93,6 +93,10 @@ absl::Status AllreduceStore::Start() {
 #if HYBRIDPS_WITH_NCCL
   RETURN_IF_ERROR(ShareNcclId());
 #endif
+  {
+    absl::WriterMutexLock lock(&gate_->mu);
+    gate_->store = this;
+  }
   exec_thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "hps-ar-exec");
     ExecLoop();
@@ -110,6 +114,8 @@ absl::Status AllreduceStore::Start() {
 AllreduceStore::~AllreduceStore() {
   absl::Status s = Shutdown();
   if (!s.ok()) HPS_LOG(WARNING) << "shutdown: " << s.message();
+  absl::WriterMutexLock lock(&gate_->mu);  // after the helpers in progress returned
+  gate_->store = nullptr;
 }
 
 AllreduceStore::Stats AllreduceStore::stats() const {
@@ -175,6 +181,12 @@ absl::StatusOr<Handle> AllreduceStore::Submit(std::shared_ptr<Op> op) {
   op->submitted = absl::Now();
   op->deadline = op->submitted + options_.op_timeout;
   op->next_warning = op->submitted + options_.stall_warning;
+  if (options_.caller_rounds) {
+    op->handle->SetWaitHelper([gate = gate_](HandleState* state) {
+      absl::ReaderMutexLock lock(&gate->mu);
+      if (gate->store != nullptr) gate->store->HelpWith(state);
+    });
+  }
   Handle h(op->handle);
   absl::MutexLock lock(&mu_);
   if (!closed_.ok()) return closed_;

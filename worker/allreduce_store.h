@@ -21,8 +21,12 @@
 //
 // Threading:
 // - user threads submit (validate, queue under mu_, wake the executor);
-// - "hps-ar-exec", the executor, owns the Gloo and NCCL communicators: negotiation
-//   rounds, the collectives they decide, handle completion. GPU collectives of a round
+// - "hps-ar-exec", the executor, runs the negotiation rounds, the collectives they
+//   decide and handle completion. A thread waiting on a handle (Handle::Wait) runs a
+//   round that is due itself while no other thread is in one (Options::caller_rounds,
+//   CPU-only stores): an isolated operation then costs no hand-off to the executor and
+//   back. One thread at a time holds the round (round_busy_) and with it the Gloo and
+//   NCCL communicators and the Op fields marked "round holder". GPU collectives of a round
 //   are enqueued on the NCCL stream as they come (CPU ones run meanwhile) and waited for
 //   at the end of the round (polling events, with the deadline; a broken store aborts
 //   the NCCL communicator);
@@ -83,6 +87,7 @@ class AllreduceStore : public KVStore {
   // What the executor did so far (tests and benchmarks read it).
   struct Stats {
     uint64_t rounds = 0;         // negotiation rounds
+    uint64_t caller_rounds = 0;  // of which run by a thread waiting on a handle
     uint64_t allreduces = 0;     // Gloo allreduce calls
     uint64_t fused_tensors = 0;  // push_pulls that went through a fusion buffer
     uint64_t eager = 0;          // operations computed from the negotiation data
@@ -112,11 +117,21 @@ class AllreduceStore : public KVStore {
 
   // The executor thread.
   void ExecLoop();
-  // Waits until the next round is due (or the store broke). False: stop.
-  bool WaitForRound(absl::Time last_round, bool job_active);
+  // Waits until the next round is due and no other thread holds the round (or the store
+  // broke); then holds it (round_busy_). False: stop.
+  bool WaitForRound();
+  // When the next round is due (InfinitePast: now).
+  absl::Time NextRoundLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs one round as the holder (round_busy_ set), then lets the round go. False: stop.
+  // `caller`: a waiting thread, not the executor.
+  bool HoldRound(bool caller);
+  // A thread waiting on `state` (Options::caller_rounds): runs the rounds that are due
+  // while the round is free, until the operation completed or it cannot help.
+  void HelpWith(HandleState* state);
   void ExpireDeadlines(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One round: list, exchange, decide, run. False: stop.
-  bool RunRound(bool* job_active);
+  // One round: list, exchange, decide, run. False: stop. A `caller` (HelpWith) lists no
+  // GPU operation.
+  bool RunRound(bool caller, bool* job_active);
   absl::Status Execute(const negotiation::Action& action,
                        const std::vector<std::shared_ptr<Op>>& listed);
   void Warn(const negotiation::Plan& plan, const std::vector<std::shared_ptr<Op>>& listed,
@@ -153,7 +168,7 @@ class AllreduceStore : public KVStore {
 
   // The constructing thread until Start returns, then the I/O thread only.
   std::unique_ptr<ControlClient> control_;
-  // The executor only (and Shutdown, after it has joined the executor).
+  // The round holder only (and Shutdown, after it has joined the executor).
   std::unique_ptr<GlooComm> comm_;
   size_t slot_bytes_;
   std::deque<size_t> recent_sizes_;  // largest negotiation message of the last rounds
@@ -162,7 +177,7 @@ class AllreduceStore : public KVStore {
 #if HYBRIDPS_WITH_NCCL
   std::string nccl_id_;           // set at Start; empty: no GPU tensors (nccl_unavailable_)
   std::string nccl_unavailable_;  // why not
-  std::unique_ptr<NcclComm> nccl_;  // the executor only; made on the first GPU collective
+  std::unique_ptr<NcclComm> nccl_;  // the executor only (GPU stores never run caller rounds)
   struct GpuWork {                  // enqueued in this round, not yet waited for
     uint64_t ticket = 0;
     std::vector<Op*> ops;
@@ -183,6 +198,16 @@ class AllreduceStore : public KVStore {
   absl::Status closed_ ABSL_GUARDED_BY(mu_);    // non-OK after Shutdown
   std::vector<std::shared_ptr<HandleState>> barriers_ ABSL_GUARDED_BY(mu_);  // for the I/O thread
   std::shared_ptr<HandleState> finalize_ ABSL_GUARDED_BY(mu_);
+  bool round_busy_ ABSL_GUARDED_BY(mu_) = false;  // a thread holds the round
+  absl::Time last_round_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool job_active_ ABSL_GUARDED_BY(mu_) = false;  // the last round left work pending somewhere
+  // Handles' wait helpers reach the store through this; cleared (under its writer lock,
+  // so after any helper in progress returned) when the store is destroyed.
+  struct HelperGate {
+    absl::Mutex mu;
+    AllreduceStore* store ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  std::shared_ptr<HelperGate> gate_ = std::make_shared<HelperGate>();
   Stats stats_ ABSL_GUARDED_BY(mu_);
   int gpu_device_ ABSL_GUARDED_BY(mu_) = -1;  // the first GPU tensor's device
 

@@ -51,6 +51,8 @@ class HandleState {
     callback(status);
   }
   absl::Status Wait() {
+    // The store's helper first (see SetWaitHelper): it may complete the operation here.
+    if (helper_ && !done_fast_.load(std::memory_order_acquire)) helper_(this);
     // Options::spin: poll for a while before sleeping (see SetWaitSpin).
     const int64_t spin_ns = wait_spin_ns_.load(std::memory_order_relaxed);
     if (spin_ns > 0 && !done_fast_.load(std::memory_order_acquire)) {
@@ -65,6 +67,13 @@ class HandleState {
     absl::MutexLock lock(&mu_);
     return done_;
   }
+  // Done(), without the lock (an acquire load).
+  bool DoneFast() const { return done_fast_.load(std::memory_order_acquire); }
+  // Set at most once, before the state is shared with any other thread: Wait() calls
+  // `helper` before it blocks, on the waiting thread. The dist_allreduce store runs its
+  // due negotiation rounds there, so that an isolated operation costs no hand-off to its
+  // executor thread and back. The helper returns when it cannot help (any more).
+  void SetWaitHelper(std::function<void(HandleState*)> helper) { helper_ = std::move(helper); }
   // How long Wait() polls before it sleeps, for every handle of this process (the
   // stores set it from Options::spin when created; zero: sleep at once).
   static void SetWaitSpin(absl::Duration spin) {
@@ -77,6 +86,7 @@ class HandleState {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> done_fast_{false};  // done_, readable without the lock
+  std::function<void(HandleState*)> helper_;  // see SetWaitHelper
   static inline std::atomic<int64_t> wait_spin_ns_{0};
 };
 

@@ -22,11 +22,13 @@
 namespace hybridps::testing {
 namespace {
 
-std::unique_ptr<LocalCluster> StartAllreduce(int workers, size_t fusion_bytes = 64 << 20) {
+std::unique_ptr<LocalCluster> StartAllreduce(int workers, size_t fusion_bytes = 64 << 20,
+                                             int caller_rounds = 1) {
   ClusterConfig c;
   c.backend = "dist_allreduce";
   c.workers = workers;
   c.fusion_bytes = fusion_bytes;
+  c.caller_rounds = caller_rounds;
   c.heartbeat_timeout = absl::Seconds(5);
   auto cl = LocalCluster::Start(c);
   EXPECT_TRUE(cl.ok()) << cl.status();
@@ -107,6 +109,92 @@ TEST(AllreduceTest, SmallTensorsTravelWithTheNegotiation) {
   AllreduceStore::Stats s = StatsOf(cluster->worker(0));
   EXPECT_EQ(s.eager + s.allreduces, static_cast<uint64_t>(kOps));
   EXPECT_GE(s.eager, static_cast<uint64_t>(kOps / 2));
+}
+
+// One push_pull after the other, each waited for: `ops` rounds of tensors of `count`
+// float32 (alternately `count` and 100, so both the eager and the ring path run).
+void PushPullInTurn(LocalCluster& cluster, int ops, size_t count) {
+  const int n = cluster.num_workers();
+  cluster.RunOnWorkers([&](int rank, KVStore* kv) {
+    for (int i = 0; i < ops; ++i) {
+      Buffer b(DType::kFloat32, i % 2 == 0 ? count : 100);
+      b.Fill(rank, i, 2);
+      ASSERT_TRUE(kv->PushPull("w", b.view(), b.view()).ok());
+      for (size_t k = 0; k < b.count; k += 7) {
+        double want = 0;
+        for (int r = 0; r < n; ++r) want += Value(k, r, i, 2);
+        ASSERT_EQ(b.at(k), want) << "op " << i << " element " << k;
+      }
+    }
+  });
+}
+
+// Options::caller_rounds: a thread waiting on its handle runs the round itself when no
+// other thread is in one; with it off only the executor does.
+TEST(AllreduceTest, WaitingThreadsRunTheRoundsThemselves) {
+  for (int caller_rounds : {1, 0}) {
+    SCOPED_TRACE(absl::StrCat("caller_rounds ", caller_rounds));
+    auto cluster = StartAllreduce(2, 64 << 20, caller_rounds);
+    ASSERT_NE(cluster, nullptr);
+    PushPullInTurn(*cluster, 20, 300000);
+    for (int w = 0; w < 2; ++w) {
+      AllreduceStore::Stats s = StatsOf(cluster->worker(w));
+      if (caller_rounds) {
+        EXPECT_GT(s.caller_rounds, 0u) << "worker " << w;
+      } else {
+        EXPECT_EQ(s.caller_rounds, 0u) << "worker " << w;
+      }
+      EXPECT_LE(s.caller_rounds, s.rounds);
+    }
+  }
+}
+
+// Several threads per rank submit and wait at once, in a different order on every rank:
+// they take turns holding the round with each other and the executor, and every sum is
+// exact.
+TEST(AllreduceTest, ManyThreadsWaitingAtOnceAllComplete) {
+  constexpr int kWorkers = 3, kThreads = 4, kOps = 15;
+  auto cluster = StartAllreduce(kWorkers);
+  ASSERT_NE(cluster, nullptr);
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      const int id = (t + rank) % kThreads;  // rank-dependent start order
+      threads.emplace_back([&, id] {
+        for (int i = 0; i < kOps; ++i) {
+          Buffer b(DType::kFloat32, (id % 2 == 0 ? 150000 : 300) + i);
+          b.Fill(rank, i, id);
+          absl::Status st = kv->PushPull(absl::StrCat("t", id), b.view(), b.view());
+          ASSERT_TRUE(st.ok()) << st;
+          for (size_t k = 0; k < b.count; k += 13) {
+            double want = 0;
+            for (int r = 0; r < kWorkers; ++r) want += Value(k, r, i, id);
+            ASSERT_EQ(b.at(k), want) << "t" << id << " op " << i << " element " << k;
+          }
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+  });
+}
+
+// A waiting thread whose peer submits late: its rounds find the operation missing there,
+// and it completes once the peer submits (nothing waits for the deadline).
+TEST(AllreduceTest, WaiterCompletesWhenALatePeerSubmits) {
+  auto cluster = StartAllreduce(2);
+  ASSERT_NE(cluster, nullptr);
+  const absl::Time start = absl::Now();
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    if (rank == 1) absl::SleepFor(absl::Milliseconds(300));
+    Buffer b(DType::kFloat32, 500000);
+    b.Fill(rank, 0, 3);
+    absl::Status st = kv->PushPull("late", b.view(), b.view());
+    ASSERT_TRUE(st.ok()) << st;
+    for (size_t k = 0; k < b.count; k += 101) {
+      ASSERT_EQ(b.at(k), Value(k, 0, 0, 3) + Value(k, 1, 0, 3)) << "element " << k;
+    }
+  });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
 TEST(AllreduceTest, RankThatLeavesFailsTheOthersAtOnceNamingIt) {

@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterC
   o.start_timeout = c.start_timeout;
   o.max_message_bytes = c.max_message_bytes;
   o.fusion_bytes = c.fusion_bytes;
+  o.caller_rounds = c.caller_rounds;
   o.cycle_time = c.cycle_time;
   o.stall_warning = c.stall_warning;
   o.log_level = 1;

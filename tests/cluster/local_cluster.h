@@ -49,10 +49,12 @@ struct ClusterConfig {
   absl::Duration start_timeout = absl::Seconds(20);
   // Inbound messages larger than this are refused by ZeroMQ on every data socket.
   size_t max_message_bytes = Options().max_message_bytes;
-  // dist_allreduce: fusion threshold, cycle time and stall warning.
+  // dist_allreduce: fusion threshold, cycle time, stall warning, and whether threads
+  // waiting on a handle run the due rounds themselves.
   size_t fusion_bytes = Options().fusion_bytes;
   absl::Duration cycle_time = Options().cycle_time;
   absl::Duration stall_warning = Options().stall_warning;
+  int caller_rounds = Options().caller_rounds;
 };
 
 class LocalCluster {

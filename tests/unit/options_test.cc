@@ -18,6 +18,7 @@ class OptionsTest : public ::testing::Test {
                           "HYBRIDPS_BACKEND", "HYBRIDPS_SCHEDULER_PORT",
                           "HYBRIDPS_HEARTBEAT_TIMEOUT_MS", "HYBRIDPS_FUSION_BYTES",
                           "HYBRIDPS_CYCLE_TIME_MS", "HYBRIDPS_STALL_WARNING_MS",
+                          "HYBRIDPS_CALLER_ROUNDS",
                           "HYBRIDPS_LOCAL_RANK", "HYBRIDPS_LOCAL_SIZE", "HYBRIDPS_DEPLOYMENT",
                           "HYBRIDPS_EXTRA_SERVERS", "OMPI_COMM_WORLD_RANK",
                           "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -126,6 +127,16 @@ TEST_F(OptionsTest, AllreduceFusionCycleAndStallSettings) {
   EXPECT_EQ(d->fusion_bytes, size_t{64} << 20);
   EXPECT_EQ(d->cycle_time, absl::Milliseconds(1));
   EXPECT_EQ(d->stall_warning, absl::Seconds(60));
+  EXPECT_EQ(d->caller_rounds, 1);
+  setenv("HYBRIDPS_CALLER_ROUNDS", "0", 1);
+  auto off = OptionsFromEnvironment();
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->caller_rounds, 0);
+  setenv("HYBRIDPS_CALLER_ROUNDS", "2", 1);
+  auto two = OptionsFromEnvironment();
+  ASSERT_FALSE(two.ok());
+  EXPECT_NE(two.status().message().find("caller_rounds"), absl::string_view::npos) << two.status();
+  unsetenv("HYBRIDPS_CALLER_ROUNDS");
   setenv("HYBRIDPS_FUSION_BYTES", "0", 1);
   setenv("HYBRIDPS_CYCLE_TIME_MS", "5", 1);
   setenv("HYBRIDPS_STALL_WARNING_MS", "2000", 1);
