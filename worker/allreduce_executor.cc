@@ -175,6 +175,7 @@ void AllreduceStore::ExpireDeadlines(absl::Time now) {
 
 bool AllreduceStore::RunRound(bool caller, bool* job_active) {
   const absl::Time now = absl::Now();
+  verdict_awaited_ = false;
   std::vector<std::shared_ptr<Op>> listed;
   nego::RankList mine;
   {
@@ -226,7 +227,7 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
   absl::Status failure;
   std::vector<nego::RankList> lists;
   const absl::Time t0 = absl::Now();
-  auto gathered = comm_->AllgatherBytes(msg, slot_bytes_, options_.op_timeout);
+  auto gathered = comm_->AllgatherBytes(msg, slot_bytes_, gloo_timeout_);
   const absl::Time t1 = absl::Now();
   size_t largest = 0;
   if (!gathered.ok()) {
@@ -251,6 +252,11 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
     const size_t want = *std::max_element(recent_sizes_.begin(), recent_sizes_.end());
     slot_bytes_ = std::clamp((want + kSlotGrain - 1) / kSlotGrain * kSlotGrain,
                              kMinSlotBytes, kMaxSlot);
+    // The next round's receives now, while this one runs: the peers' next messages then
+    // leave as soon as they are sent. Not when a rank leaves (there is no next round). A
+    // failure here is the next round's (GlooComm keeps it): this round may still end
+    // cleanly, e.g. with a peer that left after it.
+    if (plan.leaving.empty() && !mine.leaving) comm_->PostNextExchange(slot_bytes_);
     if (LogEnabled(LogLevel::DEBUG) && plan.any_entries) {
       size_t runs = 0;
       for (const nego::Action& a : plan.actions) runs += a.entries.size();
@@ -261,8 +267,8 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
                      << " not submitted here; allgather " << absl::FormatDuration(t1 - t0);
     }
     for (const nego::Action& a : plan.actions) {
-      failure = Execute(a, listed);
       if (!failure.ok()) break;
+      failure = Execute(a, listed);
     }
 #if HYBRIDPS_WITH_NCCL
     failure = FinishGpu(failure);
@@ -299,7 +305,19 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
   return true;
 }
 
+absl::Status AllreduceStore::ExplainFailure(absl::Status s) {
+  if (s.ok()) return s;
+  if (s.code() == absl::StatusCode::kUnavailable) AwaitPeerVerdict();
+  absl::MutexLock lock(&mu_);
+  // The store broke (a peer died, the scheduler is gone): Break shut the connections, so
+  // Gloo's "connection closed" is a symptom; the operation fails with the cause.
+  if (!broken_.ok() && !peers_left_) return broken_;
+  return s;
+}
+
 void AllreduceStore::AwaitPeerVerdict() {
+  if (verdict_awaited_) return;  // once per round
+  verdict_awaited_ = true;
   // Gloo only says that a connection closed, to an address. When the peer died, the
   // scheduler names it (NodeFailed -> Break) within the heartbeat timeout; the operations
   // then fail with that, so users read which rank died instead of a socket address.
@@ -350,8 +368,8 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
       return absl::OkStatus();
     }
     case nego::Action::Type::kBroadcast: {
-      absl::Status s = comm_->Broadcast(a.dtype, first->out.data, first->out.count, first->root,
-                                        options_.op_timeout);
+      absl::Status s = ExplainFailure(comm_->Broadcast(
+          a.dtype, first->out.data, first->out.count, first->root, gloo_timeout_));
       {
         absl::MutexLock lock(&mu_);
         ++stats_.broadcasts;
@@ -365,7 +383,7 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
   absl::Status s;
   if (a.entries.size() == 1) {
     s = comm_->Allreduce(a.dtype, first->in.data, first->out.data, first->in.count,
-                         options_.op_timeout);
+                         gloo_timeout_);
   } else {
     // Pack, reduce once, unpack.
     if (fusion_.size() < a.total_count * es) fusion_.resize(a.total_count * es);
@@ -376,7 +394,7 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
       offset += op->in.bytes();
     }
     s = comm_->Allreduce(a.dtype, fusion_.data(), fusion_.data(), a.total_count,
-                         options_.op_timeout);
+                         gloo_timeout_);
     offset = 0;
     for (size_t i : a.entries) {
       Op* op = listed[i].get();
@@ -386,6 +404,7 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
       offset += op->out.bytes();
     }
   }
+  s = ExplainFailure(s);
   {
     absl::MutexLock lock(&mu_);
     ++stats_.allreduces;

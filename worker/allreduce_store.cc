@@ -26,6 +26,7 @@ AllreduceStore::AllreduceStore(std::shared_ptr<Context> ctx, const Options& opti
       options_(options),
       idle_tick_(std::clamp(std::min(options.op_timeout, options.stall_warning) / 10,
                             absl::Milliseconds(5), absl::Milliseconds(100))),
+      gloo_timeout_(std::min(options.op_timeout, 2 * options.heartbeat_timeout)),
       slot_bytes_(kMinSlotBytes) {}
 
 absl::StatusOr<std::unique_ptr<AllreduceStore>> AllreduceStore::Create(

@@ -154,7 +154,11 @@ class AllreduceStore : public KVStore {
 #endif
   // After a transport failure: waits (at most the heartbeat timeout and a little more)
   // for the scheduler to say which peer died.
+  // At most once per round (verdict_awaited_).
   void AwaitPeerVerdict() ABSL_LOCKS_EXCLUDED(mu_);
+  // A failed collective's status: the store's broken_ when it broke meanwhile (after
+  // AwaitPeerVerdict for a transport failure), else `s`.
+  absl::Status ExplainFailure(absl::Status s) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The I/O thread.
   void IoLoop();
@@ -162,6 +166,13 @@ class AllreduceStore : public KVStore {
   std::shared_ptr<Context> ctx_;
   const Options options_;
   const absl::Duration idle_tick_;
+  // The timeout of each Gloo wait (one transfer of a collective, a round's exchange):
+  // twice the heartbeat timeout, at most op_timeout. By then the scheduler has named
+  // any dead or hung peer and Break has shut the connections down; but this Gloo's tcp
+  // transport does not wake a send it had queued on a connection that then failed (it
+  // only signals bound buffers there), so such a send waited for its own timeout: the
+  // whole op_timeout, 120 s by default, after the job had already failed.
+  const absl::Duration gloo_timeout_;
   int rank_ = -1;
   int num_workers_ = 0;
   std::string gloo_host_, gloo_iface_;
@@ -173,6 +184,7 @@ class AllreduceStore : public KVStore {
   size_t slot_bytes_;
   std::deque<size_t> recent_sizes_;  // largest negotiation message of the last rounds
   std::string fusion_;  // the fusion buffer
+  bool verdict_awaited_ = false;  // in this round (AwaitPeerVerdict)
   absl::flat_hash_map<std::string, absl::Time> foreign_warned_;  // name -> next warning
 #if HYBRIDPS_WITH_NCCL
   std::string nccl_id_;           // set at Start; empty: no GPU tensors (nccl_unavailable_)

@@ -28,14 +28,21 @@
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/address.h"
 #include "gloo/transport/tcp/device.h"
+#include "gloo/transport/unbound_buffer.h"
 
 namespace hybridps {
 namespace {
 
 // Largest message AllgatherBytes accepts from a peer (a larger length is corruption).
 constexpr uint64_t kMaxGatherBytes = uint64_t{1} << 30;
-// Slots up to this size are exchanged directly (alltoall), larger ones by the ring.
+// Slots up to this size are exchanged directly (one send to every peer), larger ones by
+// the ring.
 constexpr size_t kDirectSlotBytes = 1 << 20;
+// The Gloo slot of the direct exchanges (a prefix no Gloo collective uses); exchanges are
+// matched in order, one at a time.
+constexpr uint64_t kExchangeSlot = (uint64_t{0xE1} << 56) | 1;
+// AllgatherBytes keeps the slots' addresses on the stack up to this many ranks.
+constexpr int kMaxRanksOnStack = 64;
 
 std::chrono::milliseconds Millis(absl::Duration d) {
   return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
@@ -302,29 +309,77 @@ absl::Status GlooComm::Broadcast(DType dtype, void* data, size_t count, int root
   });
 }
 
+void GlooComm::PostExchange(int i, size_t slot) {
+  Exchange& x = exchange_[i];
+  if (!x.buf || x.bytes.size() < slot * size_) {
+    x.bytes.resize(std::max(x.bytes.size(), slot * size_));
+    x.buf = context_->createUnboundBuffer(x.bytes.data(), x.bytes.size());
+  }
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) x.buf->recv(r, kExchangeSlot, r * slot, slot);
+  }
+  x.slot = slot;
+  x.posted = true;
+}
+
+void GlooComm::PostNextExchange(size_t slot) {
+  if (!context_ || slot > kDirectSlotBytes || exchange_[next_exchange_].posted ||
+      !post_failed_.ok()) {
+    return;
+  }
+  // Some receives may have been posted before the failure: the communicator cannot be
+  // used for exchanges any more.
+  post_failed_ =
+      Guard("negotiation (posting receives)", [&] { PostExchange(next_exchange_, slot); });
+}
+
 absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherBytes(
     absl::string_view mine, size_t slot, absl::Duration timeout) {
   if (!context_) return std::vector<absl::string_view>{mine};
+  RETURN_IF_ERROR(post_failed_);
   // A slot: [u64 length][the first slot - 8 bytes]; the tails follow in an allgatherv.
   const size_t inline_bytes = slot - sizeof(uint64_t);
   if (slot_in_.size() < slot) slot_in_.resize(slot);
-  if (slot_all_.size() < slot * size_) slot_all_.resize(slot * size_);
+  if (slot > kDirectSlotBytes && slot_all_.size() < slot * size_) {
+    slot_all_.resize(slot * size_);
+  }
   const uint64_t len = mine.size();
   std::memcpy(slot_in_.data(), &len, sizeof len);
   std::memcpy(slot_in_.data() + sizeof len, mine.data(), std::min<size_t>(len, inline_bytes));
+  // Where rank r's slot is once exchanged.
+  const char* slot_at[kMaxRanksOnStack] = {};
+  std::vector<const char*> slot_heap;
+  const char** slots = slot_at;
+  if (size_ > kMaxRanksOnStack) {
+    slot_heap.resize(size_);
+    slots = slot_heap.data();
+  }
   if (slot <= kDirectSlotBytes) {
-    // Small slots: every rank sends its slot to every other rank at once (gloo::alltoall
-    // of n copies): one step, where the ring allgather takes 2(n-1) dependent ones —
-    // each a thread handoff that can cost a scheduler tick on a loaded machine.
-    if (slot_in_.size() < slot * size_) slot_in_.resize(slot * size_);
-    for (int r = 1; r < size_; ++r) std::memcpy(slot_in_.data() + r * slot, slot_in_.data(), slot);
-    RETURN_IF_ERROR(Guard("negotiation (alltoall)", [&] {
-      gloo::AlltoallOptions opts(context_);
-      opts.setInput(reinterpret_cast<uint8_t*>(slot_in_.data()), slot * size_);
-      opts.setOutput(reinterpret_cast<uint8_t*>(slot_all_.data()), slot * size_);
-      opts.setTimeout(Millis(timeout));
-      gloo::alltoall(opts);
+    // Small slots: every rank sends its slot to every other rank at once: one step, where
+    // the ring allgather takes 2(n-1) dependent ones, each a thread handoff that can cost
+    // a scheduler tick on a loaded machine. The receives are usually posted already
+    // (PostNextExchange).
+    Exchange& x = exchange_[next_exchange_];
+    if (x.posted && x.slot != slot) {
+      return absl::InternalError(absl::StrCat("negotiation: receives posted for a slot of ",
+                                              x.slot, " bytes, exchanging ", slot));
+    }
+    RETURN_IF_ERROR(Guard("negotiation (exchange)", [&] {
+      if (!x.posted) PostExchange(next_exchange_, slot);
+      if (!send_buf_ || send_buf_->ptr != slot_in_.data() || send_buf_->size < slot) {
+        send_buf_ = context_->createUnboundBuffer(slot_in_.data(), slot_in_.size());
+      }
+      for (int r = 0; r < size_; ++r) {
+        if (r != rank_) send_buf_->send(r, kExchangeSlot, 0, slot);
+      }
+      for (int i = 1; i < size_; ++i) x.buf->waitRecv(Millis(timeout));
+      for (int i = 1; i < size_; ++i) send_buf_->waitSend(Millis(timeout));
     }));
+    x.posted = false;
+    next_exchange_ ^= 1;
+    for (int r = 0; r < size_; ++r) {
+      slots[r] = r == rank_ ? slot_in_.data() : x.bytes.data() + r * slot;
+    }
   } else {
     RETURN_IF_ERROR(Guard("negotiation (allgather)", [&] {
       gloo::AllgatherOptions opts(context_);
@@ -333,20 +388,20 @@ absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherBytes(
       opts.setTimeout(Millis(timeout));
       gloo::allgather(opts);
     }));
+    for (int r = 0; r < size_; ++r) slots[r] = slot_all_.data() + r * slot;
   }
   std::vector<absl::string_view> out(size_);
   std::vector<size_t> lengths(size_), tails(size_);
   bool any_tail = false;
   for (int r = 0; r < size_; ++r) {
     uint64_t n = 0;
-    std::memcpy(&n, slot_all_.data() + r * slot, sizeof n);
+    std::memcpy(&n, slots[r], sizeof n);
     if (n > kMaxGatherBytes) {
       return absl::DataLossError(absl::StrCat("rank ", r, " sent a negotiation message of ",
                                               n, " bytes"));
     }
     lengths[r] = n;
-    out[r] = absl::string_view(slot_all_.data() + r * slot + sizeof n,
-                               std::min<size_t>(n, inline_bytes));
+    out[r] = absl::string_view(slots[r] + sizeof n, std::min<size_t>(n, inline_bytes));
     tails[r] = n > inline_bytes ? n - inline_bytes : 0;
     any_tail = any_tail || tails[r] > 0;
   }

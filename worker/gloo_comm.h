@@ -24,6 +24,7 @@
 #include "common/control_client.h"
 #include "common/dtype.h"
 #include "gloo/rendezvous/store.h"
+#include "gloo/transport/unbound_buffer.h"
 
 namespace gloo {
 class Context;
@@ -91,11 +92,18 @@ class GlooComm {
   // Every rank's `mine` (any length), indexed by rank; the views point into buffers of
   // this communicator and stay valid until the next call. Costs one exchange of `slot`
   // bytes per rank (every rank must pass the same slot; small slots go directly to every
-  // peer in one step, gloo::alltoall, larger ones through the ring, gloo::allgather), plus
-  // an allgatherv when some rank's message does not fit in a slot.
+  // peer in one step, larger ones through the ring, gloo::allgather), plus an allgatherv
+  // when some rank's message does not fit in a slot.
   absl::StatusOr<std::vector<absl::string_view>> AllgatherBytes(absl::string_view mine,
                                                                 size_t slot,
                                                                 absl::Duration timeout);
+  // Posts the receives of the next AllgatherBytes now, for a small `slot` (which that
+  // call must then pass; every rank calls this with the same slot, or none does). Gloo
+  // sends only to a receive its peer has posted, so an exchange whose receives were
+  // posted at the end of the previous one costs one trip instead of two: the peers' data
+  // leaves as soon as they send. The views of the last call stay valid. A failure is
+  // returned by the next AllgatherBytes.
+  void PostNextExchange(size_t slot);
   // Ends every connection after what was written to it (peers blocked on us fail at
   // once, and a peer still receiving our last round gets all of it first).
   void Close();
@@ -114,8 +122,24 @@ class GlooComm {
   std::shared_ptr<gloo::Context> context_;  // null when size_ == 1
   // The mesh's connected sockets (descriptor, inode), for Abort; empty if not found.
   std::vector<std::pair<int, ino_t>> mesh_sockets_;
+  // Posts exchange_[i]'s receives of `slot` bytes from every peer.
+  void PostExchange(int i, size_t slot);
   // AllgatherBytes' buffers, kept from call to call (no allocation or zeroing per round).
   std::string slot_in_, slot_all_, tail_in_, tail_all_;
+  // The direct exchange (small slots): our slot goes to every peer from slot_in_ (through
+  // send_buf_); the peers' slots arrive in exchange_[next_exchange_], the two taking
+  // turns, so the next exchange's receives can be posted while the views of the last one
+  // are still read.
+  struct Exchange {
+    std::string bytes;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buf;  // over bytes
+    size_t slot = 0;      // of the posted receives
+    bool posted = false;  // receives posted, not yet waited for
+  };
+  Exchange exchange_[2];
+  int next_exchange_ = 0;
+  absl::Status post_failed_;  // PostNextExchange's failure, for the next exchange
+  std::unique_ptr<gloo::transport::UnboundBuffer> send_buf_;  // over slot_in_'s bytes
   std::vector<std::string> joined_;  // per rank, when tails were gathered
 };
 

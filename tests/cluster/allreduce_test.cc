@@ -197,6 +197,38 @@ TEST(AllreduceTest, WaiterCompletesWhenALatePeerSubmits) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
+// Rounds whose messages carry two large eager tensors (a slot over 1 MiB: the ring
+// allgather) between rounds of small ones (the direct exchange, its receives posted at
+// the end of the round before): every sum exact whichever way the slot moves.
+TEST(AllreduceTest, NegotiationSlotGrowsAndShrinks) {
+  auto cluster = StartAllreduce(2);
+  ASSERT_NE(cluster, nullptr);
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    for (int i = 0; i < 12; ++i) {
+      const bool large = i % 3 == 0;
+      std::vector<Buffer> bufs;
+      for (int t = 0; t < (large ? 2 : 1); ++t) {
+        bufs.emplace_back(DType::kFloat32, large ? 131072 : 100);  // 2 x 512 KiB
+      }
+      std::vector<Handle> handles;
+      for (size_t t = 0; t < bufs.size(); ++t) {
+        bufs[t].Fill(rank, i, static_cast<int>(t));
+        auto h = kv->PushPullAsync(absl::StrCat("s", t), bufs[t].view(), bufs[t].view());
+        ASSERT_TRUE(h.ok()) << h.status();
+        handles.push_back(*h);
+      }
+      for (auto& h : handles) ASSERT_TRUE(h.Wait().ok());
+      for (size_t t = 0; t < bufs.size(); ++t) {
+        for (size_t k = 0; k < bufs[t].count; k += 97) {
+          ASSERT_EQ(bufs[t].at(k), Value(k, 0, i, t) + Value(k, 1, i, t))
+              << "round " << i << " tensor " << t << " element " << k;
+        }
+      }
+    }
+  });
+  EXPECT_GT(StatsOf(cluster->worker(0)).eager, 0u);
+}
+
 TEST(AllreduceTest, RankThatLeavesFailsTheOthersAtOnceNamingIt) {
   auto cluster = StartAllreduce(3);
   ASSERT_NE(cluster, nullptr);
