@@ -21,7 +21,6 @@
 #include "common/transport.h"
 #include "gloo/allgather.h"
 #include "gloo/allgatherv.h"
-#include "gloo/alltoall.h"
 #include "gloo/allreduce.h"
 #include "gloo/broadcast.h"
 #include "gloo/common/error.h"
