@@ -222,12 +222,14 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
     }
     mine.entries.push_back(std::move(e));
   }
-  std::string msg;
-  nego::Serialize(mine, rank_, &msg);
+  // Framed for AllgatherFramed (8 bytes for the length, then the message): the eager
+  // payloads are copied once, here, and sent from this buffer, kept from round to round.
+  msg_.assign(sizeof(uint64_t), '\0');
+  nego::Serialize(mine, rank_, &msg_);
   absl::Status failure;
   std::vector<nego::RankList> lists;
   const absl::Time t0 = absl::Now();
-  auto gathered = comm_->AllgatherBytes(msg, slot_bytes_, gloo_timeout_);
+  auto gathered = comm_->AllgatherFramed(&msg_, slot_bytes_, gloo_timeout_);
   const absl::Time t1 = absl::Now();
   size_t largest = 0;
   if (!gathered.ok()) {
@@ -355,8 +357,15 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
     case nego::Action::Type::kEager: {
       const size_t bytes = first->in.bytes();
       if (bytes > 0 && (first->kind == nego::OpKind::kPushPull || rank_ != first->root)) {
-        std::memcpy(first->out.data, a.payloads[0].data(), bytes);
-        for (size_t r = 1; r < a.payloads.size(); ++r) {
+        // One pass for the first two (the payloads are in the communicator's buffers,
+        // never the output); the same order, so the same bits, on every rank.
+        if (a.payloads.size() >= 2) {
+          Sum2(a.dtype, first->out.data, a.payloads[0].data(), a.payloads[1].data(),
+               first->in.count);
+        } else {
+          std::memcpy(first->out.data, a.payloads[0].data(), bytes);
+        }
+        for (size_t r = 2; r < a.payloads.size(); ++r) {
           SumInto(a.dtype, first->out.data, a.payloads[r].data(), first->in.count);
         }
       }

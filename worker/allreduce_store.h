@@ -184,6 +184,7 @@ class AllreduceStore : public KVStore {
   size_t slot_bytes_;
   std::deque<size_t> recent_sizes_;  // largest negotiation message of the last rounds
   std::string fusion_;  // the fusion buffer
+  std::string msg_;     // this round's negotiation message, framed (AllgatherFramed)
   bool verdict_awaited_ = false;  // in this round (AwaitPeerVerdict)
   absl::flat_hash_map<std::string, absl::Time> foreign_warned_;  // name -> next warning
 #if HYBRIDPS_WITH_NCCL

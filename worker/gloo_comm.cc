@@ -334,17 +334,29 @@ void GlooComm::PostNextExchange(size_t slot) {
 
 absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherBytes(
     absl::string_view mine, size_t slot, absl::Duration timeout) {
+  own_.assign(sizeof(uint64_t), '\0');
+  own_.append(mine.data(), mine.size());
+  return AllgatherFramed(&own_, slot, timeout);
+}
+
+absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherFramed(
+    std::string* framed, size_t slot, absl::Duration timeout) {
+  if (framed->size() < sizeof(uint64_t)) {
+    return absl::InternalError("negotiation: a framed message without room for its length");
+  }
+  const size_t len = framed->size() - sizeof(uint64_t);
+  const absl::string_view mine(framed->data() + sizeof(uint64_t), len);
   if (!context_) return std::vector<absl::string_view>{mine};
   RETURN_IF_ERROR(post_failed_);
   // A slot: [u64 length][the first slot - 8 bytes]; the tails follow in an allgatherv.
   const size_t inline_bytes = slot - sizeof(uint64_t);
-  if (slot_in_.size() < slot) slot_in_.resize(slot);
   if (slot > kDirectSlotBytes && slot_all_.size() < slot * size_) {
     slot_all_.resize(slot * size_);
   }
-  const uint64_t len = mine.size();
-  std::memcpy(slot_in_.data(), &len, sizeof len);
-  std::memcpy(slot_in_.data() + sizeof len, mine.data(), std::min<size_t>(len, inline_bytes));
+  const uint64_t len64 = len;
+  std::memcpy(framed->data(), &len64, sizeof len64);
+  if (framed->size() < slot) framed->resize(slot);
+  char* const own_slot = framed->data();
   // Where rank r's slot is once exchanged.
   const char* slot_at[kMaxRanksOnStack] = {};
   std::vector<const char*> slot_heap;
@@ -365,8 +377,8 @@ absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherBytes(
     }
     RETURN_IF_ERROR(Guard("negotiation (exchange)", [&] {
       if (!x.posted) PostExchange(next_exchange_, slot);
-      if (!send_buf_ || send_buf_->ptr != slot_in_.data() || send_buf_->size < slot) {
-        send_buf_ = context_->createUnboundBuffer(slot_in_.data(), slot_in_.size());
+      if (!send_buf_ || send_buf_->ptr != own_slot || send_buf_->size < slot) {
+        send_buf_ = context_->createUnboundBuffer(own_slot, framed->size());
       }
       for (int r = 0; r < size_; ++r) {
         if (r != rank_) send_buf_->send(r, kExchangeSlot, 0, slot);
@@ -377,12 +389,12 @@ absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherBytes(
     x.posted = false;
     next_exchange_ ^= 1;
     for (int r = 0; r < size_; ++r) {
-      slots[r] = r == rank_ ? slot_in_.data() : x.bytes.data() + r * slot;
+      slots[r] = r == rank_ ? own_slot : x.bytes.data() + r * slot;
     }
   } else {
     RETURN_IF_ERROR(Guard("negotiation (allgather)", [&] {
       gloo::AllgatherOptions opts(context_);
-      opts.setInput(reinterpret_cast<uint8_t*>(slot_in_.data()), slot);
+      opts.setInput(reinterpret_cast<uint8_t*>(own_slot), slot);
       opts.setOutput(reinterpret_cast<uint8_t*>(slot_all_.data()), slot * size_);
       opts.setTimeout(Millis(timeout));
       gloo::allgather(opts);
@@ -410,7 +422,7 @@ absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherBytes(
   size_t total = 0;
   for (int r = 0; r < size_; ++r) total += counts[r] = std::max<size_t>(1, tails[r]);
   tail_in_.assign(counts[rank_], '\0');
-  if (tails[rank_] > 0) tail_in_.assign(mine.data() + inline_bytes, tails[rank_]);
+  if (tails[rank_] > 0) tail_in_.assign(own_slot + slot, tails[rank_]);  // after the slot
   if (tail_all_.size() < total) tail_all_.resize(total);
   RETURN_IF_ERROR(Guard("negotiation (allgatherv)", [&] {
     gloo::AllgathervOptions opts(context_);

@@ -97,6 +97,12 @@ class GlooComm {
   absl::StatusOr<std::vector<absl::string_view>> AllgatherBytes(absl::string_view mine,
                                                                 size_t slot,
                                                                 absl::Duration timeout);
+  // The same without copying the message: `framed` holds 8 bytes of room for its length,
+  // then the message. It is sent from there (grown to the slot when shorter), and this
+  // rank's view points into it: keep it unchanged until the next call.
+  absl::StatusOr<std::vector<absl::string_view>> AllgatherFramed(std::string* framed,
+                                                                 size_t slot,
+                                                                 absl::Duration timeout);
   // Posts the receives of the next AllgatherBytes now, for a small `slot` (which that
   // call must then pass; every rank calls this with the same slot, or none does). Gloo
   // sends only to a receive its peer has posted, so an exchange whose receives were
@@ -125,9 +131,9 @@ class GlooComm {
   // Posts exchange_[i]'s receives of `slot` bytes from every peer.
   void PostExchange(int i, size_t slot);
   // AllgatherBytes' buffers, kept from call to call (no allocation or zeroing per round).
-  std::string slot_in_, slot_all_, tail_in_, tail_all_;
-  // The direct exchange (small slots): our slot goes to every peer from slot_in_ (through
-  // send_buf_); the peers' slots arrive in exchange_[next_exchange_], the two taking
+  std::string own_, slot_all_, tail_in_, tail_all_;  // own_: AllgatherBytes' framing
+  // The direct exchange (small slots): our slot goes to every peer from the framed
+  // message (through send_buf_); the peers' slots arrive in exchange_[next_exchange_], the two taking
   // turns, so the next exchange's receives can be posted while the views of the last one
   // are still read.
   struct Exchange {
@@ -139,7 +145,7 @@ class GlooComm {
   Exchange exchange_[2];
   int next_exchange_ = 0;
   absl::Status post_failed_;  // PostNextExchange's failure, for the next exchange
-  std::unique_ptr<gloo::transport::UnboundBuffer> send_buf_;  // over slot_in_'s bytes
+  std::unique_ptr<gloo::transport::UnboundBuffer> send_buf_;  // over the framed message
   std::vector<std::string> joined_;  // per rank, when tails were gathered
 };
 
