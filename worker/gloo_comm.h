@@ -133,9 +133,9 @@ class GlooComm {
   // AllgatherBytes' buffers, kept from call to call (no allocation or zeroing per round).
   std::string own_, slot_all_, tail_in_, tail_all_;  // own_: AllgatherBytes' framing
   // The direct exchange (small slots): our slot goes to every peer from the framed
-  // message (through send_buf_); the peers' slots arrive in exchange_[next_exchange_], the two taking
-  // turns, so the next exchange's receives can be posted while the views of the last one
-  // are still read.
+  // message (through send_buf_); the peers' slots arrive in exchange_[next_exchange_],
+  // the two taking turns, so the next exchange's receives can be posted while the views
+  // of the last one are still read.
   struct Exchange {
     std::string bytes;
     std::unique_ptr<gloo::transport::UnboundBuffer> buf;  // over bytes
