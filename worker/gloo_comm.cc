@@ -34,9 +34,10 @@ namespace {
 
 // Largest message AllgatherBytes accepts from a peer (a larger length is corruption).
 constexpr uint64_t kMaxGatherBytes = uint64_t{1} << 30;
-// Slots up to this size are exchanged directly (one send to every peer), larger ones by
-// the ring.
-constexpr size_t kDirectSlotBytes = 1 << 20;
+// Slots up to this size are exchanged directly (one send to every peer, the receives
+// posted a round ahead), larger ones by the ring. Slots grow with eager payloads (one
+// tensor of up to 1 MiB with 2 ranks fits; two do not) and with the tensors listed.
+constexpr size_t kDirectSlotBytes = 2 << 20;
 // The Gloo slot of the direct exchanges (a prefix no Gloo collective uses); exchanges are
 // matched in order, one at a time.
 constexpr uint64_t kExchangeSlot = (uint64_t{0xE1} << 56) | 1;

@@ -82,7 +82,7 @@ TEST(AllreduceTest, FusionPacksTensorsReadyTogetherIntoFewAllreduces) {
 TEST(AllreduceTest, WithoutFusionEveryTensorHasItsOwnAllreduce) {
   auto cluster = StartAllreduce(2, /*fusion_bytes=*/0);
   ASSERT_NE(cluster, nullptr);
-  PushPullMany(*cluster, 12, 200000);
+  PushPullMany(*cluster, 12, 300000);  // 1.2 MB: over the eager limit of 2 ranks (1 MiB)
   AllreduceStore::Stats s = StatsOf(cluster->worker(0));
   EXPECT_EQ(s.allreduces, 12u);
   EXPECT_EQ(s.fused_tensors, 0u);
@@ -203,7 +203,7 @@ TEST(AllreduceTest, WaiterCompletesWhenALatePeerSubmits) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
-// Rounds whose messages carry two large eager tensors (a slot over 1 MiB: the ring
+// Rounds whose messages carry two large eager tensors (a slot over 2 MiB: the ring
 // allgather) between rounds of small ones (the direct exchange, its receives posted at
 // the end of the round before): every sum exact whichever way the slot moves.
 TEST(AllreduceTest, NegotiationSlotGrowsAndShrinks) {
@@ -214,7 +214,7 @@ TEST(AllreduceTest, NegotiationSlotGrowsAndShrinks) {
       const bool large = i % 3 == 0;
       std::vector<Buffer> bufs;
       for (int t = 0; t < (large ? 2 : 1); ++t) {
-        bufs.emplace_back(DType::kFloat32, large ? 131072 : 100);  // 2 x 512 KiB
+        bufs.emplace_back(DType::kFloat32, large ? 262144 : 100);  // 2 x 1 MiB
       }
       std::vector<Handle> handles;
       for (size_t t = 0; t < bufs.size(); ++t) {
@@ -330,7 +330,7 @@ TEST(GlooCommTest, ExchangesWithReceivesPostedAheadDeliverEveryMessage) {
   gloo::rendezvous::HashStore store;
   auto c = ConnectMesh(store);
   ASSERT_TRUE(c[0] && c[1]);
-  const std::vector<size_t> slots = {4096, 4096, 8192, 4096, 2 << 20, 4096, 4096, 65536};
+  const std::vector<size_t> slots = {4096, 4096, 8192, 4096, 4 << 20, 4096, 4096, 65536};
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
