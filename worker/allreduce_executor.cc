@@ -113,9 +113,13 @@ bool AllreduceStore::WaitForRound() {
     }
   }
   wake_ = false;
+  ClaimRoundLocked();
+  return true;
+}
+
+void AllreduceStore::ClaimRoundLocked() {
   round_busy_ = true;
   last_round_ = absl::Now();
-  return true;
 }
 
 bool AllreduceStore::HoldRound(bool caller) {
@@ -140,8 +144,7 @@ void AllreduceStore::HelpWith(HandleState* state) {
       absl::MutexLock lock(&mu_);
       if (round_busy_ || stopping_ || !broken_.ok()) return;
       if (absl::Now() < NextRoundLocked()) return;
-      round_busy_ = true;
-      last_round_ = absl::Now();
+      ClaimRoundLocked();
       ++stats_.caller_rounds;
     }
     if (!HoldRound(/*caller=*/true)) return;  // the executor sees the store broken and stops

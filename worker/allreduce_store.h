@@ -122,6 +122,8 @@ class AllreduceStore : public KVStore {
   bool WaitForRound();
   // When the next round is due (InfinitePast: now).
   absl::Time NextRoundLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The calling thread holds the round from now (round_busy_, last_round_).
+  void ClaimRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs one round as the holder (round_busy_ set), then lets the round go. False: stop.
   // `caller`: a waiting thread, not the executor.
   bool HoldRound(bool caller);

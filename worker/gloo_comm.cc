@@ -41,8 +41,6 @@ constexpr size_t kDirectSlotBytes = 2 << 20;
 // The Gloo slot of the direct exchanges (a prefix no Gloo collective uses); exchanges are
 // matched in order, one at a time.
 constexpr uint64_t kExchangeSlot = (uint64_t{0xE1} << 56) | 1;
-// AllgatherBytes keeps the slots' addresses on the stack up to this many ranks.
-constexpr int kMaxRanksOnStack = 64;
 
 std::chrono::milliseconds Millis(absl::Duration d) {
   return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
@@ -358,14 +356,7 @@ absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherFramed(
   std::memcpy(framed->data(), &len64, sizeof len64);
   if (framed->size() < slot) framed->resize(slot);
   char* const own_slot = framed->data();
-  // Where rank r's slot is once exchanged.
-  const char* slot_at[kMaxRanksOnStack] = {};
-  std::vector<const char*> slot_heap;
-  const char** slots = slot_at;
-  if (size_ > kMaxRanksOnStack) {
-    slot_heap.resize(size_);
-    slots = slot_heap.data();
-  }
+  std::vector<const char*> slots(size_);  // where rank r's slot is once exchanged
   if (slot <= kDirectSlotBytes) {
     // Small slots: every rank sends its slot to every other rank at once: one step, where
     // the ring allgather takes 2(n-1) dependent ones, each a thread handoff that can cost

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -286,25 +287,33 @@ std::vector<std::unique_ptr<GlooComm>> ConnectMesh(gloo::rendezvous::HashStore& 
   return comms;
 }
 
+// Runs `blocked` (a call on `comm` that no peer joins) on a thread and aborts `comm`
+// 300 ms later: the call must fail within 5 s of the abort.
+void ExpectAbortEnds(GlooComm& comm, const std::function<absl::Status()>& blocked) {
+  absl::Status status;
+  absl::Time ended;
+  std::thread t([&] {
+    status = blocked();
+    ended = absl::Now();
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  const absl::Time aborted = absl::Now();
+  comm.Abort();
+  t.join();
+  EXPECT_FALSE(status.ok());
+  EXPECT_LT(ended - aborted, absl::Seconds(5)) << status;
+}
+
 TEST(GlooCommTest, AbortEndsABlockedCollectiveAtOnceAndLeavesOtherMeshesAlone) {
   gloo::rendezvous::HashStore store_a, store_b;
   auto a = ConnectMesh(store_a);
   auto b = ConnectMesh(store_b);  // another mesh in this process, as in-process tests have
   ASSERT_TRUE(a[0] && a[1] && b[0] && b[1]);
   std::vector<float> x(1 << 18, 1.0f);
-  absl::Status blocked;
-  absl::Time ended;
   // Rank 1 of mesh a never joins (a hung peer): rank 0 would wait for the 60 s timeout.
-  std::thread t([&] {
-    blocked = a[0]->Allreduce(DType::kFloat32, x.data(), x.data(), x.size(), absl::Seconds(60));
-    ended = absl::Now();
+  ExpectAbortEnds(*a[0], [&] {
+    return a[0]->Allreduce(DType::kFloat32, x.data(), x.data(), x.size(), absl::Seconds(60));
   });
-  absl::SleepFor(absl::Milliseconds(300));
-  const absl::Time aborted = absl::Now();
-  a[0]->Abort();
-  t.join();
-  EXPECT_FALSE(blocked.ok());
-  EXPECT_LT(ended - aborted, absl::Seconds(5)) << blocked;
   // Mesh b still works: Abort found mesh a's sockets only.
   std::vector<std::vector<float>> y(2, std::vector<float>(1000));
   std::vector<absl::Status> got(2);
@@ -366,18 +375,8 @@ TEST(GlooCommTest, ABlockedExchangeEndsAtAbortOrItsTimeout) {
   auto d = ConnectMesh(store2);
   ASSERT_TRUE(d[0] && d[1]);
   d[0]->PostNextExchange(4096);
-  absl::Status blocked;
-  absl::Time ended;
-  std::thread t([&] {
-    blocked = d[0]->AllgatherBytes("y", 4096, absl::Seconds(60)).status();
-    ended = absl::Now();
-  });
-  absl::SleepFor(absl::Milliseconds(300));
-  const absl::Time aborted = absl::Now();
-  d[0]->Abort();
-  t.join();
-  EXPECT_FALSE(blocked.ok());
-  EXPECT_LT(ended - aborted, absl::Seconds(5)) << blocked;
+  ExpectAbortEnds(*d[0],
+                  [&] { return d[0]->AllgatherBytes("y", 4096, absl::Seconds(60)).status(); });
 }
 
 }  // namespace
