@@ -247,6 +247,7 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_TIMEOUT_MS", &o.op_timeout));
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_START_TIMEOUT_MS", &o.start_timeout));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_FUSION_BYTES", &o.fusion_bytes));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_FUSION_MAX_TENSOR_BYTES", &o.fusion_max_tensor_bytes));
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_CYCLE_TIME_MS", &o.cycle_time));
   RETURN_IF_ERROR(GetMicros("HYBRIDPS_BURST_GATHER_US", &o.burst_gather));
   RETURN_IF_ERROR(GetMicros("HYBRIDPS_SPIN_US", &o.spin));

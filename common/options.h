@@ -153,8 +153,16 @@ struct Options {
   int log_level = 2;
   // dist_allreduce only. HYBRIDPS_FUSION_BYTES: push_pulls smaller than this that are
   // ready in the same cycle are packed (per dtype) into fusion buffers of at most this
-  // size and reduced together; 0 turns fusion off.
+  // size and reduced together; 0 turns fusion off. Rank 0's value is used by every worker.
   size_t fusion_bytes = 64 << 20;
+  // HYBRIDPS_FUSION_MAX_TENSOR_BYTES (dist_allreduce, CPU tensors): a push_pull larger
+  // than this is reduced alone, in place, instead of being copied into a fusion buffer and
+  // back. Fusion pays for small tensors, whose allreduces are bound by latency; for a
+  // large one the two copies cost more than its own collective's start (ResNet-50's 161
+  // tensors, 2 workers on a 16-core host: 85 ms with everything fused, 61 ms with this at
+  // 2 MiB; bench/RESULTS.md). GPU tensors are always fused (device copies are cheap).
+  // Rank 0's value (and its fusion_bytes) is used by every worker.
+  size_t fusion_max_tensor_bytes = 2 << 20;
   // HYBRIDPS_CYCLE_TIME_MS: while operations are pending, workers agree on what to run
   // at most once per cycle (tensors submitted within one cycle can be fused). No cycles
   // run while the job is idle.

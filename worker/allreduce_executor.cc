@@ -252,7 +252,7 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
   }
   nego::Plan plan;
   if (failure.ok()) {
-    plan = nego::Decide(lists, rank_, options_.fusion_bytes);
+    plan = nego::Decide(lists, rank_, fusion_bytes_, fusion_max_tensor_bytes_);
     // The next slot, from data every rank holds.
     recent_sizes_.push_back(largest + sizeof(uint64_t));
     if (recent_sizes_.size() > kSlotHistory) recent_sizes_.pop_front();

@@ -5,7 +5,9 @@
 #include <signal.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -91,6 +93,7 @@ absl::Status AllreduceStore::Start() {
     return store.status().ok() ? comm.status() : store.status();
   }
   comm_ = std::move(*comm);
+  RETURN_IF_ERROR(ShareFusionSettings());
 #if HYBRIDPS_WITH_NCCL
   RETURN_IF_ERROR(ShareNcclId());
 #endif
@@ -109,6 +112,37 @@ absl::Status AllreduceStore::Start() {
   HPS_LOG(INFO) << "joined the job as worker " << rank_ << " of " << num_workers_
                 << " (dist_allreduce, gloo on " << (gloo_iface_.empty() ? gloo_host_ : gloo_iface_)
                 << ")";
+  return absl::OkStatus();
+}
+
+absl::Status AllreduceStore::ShareFusionSettings() {
+  SchedulerStore store(control_.get(), "fusion/", absl::Now() + options_.start_timeout);
+  const std::string mine =
+      absl::StrCat(options_.fusion_bytes, " ", options_.fusion_max_tensor_bytes);
+  std::string value = mine;
+  try {
+    if (rank_ == 0) {
+      store.set("rank0", std::vector<char>(value.begin(), value.end()));
+    } else {
+      std::vector<char> v = store.get("rank0");
+      value.assign(v.begin(), v.end());
+    }
+  } catch (const std::exception& e) {
+    return store.status().ok() ? absl::UnavailableError(e.what()) : store.status();
+  }
+  std::vector<std::string> parts = absl::StrSplit(value, ' ');
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &fusion_bytes_) ||
+      !absl::SimpleAtoi(parts[1], &fusion_max_tensor_bytes_)) {
+    return absl::DataLossError(
+        absl::StrCat("rendezvous: malformed fusion settings from rank 0: '", value, "'"));
+  }
+  if (value != mine) {
+    HPS_LOG(WARNING) << "this worker's HYBRIDPS_FUSION_BYTES / HYBRIDPS_FUSION_MAX_TENSOR_BYTES ("
+                     << options_.fusion_bytes << " / " << options_.fusion_max_tensor_bytes
+                     << ") differ from rank 0's (" << fusion_bytes_ << " / "
+                     << fusion_max_tensor_bytes_
+                     << "); every worker uses rank 0's, so that all plan alike";
+  }
   return absl::OkStatus();
 }
 

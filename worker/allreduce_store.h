@@ -106,6 +106,9 @@ class AllreduceStore : public KVStore {
  private:
   AllreduceStore(std::shared_ptr<Context> ctx, const Options& options);
   absl::Status Start();
+  // Start: every rank takes rank 0's fusion settings (Options::fusion_bytes,
+  // fusion_max_tensor_bytes), so that all plan alike; a rank whose own differ warns.
+  absl::Status ShareFusionSettings();
   // OK for a tensor this build and this worker can reduce; else an error naming it.
   absl::Status CheckTensor(absl::string_view name, const TensorView& t,
                            absl::string_view what);
@@ -178,6 +181,8 @@ class AllreduceStore : public KVStore {
   int rank_ = -1;
   int num_workers_ = 0;
   std::string gloo_host_, gloo_iface_;
+  size_t fusion_bytes_ = 0;             // rank 0's Options::fusion_bytes (Start)
+  size_t fusion_max_tensor_bytes_ = 0;  // rank 0's Options::fusion_max_tensor_bytes (Start)
 
   // The constructing thread until Start returns, then the I/O thread only.
   std::unique_ptr<ControlClient> control_;

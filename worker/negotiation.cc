@@ -198,7 +198,8 @@ absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
   return list;
 }
 
-Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes) {
+Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
+            size_t max_tensor_bytes) {
   const int n = static_cast<int>(lists.size());
   Plan plan;
   // Every key, in order of first appearance (rank 0's list first): the same on every rank.
@@ -312,7 +313,7 @@ Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes) {
       continue;
     }
     a.type = Action::Type::kAllreduce;
-    if (bytes >= fusion_bytes) {
+    if (bytes >= fusion_bytes || (!e0.gpu && bytes > max_tensor_bytes)) {
       plan.actions.push_back(std::move(a));
       continue;
     }

@@ -22,7 +22,8 @@
 //   ranks' payloads in rank order (identical on every rank), broadcast takes the root's.
 // - Other push_pulls smaller than fusion_bytes are packed by dtype and device kind (GPU
 //   buckets run as one NCCL group, CPU ones through a fusion buffer) into buckets of at
-//   most fusion_bytes (a bucket runs where its first member would have); larger ones and
+//   most fusion_bytes (a bucket runs where its first member would have); larger ones,
+//   CPU ones larger than max_tensor_bytes (packing them would copy them in and out) and
 //   broadcasts run alone.
 //
 // The wire format is validated field by field: a malformed list is an error, never a
@@ -126,8 +127,10 @@ struct Plan {
 };
 
 // The plan of rank `self` for one round (lists indexed by rank). Deterministic: every
-// rank computes the same actions in the same order (up to which entry indices are its own).
-Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes);
+// rank computes the same actions in the same order (up to which entry indices are its own),
+// given the same fusion_bytes and max_tensor_bytes.
+Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
+            size_t max_tensor_bytes = SIZE_MAX);
 
 }  // namespace hybridps::negotiation
 

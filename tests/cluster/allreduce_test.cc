@@ -24,14 +24,17 @@
 namespace hybridps::testing {
 namespace {
 
-std::unique_ptr<LocalCluster> StartAllreduce(int workers, size_t fusion_bytes = 64 << 20,
-                                             int caller_rounds = 1) {
+// `tweak`, when given, changes the configuration further.
+std::unique_ptr<LocalCluster> StartAllreduce(
+    int workers, size_t fusion_bytes = 64 << 20, int caller_rounds = 1,
+    const std::function<void(ClusterConfig*)>& tweak = nullptr) {
   ClusterConfig c;
   c.backend = "dist_allreduce";
   c.workers = workers;
   c.fusion_bytes = fusion_bytes;
   c.caller_rounds = caller_rounds;
   c.heartbeat_timeout = absl::Seconds(5);
+  if (tweak) tweak(&c);
   auto cl = LocalCluster::Start(c);
   EXPECT_TRUE(cl.ok()) << cl.status();
   return cl.ok() ? std::move(*cl) : nullptr;
@@ -43,13 +46,15 @@ AllreduceStore::Stats StatsOf(KVStore* kv) {
   return s ? s->stats() : AllreduceStore::Stats{};
 }
 
-// `tensors` push_pulls of `count` float32 each, all in flight; checks the sums.
-void PushPullMany(LocalCluster& cluster, int tensors, size_t count) {
+// Push_pulls of counts[i] float32 each (name "g<i>", priority -i), all in flight; checks
+// the sums.
+void PushPullSizes(LocalCluster& cluster, const std::vector<size_t>& counts) {
   const int n = cluster.num_workers();
+  const int tensors = static_cast<int>(counts.size());
   cluster.RunOnWorkers([&](int rank, KVStore* kv) {
     std::vector<Buffer> bufs;
     std::vector<Handle> handles;
-    for (int i = 0; i < tensors; ++i) bufs.emplace_back(DType::kFloat32, count);
+    for (int i = 0; i < tensors; ++i) bufs.emplace_back(DType::kFloat32, counts[i]);
     for (int i = 0; i < tensors; ++i) {
       bufs[i].Fill(rank, 0, i);
       auto h = kv->PushPullAsync(absl::StrCat("g", i), bufs[i].view(), bufs[i].view(), -i);
@@ -58,13 +63,18 @@ void PushPullMany(LocalCluster& cluster, int tensors, size_t count) {
     }
     for (auto& h : handles) ASSERT_TRUE(h.Wait().ok()) << h.Wait();
     for (int i = 0; i < tensors; ++i) {
-      for (size_t k = 0; k < count; k += 101) {
+      for (size_t k = 0; k < counts[i]; k += 101) {
         double want = 0;
         for (int r = 0; r < n; ++r) want += Value(k, r, 0, i);
         ASSERT_EQ(bufs[i].at(k), want) << "g" << i << " element " << k;
       }
     }
   });
+}
+
+// `tensors` push_pulls of `count` float32 each.
+void PushPullMany(LocalCluster& cluster, int tensors, size_t count) {
+  PushPullSizes(cluster, std::vector<size_t>(tensors, count));
 }
 
 TEST(AllreduceTest, FusionPacksTensorsReadyTogetherIntoFewAllreduces) {
@@ -77,6 +87,48 @@ TEST(AllreduceTest, FusionPacksTensorsReadyTogetherIntoFewAllreduces) {
     EXPECT_GE(s.fused_tensors, 20u) << "worker " << w;
     EXPECT_LE(s.allreduces, 20u) << "worker " << w;
     EXPECT_EQ(s.eager, 0u);
+  }
+}
+
+// Tensors larger than fusion_max_tensor_bytes are reduced alone, in place: copying them
+// into the fusion buffer and back would cost more than their own allreduce's start.
+TEST(AllreduceTest, LargeTensorsRunAloneWhileSmallOnesFuse) {
+  auto cl = StartAllreduce(3, 64 << 20, 1,
+                           [](ClusterConfig* c) { c->fusion_max_tensor_bytes = 1 << 20; });
+  ASSERT_NE(cl, nullptr);
+  LocalCluster& cluster = *cl;
+  // 20 of 600 KB (over 3 ranks' eager limit, 512 KiB; fused), then 6 of 1.2 MB (alone).
+  std::vector<size_t> counts(20, 150000);
+  counts.resize(26, 300000);
+  PushPullSizes(cluster, counts);
+  const int n = cluster.num_workers();
+  for (int w = 0; w < n; ++w) {
+    AllreduceStore::Stats s = StatsOf(cluster.worker(w));
+    EXPECT_LE(s.fused_tensors, 20u) << "worker " << w << ": a large tensor was fused";
+    EXPECT_GE(s.allreduces, 7u) << "worker " << w;
+    EXPECT_EQ(s.eager, 0u);
+  }
+}
+
+// Fusion settings that differ between workers would make them plan different collectives
+// (Gloo then aborts the process on the mismatched sizes): every worker takes rank 0's.
+TEST(AllreduceTest, WorkersWithOtherFusionSettingsFollowRankZero) {
+  auto cl = StartAllreduce(3, 64 << 20, 1, [](ClusterConfig* c) {
+    c->op_timeout = absl::Seconds(10);
+    // Which of them becomes rank 0 is up to the scheduler: all three differ.
+    c->worker_options = [](int i, Options* o) {
+      if (i == 1) o->fusion_bytes = 0;
+      if (i == 2) o->fusion_max_tensor_bytes = 0;
+    };
+  });
+  ASSERT_NE(cl, nullptr);
+  PushPullMany(*cl, 30, 150000);
+  // Alike plans: the same number of allreduces and fused tensors everywhere.
+  const AllreduceStore::Stats s0 = StatsOf(cl->worker(0));
+  for (int w = 1; w < 3; ++w) {
+    const AllreduceStore::Stats s = StatsOf(cl->worker(w));
+    EXPECT_EQ(s.allreduces, s0.allreduces) << "worker " << w;
+    EXPECT_EQ(s.fused_tensors, s0.fused_tensors) << "worker " << w;
   }
 }
 

@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterC
   o.start_timeout = c.start_timeout;
   o.max_message_bytes = c.max_message_bytes;
   o.fusion_bytes = c.fusion_bytes;
+  o.fusion_max_tensor_bytes = c.fusion_max_tensor_bytes;
   o.caller_rounds = c.caller_rounds;
   o.cycle_time = c.cycle_time;
   o.stall_warning = c.stall_warning;
@@ -75,6 +76,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterC
       wo.local_size = c.local_size;
       wo.local_rank = i % c.local_size;
       wo.node_id = absl::StrCat("node", i / c.local_size);
+      if (c.worker_options) c.worker_options(i, &wo);
       auto store = KVStore::Create(c.backend, wo, cl->ctx_);
       if (store.ok()) {
         cl->workers_[i] = std::move(*store);

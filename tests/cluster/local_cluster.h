@@ -52,9 +52,13 @@ struct ClusterConfig {
   // dist_allreduce: fusion threshold, cycle time, stall warning, and whether threads
   // waiting on a handle run the due rounds themselves.
   size_t fusion_bytes = Options().fusion_bytes;
+  size_t fusion_max_tensor_bytes = Options().fusion_max_tensor_bytes;
   absl::Duration cycle_time = Options().cycle_time;
   absl::Duration stall_warning = Options().stall_warning;
   int caller_rounds = Options().caller_rounds;
+  // Called with each worker's rank and options before it starts (tests of workers whose
+  // settings differ); null: all alike.
+  std::function<void(int, Options*)> worker_options;
 };
 
 class LocalCluster {

@@ -185,6 +185,25 @@ TEST(NegotiationTest, PriorityThenRankZeroOrderAndFusionPerDType) {
   EXPECT_EQ(small.actions[0].entries, (std::vector<size_t>{3, 0}));
 }
 
+TEST(NegotiationTest, CpuTensorsOverTheMaxTensorSizeRunAloneGpuOnesStillFuse) {
+  Entry g1 = PushPull("g1", 1000), g2 = PushPull("g2", 1000);
+  g1.gpu = g2.gpu = true;
+  std::vector<RankList> lists(2);
+  lists[0].entries = {PushPull("a", 1000), PushPull("big", 1001), PushPull("b", 1000), g1, g2};
+  lists[1].entries = lists[0].entries;
+  // CPU tensors of more than 4000 bytes run alone; GPU ones fuse whatever their size.
+  Plan p = Decide(lists, 0, 1 << 20, 4000);
+  std::vector<std::vector<size_t>> got;
+  for (const Action& a : p.actions) got.push_back(a.entries);
+  EXPECT_EQ(got, (std::vector<std::vector<size_t>>{{0, 2}, {1}, {3, 4}}));
+  // Exactly at the limit still fuses.
+  Plan at = Decide(lists, 0, 1 << 20, 4004);
+  EXPECT_EQ(at.actions[0].entries, (std::vector<size_t>{0, 1, 2}));
+  // 0: no CPU tensor is fused.
+  Plan none = Decide(lists, 0, 1 << 20, 0);
+  EXPECT_EQ(none.actions.size(), 4u);
+}
+
 // GPU tensors (NCCL) and CPU tensors (Gloo) never share an action: a name on a GPU on one
 // rank and on the CPU on another is a mismatch, and buckets are per dtype and device.
 TEST(NegotiationTest, DeviceKindIsPartOfTheSignatureAndOfTheFusionBucket) {

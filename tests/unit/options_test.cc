@@ -18,7 +18,7 @@ class OptionsTest : public ::testing::Test {
                           "HYBRIDPS_BACKEND", "HYBRIDPS_SCHEDULER_PORT",
                           "HYBRIDPS_HEARTBEAT_TIMEOUT_MS", "HYBRIDPS_FUSION_BYTES",
                           "HYBRIDPS_CYCLE_TIME_MS", "HYBRIDPS_STALL_WARNING_MS",
-                          "HYBRIDPS_CALLER_ROUNDS",
+                          "HYBRIDPS_CALLER_ROUNDS", "HYBRIDPS_FUSION_MAX_TENSOR_BYTES",
                           "HYBRIDPS_LOCAL_RANK", "HYBRIDPS_LOCAL_SIZE", "HYBRIDPS_DEPLOYMENT",
                           "HYBRIDPS_EXTRA_SERVERS", "OMPI_COMM_WORLD_RANK",
                           "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -125,6 +125,7 @@ TEST_F(OptionsTest, AllreduceFusionCycleAndStallSettings) {
   auto d = OptionsFromEnvironment();
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->fusion_bytes, size_t{64} << 20);
+  EXPECT_EQ(d->fusion_max_tensor_bytes, size_t{2} << 20);
   EXPECT_EQ(d->cycle_time, absl::Milliseconds(1));
   EXPECT_EQ(d->stall_warning, absl::Seconds(60));
   EXPECT_EQ(d->caller_rounds, 1);
@@ -138,11 +139,13 @@ TEST_F(OptionsTest, AllreduceFusionCycleAndStallSettings) {
   EXPECT_NE(two.status().message().find("caller_rounds"), absl::string_view::npos) << two.status();
   unsetenv("HYBRIDPS_CALLER_ROUNDS");
   setenv("HYBRIDPS_FUSION_BYTES", "0", 1);
+  setenv("HYBRIDPS_FUSION_MAX_TENSOR_BYTES", "4096", 1);
   setenv("HYBRIDPS_CYCLE_TIME_MS", "5", 1);
   setenv("HYBRIDPS_STALL_WARNING_MS", "2000", 1);
   auto o = OptionsFromEnvironment();
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->fusion_bytes, 0u);
+  EXPECT_EQ(o->fusion_max_tensor_bytes, 4096u);
   EXPECT_EQ(o->cycle_time, absl::Milliseconds(5));
   EXPECT_EQ(o->stall_warning, absl::Seconds(2));
   setenv("HYBRIDPS_STALL_WARNING_MS", "0", 1);
