@@ -8,6 +8,9 @@ at once without communicating). The stores take turns in every repetition so tha
 
     .venv/bin/python bench/mxnet_bench.py [--repeats 3] [--steps 10] [--model-params 25e6]
 
+A hybridps store may carry settings for its workers, to compare them taking turns:
+`--stores dist_allreduce,dist_allreduce:HYBRIDPS_FUSION_MAX_TENSOR_BYTES=67108864`.
+
 Prints one line per run and a Markdown table of medians (samples/s over all workers,
 median step time of rank 0).
 """
@@ -55,12 +58,20 @@ def parse(stdout):
     return None
 
 
-def run_hybridps(store, train_args, timeout):
+def run_hybridps(spec, train_args, timeout):
+    """`spec`: a store name, then optionally ":NAME=VALUE" settings for its workers."""
+    store, *settings = spec.split(":")
+    env = base_env()
+    for kv in settings:
+        name, sep, value = kv.partition("=")
+        if not sep or not name.startswith("HYBRIDPS_"):
+            raise SystemExit(f"mxnet_bench: '{kv}' in --stores is not HYBRIDPS_NAME=VALUE")
+        env[name] = value
     backend = ["--backend", "dist_allreduce"] if store == "dist_allreduce" else [
         "--servers", "2"]
     cmd = [PY, str(ROOT / "scripts" / "hybridrun"), "-np", "2", *backend, "--bin-dir",
            str(BUILD), "--", PY, str(TRAIN), "--kvstore", store, *train_args]
-    p = subprocess.run(cmd, env=base_env(), capture_output=True, text=True, timeout=timeout)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     return p.returncode, p.stdout + p.stderr
 
 
