@@ -167,10 +167,12 @@ struct Options {
   // at most once per cycle (tensors submitted within one cycle can be fused). No cycles
   // run while the job is idle.
   absl::Duration cycle_time = absl::Milliseconds(1);
-  // HYBRIDPS_CALLER_ROUNDS (dist_allreduce, CPU tensors): 1: a thread waiting on a
-  // handle runs the negotiation round and collective that are due itself, while no other
-  // thread is in one, instead of waking the executor thread and waiting to be woken; 0:
-  // only the executor thread runs rounds.
+  // HYBRIDPS_CALLER_ROUNDS: 1: a thread waiting on a handle does the store's work for it
+  // itself instead of waking a background thread and waiting to be woken; 0: only the
+  // background threads do. dist_allreduce, CPU tensors: the negotiation round and the
+  // collective that are due, while no other thread is in one. dist_hybrid, GPU tensors:
+  // the staging steps (copies to and from the host, hand-over to the CPU path), one thread
+  // at a time, until the waited-for operation completed (worker/gpu_staging.h).
   int caller_rounds = 1;
   // HYBRIDPS_STALL_WARNING_MS: an operation that some workers submitted and others have
   // not for this long is logged, naming the missing ranks (it fails at op_timeout).

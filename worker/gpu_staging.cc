@@ -74,7 +74,7 @@ struct GpuStager::Op {
   TensorView in, out;
   bool gpu = false;  // in and out on the GPU; else a CPU operation queued behind its name
   std::shared_ptr<HandleState> handle;
-  // Stager thread.
+  // The loop holder (GpuStager::Turn).
   StagingCache::Buffer staging;
   bool has_staging = false;
   bool copying = false;  // a copy of `ticket` runs (into or out of `staging`)
@@ -93,20 +93,29 @@ struct GpuStager::Op {
 };
 
 GpuStager::GpuStager(std::unique_ptr<DeviceCopier> copier, Backend backend, int num_workers,
-                     absl::Duration op_timeout)
+                     absl::Duration op_timeout, bool waiting_threads_help)
     : copier_(std::move(copier)),
       backend_(std::move(backend)),
       num_workers_(num_workers),
       op_timeout_(op_timeout),
+      waiting_threads_help_(waiting_threads_help),
       cache_([this](size_t bytes) { return copier_->AllocHost(bytes); },
              [this](void* data) { copier_->FreeHost(data); }) {
+  {
+    absl::WriterMutexLock lock(&gate_->mu);
+    gate_->stager = this;
+  }
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "hps-gpu-stage");
     Loop();
   });
 }
 
-GpuStager::~GpuStager() { Shutdown(); }
+GpuStager::~GpuStager() {
+  Shutdown();
+  absl::WriterMutexLock lock(&gate_->mu);  // after the helpers in progress returned
+  gate_->stager = nullptr;
+}
 
 void GpuStager::Shutdown() {
   {
@@ -215,6 +224,12 @@ absl::StatusOr<Handle> GpuStager::Submit(OpPtr op) {
     if (!broken_.ok()) return broken_;
     if (op->gpu || pending_.contains(op->name)) {
       op->handle = std::make_shared<HandleState>();
+      if (waiting_threads_help_) {
+        op->handle->SetWaitHelper([gate = gate_](HandleState* state) {
+          absl::ReaderMutexLock gate_lock(&gate->mu);
+          if (gate->stager != nullptr) gate->stager->HelpWith(state);
+        });
+      }
       ++pending_[op->name];
       ++outstanding_;
       if (!op->gpu) ++stats_.queued_cpu_ops;
@@ -230,43 +245,91 @@ absl::StatusOr<Handle> GpuStager::Submit(OpPtr op) {
 void GpuStager::Loop() {
   // Timed waits below wake within a microsecond of their timeout, not the default 50.
   prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-  // Wakes the thread: work arrived, an operation returned from the backend, or the end.
-  struct Wake {
-    GpuStager* s;
-    bool operator()() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu_) {
-      return !s->incoming_.empty() || !s->returned_.empty() ||
-             (s->stopping_ && s->outstanding_ == 0);
-    }
-  };
-  const Wake wake{this};
-  absl::Time last_progress = absl::Now();
-  for (;;) {
-    std::deque<OpPtr> incoming;
-    std::vector<std::pair<OpPtr, absl::Status>> returned;
-    const size_t copies = to_submit_.size() + copying_back_.size();
-    {
-      absl::MutexLock lock(&mu_);
-      // See kSpinFor: spinning takes what is there without waiting.
-      if (copies == 0) {
-        mu_.Await(absl::Condition(&wake));
-      } else if (absl::Now() - last_progress > kSpinFor) {
-        mu_.AwaitWithTimeout(absl::Condition(&wake), kPollInterval);
-      }
-      if (stopping_ && outstanding_ == 0) return;
-      incoming.swap(incoming_);
-      returned.swap(returned_);
-    }
-    const bool arrived = !incoming.empty() || !returned.empty();
-    for (const OpPtr& op : incoming) Accept(op);
-    SubmitReady();
-    for (const auto& [op, status] : returned) Returned(op, status);
-    PollCopiesBack();
-    if (arrived || to_submit_.size() + copying_back_.size() != copies) {
-      last_progress = absl::Now();
-    } else {
-      CpuRelax();
-    }
+  mu_.Lock();
+  while (AwaitTurn(/*helper=*/false, nullptr)) {
+    mu_.Unlock();
+    Turn();
+    mu_.Lock();
   }
+  mu_.Unlock();
+}
+
+void GpuStager::HelpWith(HandleState* state) {
+  mu_.Lock();
+  ++helpers_;
+  while (AwaitTurn(/*helper=*/true, state)) {
+    mu_.Unlock();
+    Turn();
+    mu_.Lock();
+  }
+  --helpers_;  // the stager's thread takes over from the last helper
+  mu_.Unlock();
+}
+
+bool GpuStager::AwaitTurn(bool helper, HandleState* state) {
+  // Done: the helper's operation completed; the stager's thread at shutdown once every
+  // operation finished.
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return helper ? state->DoneFast() : stopping_ && outstanding_ == 0;
+  };
+  // The stager's thread leaves the turns to the helpers while there are any.
+  auto free = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !loop_busy_ && (helper || helpers_ == 0);
+  };
+  auto work = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !incoming_.empty() || !returned_.empty();
+  };
+  auto wake = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return done() || (free() && (work() || copies_ > 0));
+  };
+  auto wake_on_work = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return done() || (free() && work());
+  };
+  for (;;) {
+    if (done()) return false;
+    if (free()) {
+      // See kSpinFor: while copies are in flight, spinning takes a turn without waiting,
+      // and past it a turn polls them every kPollInterval.
+      if (work() || (copies_ > 0 && absl::Now() - last_progress_ <= kSpinFor)) break;
+      if (copies_ > 0) {
+        mu_.AwaitWithTimeout(absl::Condition(&wake_on_work), kPollInterval);
+        if (done()) return false;
+        if (free()) break;
+        continue;
+      }
+    }
+    // Without copies in flight: sleep until there is work (or the loop is free again).
+    mu_.Await(absl::Condition(&wake));
+  }
+  loop_busy_ = true;
+  if (helper) ++stats_.caller_turns;
+  return true;
+}
+
+void GpuStager::Turn() {
+  std::deque<OpPtr> incoming;
+  std::vector<std::pair<OpPtr, absl::Status>> returned;
+  size_t copies;
+  {
+    absl::MutexLock lock(&mu_);
+    incoming.swap(incoming_);
+    returned.swap(returned_);
+    copies = copies_;
+  }
+  const bool arrived = !incoming.empty() || !returned.empty();
+  for (const OpPtr& op : incoming) Accept(op);
+  SubmitReady();
+  for (const auto& [op, status] : returned) Returned(op, status);
+  PollCopiesBack();
+  const size_t now_copies = to_submit_.size() + copying_back_.size();
+  const bool progress = arrived || now_copies != copies;
+  {
+    absl::MutexLock lock(&mu_);
+    copies_ = now_copies;
+    if (progress) last_progress_ = absl::Now();
+    loop_busy_ = false;
+  }
+  if (!progress) CpuRelax();
 }
 
 void GpuStager::Accept(const OpPtr& op) {

@@ -1,7 +1,7 @@
 // GPU tensors for dist_hybrid: host staging in front of the CPU parameter-server path.
 //
 // A GPU tensor's operation runs in three steps on the stager's own thread
-// ("hps-gpu-stage"):
+// ("hps-gpu-stage"), or on a thread waiting on the operation's handle (below):
 //   1. the tensor is copied into a pinned host staging buffer (cudaMemcpyAsync on the
 //      stager's own non-blocking stream, an event polled with a deadline);
 //   2. the ordinary CPU operation runs on the staging buffer (in place): partitioning,
@@ -14,6 +14,15 @@
 // on one name reach the CPU path in the order they were issued. Operations are handed to
 // the CPU path in issue order (FIFO); copies to the host are all enqueued at once, so a
 // big tensor's copy overlaps the network transfer of the ones before it.
+//
+// Waiting threads help (`waiting_threads_help`, Options::caller_rounds): a thread that
+// waits on a GPU operation's handle runs the stager's steps itself (for every operation,
+// one thread at a time) until its own has completed, sleeping while there is nothing to
+// do, instead of waking the stager's thread and being woken back; the stager's thread
+// stays idle meanwhile. Then an isolated operation costs no thread hand-off on the way
+// out (the copy to the host starts on the waiting thread) and none on the way back (the
+// backend's completion wakes the waiting thread, which copies back and returns). The
+// CUDA calls made there leave the calling thread's current device as it was.
 //
 // Readiness: the stager's streams do not wait for the caller's streams. A GPU tensor must
 // be ready (its producing kernels finished, e.g. cudaStreamSynchronize) when it is
@@ -57,7 +66,9 @@
 namespace hybridps {
 
 // What staging needs from the GPU. Threading: DeviceCount and CheckPointer run on user
-// threads (possibly concurrently); the rest on the stager's thread only, Bind first.
+// threads (possibly concurrently); the rest on one thread at a time (the stager's, or a
+// thread waiting on a handle, see GpuStager), Bind first; each leaves the calling
+// thread's current CUDA device as it found it.
 class DeviceCopier {
  public:
   enum class Direction { kToHost, kToDevice };
@@ -66,7 +77,7 @@ class DeviceCopier {
   virtual absl::StatusOr<int> DeviceCount() = 0;
   // OK when `data` is memory of `device`; else an error saying what it is.
   virtual absl::Status CheckPointer(const void* data, int device) = 0;
-  // Makes `device` the calling thread's device (and creates the streams).
+  // Makes `device` the one the copies use (and creates the streams).
   virtual absl::Status Bind(int device) = 0;
   // Pinned host memory of `bytes` (> 0) bytes; FreeHost releases it (any thread).
   virtual absl::StatusOr<void*> AllocHost(size_t bytes) = 0;
@@ -138,12 +149,13 @@ class GpuStager {
     uint64_t queued_cpu_ops = 0;  // CPU operations that waited behind one of their name
     uint64_t host_allocations = 0;  // staging buffers allocated
     size_t staging_bytes = 0;       // staging memory held
+    uint64_t caller_turns = 0;      // turns of the stager's steps run by waiting threads
   };
 
   // `num_workers`: for the range check of broadcast roots; `op_timeout`: the bound of
-  // each copy. Starts the stager's thread.
+  // each copy; `waiting_threads_help`: see the file comment. Starts the stager's thread.
   GpuStager(std::unique_ptr<DeviceCopier> copier, Backend backend, int num_workers,
-            absl::Duration op_timeout);
+            absl::Duration op_timeout, bool waiting_threads_help = true);
   // Shutdown().
   ~GpuStager();
   GpuStager(const GpuStager&) = delete;
@@ -166,7 +178,15 @@ class GpuStager {
   absl::Status CheckGpuTensor(absl::string_view name, const TensorView& t,
                               absl::string_view what);
   void Loop();
-  // Stager thread: the steps of an operation.
+  // A thread waiting on `state` (a GPU operation's handle) runs the turns until it is done.
+  void HelpWith(HandleState* state);
+  // Waits until the calling thread may run a turn (the loop is free and there is work, or
+  // copies to poll), then holds the loop (loop_busy_). False: stop instead. `helper`: a
+  // waiting thread (false: the stager's thread); `state`: its operation (helpers only).
+  bool AwaitTurn(bool helper, HandleState* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One turn of the steps below, as the loop holder; then lets the loop go.
+  void Turn();
+  // The loop holder: the steps of an operation.
   void Accept(const OpPtr& op);
   void SubmitReady();
   void SubmitToBackend(const OpPtr& op);
@@ -186,7 +206,9 @@ class GpuStager {
   const int num_workers_;
   const absl::Duration op_timeout_;
 
-  // Stager thread only.
+  const bool waiting_threads_help_;
+
+  // The loop holder only (loop_busy_: the stager's thread or a helping waiting thread).
   StagingCache cache_;
   bool bound_ = false;
   std::deque<OpPtr> to_submit_;  // issue order; GPU ones copying to the host
@@ -202,6 +224,17 @@ class GpuStager {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
+  bool loop_busy_ ABSL_GUARDED_BY(mu_) = false;  // a thread runs a turn
+  int helpers_ ABSL_GUARDED_BY(mu_) = 0;         // waiting threads in HelpWith
+  size_t copies_ ABSL_GUARDED_BY(mu_) = 0;       // in flight after the last turn
+  absl::Time last_progress_ ABSL_GUARDED_BY(mu_);  // of the turns
+  // Handles' wait helpers reach the stager through this; cleared (under its writer lock,
+  // so after any helper in progress returned) when the stager is destroyed.
+  struct HelperGate {
+    absl::Mutex mu;
+    GpuStager* stager ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  std::shared_ptr<HelperGate> gate_ = std::make_shared<HelperGate>();
   absl::Mutex join_mu_;
   std::thread thread_;  // joined under join_mu_
 };

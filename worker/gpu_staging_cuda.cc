@@ -26,6 +26,27 @@ const char* MemoryTypeName(cudaMemoryType type) {
   return "memory of unknown type";
 }
 
+// Makes `device` current for its scope and then restores the calling thread's own: the
+// copier runs on the stager's thread and on user threads waiting on a handle.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (device >= 0 && cudaGetDevice(&prev_) == cudaSuccess && prev_ != device &&
+        cudaSetDevice(device) == cudaSuccess) {
+      restore_ = true;
+    }
+  }
+  ~DeviceScope() {
+    if (restore_) cudaSetDevice(prev_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = -1;
+  bool restore_ = false;
+};
+
 class CudaCopier : public DeviceCopier {
  public:
   ~CudaCopier() override {
@@ -57,7 +78,9 @@ class CudaCopier : public DeviceCopier {
   }
 
   absl::Status Bind(int device) override {
-    RETURN_IF_ERROR(UseDevice(device));
+    DeviceScope scope(device);
+    RETURN_IF_ERROR(UseDevice(device));  // a CUDA error names the device
+    device_ = device;
     for (cudaStream_t& stream : streams_) {
       RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
                                  "cudaStreamCreateWithFlags"));
@@ -66,6 +89,7 @@ class CudaCopier : public DeviceCopier {
   }
 
   absl::StatusOr<void*> AllocHost(size_t bytes) override {
+    DeviceScope scope(device_);
     void* data = nullptr;
     RETURN_IF_ERROR(CudaStatus(cudaHostAlloc(&data, bytes, cudaHostAllocPortable),
                                absl::StrCat("cudaHostAlloc(", bytes, " bytes)")));
@@ -73,12 +97,14 @@ class CudaCopier : public DeviceCopier {
   }
 
   void FreeHost(void* data) override {
+    DeviceScope scope(device_);
     absl::Status s = CudaStatus(cudaFreeHost(data), "cudaFreeHost");
     if (!s.ok()) HPS_LOG(WARNING) << "GPU staging: " << s.message();
   }
 
   absl::StatusOr<uint64_t> Start(Direction direction, void* dst, const void* src,
                                  size_t bytes) override {
+    DeviceScope scope(device_);
     const bool to_host = direction == Direction::kToHost;
     cudaStream_t stream = streams_[to_host ? 0 : 1];
     RETURN_IF_ERROR(CudaStatus(
@@ -108,6 +134,7 @@ class CudaCopier : public DeviceCopier {
     if (it == events_.end()) {
       return absl::InternalError(absl::StrCat("GPU staging: unknown copy ticket ", ticket));
     }
+    DeviceScope scope(device_);
     const cudaError_t err = cudaEventQuery(it->second);
     if (err == cudaErrorNotReady) return false;
     cudaEvent_t event = it->second;
@@ -121,6 +148,7 @@ class CudaCopier : public DeviceCopier {
   }
 
  private:
+  int device_ = -1;  // Bind's
   cudaStream_t streams_[2] = {nullptr, nullptr};  // to the host, to the device
   absl::flat_hash_map<uint64_t, cudaEvent_t> events_;  // copies in flight, by ticket
   std::vector<cudaEvent_t> spare_;

@@ -21,7 +21,8 @@ absl::StatusOr<std::unique_ptr<PsGpuStore>> PsGpuStore::Create(
     return self->PsStore::BroadcastAsync(name, tensor, root, priority);
   };
   s->stager_ = std::make_unique<GpuStager>(std::move(copier), std::move(backend),
-                                           s->num_workers(), options.op_timeout);
+                                           s->num_workers(), options.op_timeout,
+                                           /*waiting_threads_help=*/options.caller_rounds != 0);
   return s;
 }
 

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -142,7 +143,8 @@ class StagedCluster {
  public:
   StagedCluster(const ClusterConfig& config, absl::Duration delay,
                 std::vector<HostCopier::Faults> faults = {},
-                absl::Duration stager_timeout = absl::Seconds(30)) {
+                absl::Duration stager_timeout = absl::Seconds(30),
+                bool waiting_threads_help = true) {
     auto cl = LocalCluster::Start(config);
     EXPECT_TRUE(cl.ok()) << cl.status();
     if (!cl.ok()) return;
@@ -163,7 +165,7 @@ class StagedCluster {
           std::make_unique<HostCopier>(shared.back(), 2, delay * (w + 1),
                                        w < static_cast<int>(faults.size()) ? faults[w]
                                                                             : HostCopier::Faults{}),
-          std::move(backend), cluster->num_workers(), stager_timeout));
+          std::move(backend), cluster->num_workers(), stager_timeout, waiting_threads_help));
     }
   }
   ~StagedCluster() {
@@ -351,6 +353,45 @@ TEST(GpuStagingTest, ConcurrentSubmittersOnOneWorker) {
     }
     for (auto& th : threads) th.join();
   });
+}
+
+// A thread waiting on a GPU operation's handle runs the staging steps itself (no hand-off
+// to the stager's thread and back); switched off, only the stager's thread does. Sums are
+// exact either way, also with several threads waiting at once.
+TEST(GpuStagingTest, WaitingThreadsRunTheStagingThemselves) {
+  for (bool help : {true, false}) {
+    StagedCluster c(Config(2, 1), absl::Microseconds(50), {}, absl::Seconds(30), help);
+    ASSERT_NE(c.cluster, nullptr);
+    c.Run([&](int rank, GpuStager* st, HostCopier::Shared* sh) {
+      std::vector<std::thread> threads;
+      for (int t = 0; t < 2; ++t) {
+        threads.emplace_back([&, t] {
+          FakeGpuTensor g(sh, DType::kFloat32, 5000);
+          for (int round = 0; round < 10; ++round) {
+            g.buf.Fill(rank, round, t);
+            auto h = st->PushPullAsync(absl::StrCat("w", t), g.view(), g.view(), 0);
+            ASSERT_TRUE(h.ok()) << h.status();
+            ASSERT_TRUE(h->Wait().ok()) << h->Wait();
+            for (size_t i = 0; i < g.buf.count; i += 7) {
+              ASSERT_EQ(g.buf.at(i), SumOver(2, i, round, t)) << "round " << round;
+            }
+          }
+        });
+      }
+      for (auto& th : threads) th.join();
+    });
+    for (int w = 0; w < 2; ++w) {
+      const GpuStager::Stats st = c.stagers[w]->stats();
+      EXPECT_EQ(st.gpu_ops, 20u);
+      if (help) {
+        EXPECT_GE(st.caller_turns, 20u) << "worker " << w;
+      } else {
+        EXPECT_EQ(st.caller_turns, 0u) << "worker " << w;
+      }
+      std::printf("waiting threads help %d, worker %d: %llu turns by waiting threads\n", help,
+                  w, static_cast<unsigned long long>(st.caller_turns));
+    }
+  }
 }
 
 // The server-side optimizer applies to staged tensors like to CPU ones: SGD,
