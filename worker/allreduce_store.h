@@ -13,8 +13,10 @@
 // (worker/negotiation.h). Each cycle (Options::cycle_time, only while some rank has work
 // pending) the ranks exchange the lists of their ready operations (one small exchange,
 // GlooComm::AllgatherBytes); an operation ready everywhere runs, small push_pulls
-// fused into one allreduce per dtype (Options::fusion_bytes), tiny ones computed from the lists themselves (their data rides
-// along, so a small push_pull costs one collective, not two). An operation whose ranks
+// fused into one allreduce per dtype (Options::fusion_bytes; CPU tensors over
+// Options::fusion_max_tensor_bytes run alone, in place; rank 0's values for every rank),
+// tiny ones computed from the lists themselves (their data rides along, so a small
+// push_pull costs one collective, not two). An operation whose ranks
 // disagree on its size, dtype, kind or root fails on every rank with an error naming them;
 // one that some ranks never submit is logged after Options::stall_warning, naming the
 // missing ranks, and fails at its deadline (Options::op_timeout).
