@@ -19,10 +19,10 @@
 // waits on a GPU operation's handle runs the stager's steps itself (for every operation,
 // one thread at a time) until its own has completed, sleeping while there is nothing to
 // do, instead of waking the stager's thread and being woken back; the stager's thread
-// stays idle meanwhile. Then an isolated operation costs no thread hand-off on the way
-// out (the copy to the host starts on the waiting thread) and none on the way back (the
-// backend's completion wakes the waiting thread, which copies back and returns). The
-// CUDA calls made there leave the calling thread's current device as it was.
+// stays idle meanwhile. Then an isolated operation needs no hand-off on the way back (the
+// backend's completion wakes the waiting thread, which copies back and returns), and on
+// the way out the copy to the host starts on whichever of the two threads gets there
+// first. The CUDA calls made there leave the calling thread's current device as it was.
 //
 // Readiness: the stager's streams do not wait for the caller's streams. A GPU tensor must
 // be ready (its producing kernels finished, e.g. cudaStreamSynchronize) when it is
