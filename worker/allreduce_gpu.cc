@@ -18,30 +18,22 @@ namespace hybridps {
 namespace nego = negotiation;
 
 // Rank 0 makes the id when it sees a GPU and passes it, or why it has none, through the
-// rendezvous store ("+" id or "-" reason under nccl/id). Every rank learns the same.
+// rendezvous store ("+" id or "-" reason). Every rank learns the same.
 absl::Status AllreduceStore::ShareNcclId() {
-  SchedulerStore store(control_.get(), "nccl/", absl::Now() + options_.start_timeout);
-  std::string value;
-  try {
-    if (rank_ == 0) {
-      absl::StatusOr<std::string> id;
-      auto count = CudaDeviceCount();
-      if (!count.ok()) {
-        id = count.status();
-      } else if (*count == 0) {
-        id = absl::NotFoundError("cudaGetDeviceCount reports 0 devices");
-      } else {
-        id = NewNcclId();
-      }
-      value = id.ok() ? absl::StrCat("+", *id) : absl::StrCat("-", id.status().message());
-      store.set("id", std::vector<char>(value.begin(), value.end()));
+  absl::StatusOr<std::string> shared = FromRankZero("nccl/", [] {
+    absl::StatusOr<std::string> id;
+    auto count = CudaDeviceCount();
+    if (!count.ok()) {
+      id = count.status();
+    } else if (*count == 0) {
+      id = absl::NotFoundError("cudaGetDeviceCount reports 0 devices");
     } else {
-      std::vector<char> v = store.get("id");
-      value.assign(v.begin(), v.end());
+      id = NewNcclId();
     }
-  } catch (const std::exception& e) {
-    return store.status().ok() ? absl::UnavailableError(e.what()) : store.status();
-  }
+    return id.ok() ? absl::StrCat("+", *id) : absl::StrCat("-", id.status().message());
+  });
+  if (!shared.ok()) return shared.status();
+  const std::string& value = *shared;
   if (value.empty() || (value[0] != '+' && value[0] != '-')) {
     return absl::DataLossError("rendezvous: malformed NCCL id from rank 0");
   }

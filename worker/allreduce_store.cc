@@ -97,10 +97,7 @@ absl::Status AllreduceStore::Start() {
 #if HYBRIDPS_WITH_NCCL
   RETURN_IF_ERROR(ShareNcclId());
 #endif
-  {
-    absl::WriterMutexLock lock(&gate_->mu);
-    gate_->store = this;
-  }
+  gate_->Open(this);
   exec_thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "hps-ar-exec");
     ExecLoop();
@@ -115,21 +112,26 @@ absl::Status AllreduceStore::Start() {
   return absl::OkStatus();
 }
 
-absl::Status AllreduceStore::ShareFusionSettings() {
-  SchedulerStore store(control_.get(), "fusion/", absl::Now() + options_.start_timeout);
-  const std::string mine =
-      absl::StrCat(options_.fusion_bytes, " ", options_.fusion_max_tensor_bytes);
-  std::string value = mine;
+absl::StatusOr<std::string> AllreduceStore::FromRankZero(
+    const std::string& prefix, const std::function<std::string()>& make) {
+  SchedulerStore store(control_.get(), prefix, absl::Now() + options_.start_timeout);
   try {
     if (rank_ == 0) {
+      std::string value = make();
       store.set("rank0", std::vector<char>(value.begin(), value.end()));
-    } else {
-      std::vector<char> v = store.get("rank0");
-      value.assign(v.begin(), v.end());
+      return value;
     }
+    std::vector<char> v = store.get("rank0");
+    return std::string(v.begin(), v.end());
   } catch (const std::exception& e) {
     return store.status().ok() ? absl::UnavailableError(e.what()) : store.status();
   }
+}
+
+absl::Status AllreduceStore::ShareFusionSettings() {
+  const std::string mine =
+      absl::StrCat(options_.fusion_bytes, " ", options_.fusion_max_tensor_bytes);
+  ASSIGN_OR_RETURN(std::string value, FromRankZero("fusion/", [&] { return mine; }));
   std::vector<std::string> parts = absl::StrSplit(value, ' ');
   if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &fusion_bytes_) ||
       !absl::SimpleAtoi(parts[1], &fusion_max_tensor_bytes_)) {
@@ -149,8 +151,7 @@ absl::Status AllreduceStore::ShareFusionSettings() {
 AllreduceStore::~AllreduceStore() {
   absl::Status s = Shutdown();
   if (!s.ok()) HPS_LOG(WARNING) << "shutdown: " << s.message();
-  absl::WriterMutexLock lock(&gate_->mu);  // after the helpers in progress returned
-  gate_->store = nullptr;
+  gate_->Close();  // after the helpers in progress returned
 }
 
 AllreduceStore::Stats AllreduceStore::stats() const {
@@ -217,10 +218,7 @@ absl::StatusOr<Handle> AllreduceStore::Submit(std::shared_ptr<Op> op) {
   op->deadline = op->submitted + options_.op_timeout;
   op->next_warning = op->submitted + options_.stall_warning;
   if (options_.caller_rounds) {
-    op->handle->SetWaitHelper([gate = gate_](HandleState* state) {
-      absl::ReaderMutexLock lock(&gate->mu);
-      if (gate->store != nullptr) gate->store->HelpWith(state);
-    });
+    WaitHelperGate<AllreduceStore>::Install(gate_, op->handle.get(), &AllreduceStore::HelpWith);
   }
   Handle h(op->handle);
   absl::MutexLock lock(&mu_);

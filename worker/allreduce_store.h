@@ -46,6 +46,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -108,6 +109,10 @@ class AllreduceStore : public KVStore {
  private:
   AllreduceStore(std::shared_ptr<Context> ctx, const Options& options);
   absl::Status Start();
+  // Start: rank 0's value under `prefix` in the scheduler's rendezvous store, on every
+  // rank (rank 0 makes it with `make`, and stores it).
+  absl::StatusOr<std::string> FromRankZero(const std::string& prefix,
+                                           const std::function<std::string()>& make);
   // Start: every rank takes rank 0's fusion settings (Options::fusion_bytes,
   // fusion_max_tensor_bytes), so that all plan alike; a rank whose own differ warns.
   absl::Status ShareFusionSettings();
@@ -223,13 +228,9 @@ class AllreduceStore : public KVStore {
   bool round_busy_ ABSL_GUARDED_BY(mu_) = false;  // a thread holds the round
   absl::Time last_round_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool job_active_ ABSL_GUARDED_BY(mu_) = false;  // the last round left work pending somewhere
-  // Handles' wait helpers reach the store through this; cleared (under its writer lock,
-  // so after any helper in progress returned) when the store is destroyed.
-  struct HelperGate {
-    absl::Mutex mu;
-    AllreduceStore* store ABSL_GUARDED_BY(mu) = nullptr;
-  };
-  std::shared_ptr<HelperGate> gate_ = std::make_shared<HelperGate>();
+  // Handles' wait helpers reach the store through this (closed when it is destroyed).
+  std::shared_ptr<WaitHelperGate<AllreduceStore>> gate_ =
+      std::make_shared<WaitHelperGate<AllreduceStore>>();
   Stats stats_ ABSL_GUARDED_BY(mu_);
   int gpu_device_ ABSL_GUARDED_BY(mu_) = -1;  // the first GPU tensor's device
 

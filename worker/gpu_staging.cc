@@ -101,10 +101,7 @@ GpuStager::GpuStager(std::unique_ptr<DeviceCopier> copier, Backend backend, int 
       waiting_threads_help_(waiting_threads_help),
       cache_([this](size_t bytes) { return copier_->AllocHost(bytes); },
              [this](void* data) { copier_->FreeHost(data); }) {
-  {
-    absl::WriterMutexLock lock(&gate_->mu);
-    gate_->stager = this;
-  }
+  gate_->Open(this);
   thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "hps-gpu-stage");
     Loop();
@@ -113,8 +110,7 @@ GpuStager::GpuStager(std::unique_ptr<DeviceCopier> copier, Backend backend, int 
 
 GpuStager::~GpuStager() {
   Shutdown();
-  absl::WriterMutexLock lock(&gate_->mu);  // after the helpers in progress returned
-  gate_->stager = nullptr;
+  gate_->Close();  // after the helpers in progress returned
 }
 
 void GpuStager::Shutdown() {
@@ -225,10 +221,7 @@ absl::StatusOr<Handle> GpuStager::Submit(OpPtr op) {
     if (op->gpu || pending_.contains(op->name)) {
       op->handle = std::make_shared<HandleState>();
       if (waiting_threads_help_) {
-        op->handle->SetWaitHelper([gate = gate_](HandleState* state) {
-          absl::ReaderMutexLock gate_lock(&gate->mu);
-          if (gate->stager != nullptr) gate->stager->HelpWith(state);
-        });
+        WaitHelperGate<GpuStager>::Install(gate_, op->handle.get(), &GpuStager::HelpWith);
       }
       ++pending_[op->name];
       ++outstanding_;

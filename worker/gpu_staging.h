@@ -228,13 +228,9 @@ class GpuStager {
   int helpers_ ABSL_GUARDED_BY(mu_) = 0;         // waiting threads in HelpWith
   size_t copies_ ABSL_GUARDED_BY(mu_) = 0;       // in flight after the last turn
   absl::Time last_progress_ ABSL_GUARDED_BY(mu_);  // of the turns
-  // Handles' wait helpers reach the stager through this; cleared (under its writer lock,
-  // so after any helper in progress returned) when the stager is destroyed.
-  struct HelperGate {
-    absl::Mutex mu;
-    GpuStager* stager ABSL_GUARDED_BY(mu) = nullptr;
-  };
-  std::shared_ptr<HelperGate> gate_ = std::make_shared<HelperGate>();
+  // Handles' wait helpers reach the stager through this (closed when it is destroyed).
+  std::shared_ptr<WaitHelperGate<GpuStager>> gate_ =
+      std::make_shared<WaitHelperGate<GpuStager>>();
   absl::Mutex join_mu_;
   std::thread thread_;  // joined under join_mu_
 };

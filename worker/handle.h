@@ -71,8 +71,9 @@ class HandleState {
   bool DoneFast() const { return done_fast_.load(std::memory_order_acquire); }
   // Set at most once, before the state is shared with any other thread: Wait() calls
   // `helper` before it blocks, on the waiting thread. The dist_allreduce store runs its
-  // due negotiation rounds there, so that an isolated operation costs no hand-off to its
-  // executor thread and back. The helper returns when it cannot help (any more).
+  // due negotiation rounds there, and GPU staging its steps, so that an operation costs
+  // no hand-off to a background thread and back. The helper returns when it cannot help
+  // (any more). See WaitHelperGate.
   void SetWaitHelper(std::function<void(HandleState*)> helper) { helper_ = std::move(helper); }
   // How long Wait() polls before it sleeps, for every handle of this process (the
   // stores set it from Options::spin when created; zero: sleep at once).
@@ -88,6 +89,35 @@ class HandleState {
   std::atomic<bool> done_fast_{false};  // done_, readable without the lock
   std::function<void(HandleState*)> helper_;  // see SetWaitHelper
   static inline std::atomic<int64_t> wait_spin_ns_{0};
+};
+
+// How handles' wait helpers reach the object that does the work (a store, a stager),
+// which may be destroyed while handles live on: the object opens the gate once it can
+// help, installs helpers through it, and closes it in its destructor (which then waits
+// for the helpers in progress to return).
+template <typename T>
+class WaitHelperGate {
+ public:
+  void Open(T* target) {
+    absl::WriterMutexLock lock(&mu_);
+    target_ = target;
+  }
+  void Close() {
+    absl::WriterMutexLock lock(&mu_);
+    target_ = nullptr;
+  }
+  // Makes `state`'s helper call (target->*help)(state) while the gate is open.
+  static void Install(const std::shared_ptr<WaitHelperGate>& gate, HandleState* state,
+                      void (T::*help)(HandleState*)) {
+    state->SetWaitHelper([gate, help](HandleState* s) {
+      absl::ReaderMutexLock lock(&gate->mu_);
+      if (gate->target_ != nullptr) (gate->target_->*help)(s);
+    });
+  }
+
+ private:
+  absl::Mutex mu_;
+  T* target_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 class Handle {
