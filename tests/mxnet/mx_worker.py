@@ -34,17 +34,18 @@ def digits_xy():
     return (d.data / 16.0).astype(np.float32), d.target.astype(np.float32)
 
 
-def small_net(seed=7):
+def small_net(seed=7, ctx=None):
+    """The same initial weights for a given seed, on one or several contexts."""
     net = gluon.nn.Sequential()
     net.add(gluon.nn.Dense(16, activation="relu"), gluon.nn.Dense(10))
     mx.random.seed(seed)
-    net.initialize(mx.init.Xavier())
-    net(mx.nd.zeros((1, 64)))
+    net.initialize(mx.init.Xavier(), ctx=ctx)
+    net(mx.nd.zeros((1, 64), ctx=ctx[0] if ctx else None))
     return net
 
 
-def weights(net):
-    return [p.data().asnumpy().copy() for p in net.collect_params().values()]
+def weights(net, ctx=None):
+    return [p.data(ctx).asnumpy().copy() for p in net.collect_params().values()]
 
 
 def run_steps(net, trainer, x, y, rows_of_step, steps, batch_for_step):
@@ -74,6 +75,89 @@ def sync_sgd(kv, update_on_kvstore):
     diffs = [float(np.abs(a - w).max()) for a, w in zip(weights(ref), weights(net))]
     moved = [float(np.abs(a - w).max()) for a, w in zip(weights(small_net()), weights(net))]
     report("sync_sgd", rank=r, max_abs_diff=max(diffs), min_moved=min(moved),
+           update_on_kvstore=bool(tr._update_on_kvstore))
+
+
+# Two devices of one worker process: MXNet's CPU contexts stand in for GPUs, which this
+# MXNet (from PyPI, CPU only) does not have.
+DEVICES = [mx.cpu(0), mx.cpu(1)]
+
+
+class staged_as_gpu:
+    """Within it, the plugin treats CPU arrays as it treats GPU arrays: copied into its
+    pinned host arrays, summed and push_pulled there, copied back."""
+
+    def __init__(self, on):
+        self.on = on
+
+    def __enter__(self):
+        from hybridps.mxnet import kvstore as plugin
+        self.saved = plugin._HOST_DEVICE_TYPES
+        if self.on:
+            plugin._HOST_DEVICE_TYPES = ("cpu_pinned",)
+
+    def __exit__(self, *exc):
+        from hybridps.mxnet import kvstore as plugin
+        plugin._HOST_DEVICE_TYPES = self.saved
+
+
+def devices(kv, staged):
+    """pushpull and broadcast with one array per device, out of place and in place, over
+    three rounds (the staging arrays are reused); the expected sums are in the test."""
+    r, n = kv.rank, kv.num_workers
+    base = np.arange(15, dtype=np.float32).reshape(3, 5)
+    got = {"rounds": [], "inplace": [], "one": [], "bcast": []}
+    with staged_as_gpu(staged):
+        for k in range(3):
+            vals = [mx.nd.array(base * (r + 1) * (k + 1) + d, ctx=c)
+                    for d, c in enumerate(DEVICES)]
+            outs = [mx.nd.zeros(base.shape, ctx=c) for c in DEVICES]
+            kv.pushpull("dev", vals, out=outs)
+            got["rounds"].append([o.asnumpy().tolist() for o in outs])
+        vals = [mx.nd.array(base * (r + 1) + d, ctx=c) for d, c in enumerate(DEVICES)]
+        kv.pushpull("dev_inplace", vals)
+        got["inplace"] = [v.asnumpy().tolist() for v in vals]
+        one = mx.nd.array(base * (r + 1), ctx=DEVICES[1])
+        outs = [mx.nd.zeros(base.shape, ctx=c) for c in DEVICES]
+        kv.pushpull("dev_one", one, out=outs)
+        got["one"] = [o.asnumpy().tolist() for o in outs]
+        w = [mx.nd.full(base.shape, 10.0 * r + d, ctx=c) for d, c in enumerate(DEVICES)]
+        kv.broadcast("dev_bcast", w[1], out=w, root_rank=n - 1)
+        got["bcast"] = [a.asnumpy().tolist() for a in w]
+        got["staging"] = sorted({str(a.context) for a in kv._staging.values()})
+    report("devices_staged" if staged else "devices", rank=r, n=n, **got)
+
+
+def devices_trainer(kv, staged):
+    """gluon.Trainer over two devices per worker (each takes half of the worker's batch
+    b) against one process on one device with batch 2b: the same weights on both
+    devices, as sync_sgd checks for one device."""
+    x, y = digits_xy()
+    b, steps, n, r = 8, 6, kv.num_workers, kv.rank
+    opt = dict(learning_rate=0.1, momentum=0.9, wd=1e-4)
+    ref = small_net()
+    run_steps(ref, gluon.Trainer(ref.collect_params(), "sgd", opt, kvstore=None), x, y,
+              lambda s: np.arange(s * n * b, (s + 1) * n * b), steps, n * b)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    with staged_as_gpu(staged):
+        net = small_net(ctx=DEVICES)
+        tr = gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=kv)
+        for s in range(steps):
+            rows = np.arange(s * n * b + r * b, s * n * b + (r + 1) * b)
+            halves = np.array_split(rows, len(DEVICES))
+            with autograd.record():
+                losses = [loss_fn(net(mx.nd.array(x[h], ctx=c)), mx.nd.array(y[h], ctx=c))
+                          for h, c in zip(halves, DEVICES)]
+            for loss in losses:
+                loss.backward()
+            tr.step(n * b)
+        diffs = [float(np.abs(a - w).max()) for c in DEVICES
+                 for a, w in zip(weights(ref), weights(net, c))]
+        moved = [float(np.abs(a - w).max())
+                 for a, w in zip(weights(small_net()), weights(net, DEVICES[1]))]
+        staging = sorted({str(a.context) for a in kv._staging.values()})
+    report("devices_trainer_staged" if staged else "devices_trainer", rank=r,
+           max_abs_diff=max(diffs), min_moved=min(moved), staging=staging,
            update_on_kvstore=bool(tr._update_on_kvstore))
 
 
@@ -240,6 +324,10 @@ def main():
             plain_sum_after_optimizer()
         elif scenario == "horovod":
             horovod_api()
+        elif scenario in ("devices", "devices_staged"):
+            devices(mx.kv.create(STORE), scenario == "devices_staged")
+        elif scenario in ("devices_trainer", "devices_trainer_staged"):
+            devices_trainer(mx.kv.create(STORE), scenario == "devices_trainer_staged")
         elif scenario == "mismatch":
             mismatch(mx.kv.create(STORE))
         else:

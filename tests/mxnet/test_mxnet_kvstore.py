@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -65,7 +66,8 @@ def job(request, tmp_path_factory):
     state_dir = tmp_path_factory.mktemp(f"states-{request.param}")
     # Plain sums first: once a Trainer runs the optimizer on dist_hybrid's servers, every
     # push_pull of the job is an update.
-    scenarios = ["horovod", "mismatch", "save", "sync_sgd", "digits", "overlap",
+    scenarios = ["horovod", "mismatch", "devices", "devices_staged", "save", "sync_sgd",
+                 "devices_trainer", "devices_trainer_staged", "digits", "overlap",
                  "plain_sum"]
     proc, results = run_job(request.param, scenarios, state_dir)
     check_job(proc, results, len(scenarios))
@@ -88,6 +90,36 @@ def test_sync_sgd_matches_one_process_with_twice_the_batch(job):
         assert r["update_on_kvstore"] == (store == "dist_hybrid"), r
         assert r["min_moved"] > 1e-3, "the weights did not move: nothing was tested"
         assert r["max_abs_diff"] <= TOLERANCE, (store, r)
+
+
+@pytest.mark.parametrize("scenario", ["devices", "devices_staged"])
+def test_one_array_per_device(job, scenario):
+    """Sums over the devices and the workers, exact: device d of worker w holds
+    base * (w + 1) * (k + 1) + d in round k."""
+    store, results = job
+    base = np.arange(15, dtype=np.float32).reshape(3, 5)
+    for r in both(results, scenario):
+        n = r["n"]
+        workers = n * (n + 1) / 2  # sum of w + 1
+        for k, outs in enumerate(r["rounds"]):
+            want = (base * 2 * workers * (k + 1) + n).tolist()
+            assert outs == [want, want], (scenario, r["rank"], k, outs)
+        want = (base * 2 * workers + n).tolist()
+        assert r["inplace"] == [want, want], r
+        assert r["one"] == [(base * workers).tolist()] * 2, r
+        assert r["bcast"] == [np.full((3, 5), 10.0 * (n - 1) + 1).tolist()] * 2, r
+        # Staged: through the store's pinned host arrays; else none made.
+        assert r["staging"] == (["cpu_pinned(0)"] if scenario == "devices_staged" else []), r
+
+
+@pytest.mark.parametrize("scenario", ["devices_trainer", "devices_trainer_staged"])
+def test_trainer_over_two_devices_matches_one_process(job, scenario):
+    store, results = job
+    for r in both(results, scenario):
+        assert r["update_on_kvstore"] == (store == "dist_hybrid"), r
+        assert r["min_moved"] > 1e-3, "the weights did not move: nothing was tested"
+        assert r["max_abs_diff"] <= TOLERANCE, (store, r)
+        assert r["staging"] == (["cpu_pinned(0)"] if scenario.endswith("_staged") else []), r
 
 
 def test_digits_reaches_95_percent(job):

@@ -4,6 +4,12 @@ Every operation is pushed into MXNet's dependency engine and returns at once: it
 when the arrays' earlier writers (the backward pass) are done, runs while the next
 operations compute, and the arrays' next readers wait for it. Errors surface at the next
 read of an output array (MXNetError naming the tensor).
+
+Arrays off the host (GPUs) go through pinned host arrays of the store, as MXNet's own
+dist_sync does with its CPU merge buffers: each is copied to the host, the copies and the
+host arrays of the key are summed there, push_pulled (or broadcast), and the result is
+copied back to every output array. MXNet's engine orders all of it, so it too returns at
+once. The buffers are made on a key's first use and reused.
 """
 import atexit
 import threading
@@ -23,6 +29,9 @@ _instances = 0  # KVStore objects created so far: the namespace of the next one'
 # Set once an optimizer runs on the servers: from then on every push_pull of the job goes
 # through it (the C++ store's mode is per job), so plain sums are refused up front.
 _servers_optimizer = None
+# Arrays of these device types are handed to hybridps as they are; others (GPUs) are
+# staged through the store's host arrays.
+_HOST_DEVICE_TYPES = ("cpu", "cpu_pinned", "cpu_shared")
 
 
 def _attach():
@@ -61,10 +70,6 @@ def _check(key, arrays, what, shape, dtype):
             raise NotImplementedError(
                 f"key {key!r}: {what}[{i}] is a {a.stype} array; hybridps handles dense "
                 "arrays only")
-        if a.context.device_type not in ("cpu", "cpu_pinned", "cpu_shared"):
-            raise NotImplementedError(
-                f"key {key!r}: {what}[{i}] is on {a.context}; this build of hybridps "
-                "handles CPU arrays only")
         if a.shape != shape or a.dtype != dtype:
             raise ValueError(
                 f"key {key!r}: {what}[{i}] has shape {a.shape} and dtype "
@@ -74,6 +79,10 @@ def _check(key, arrays, what, shape, dtype):
 
 def _same(a, b):
     return a is b or a.handle.value == b.handle.value
+
+
+def _on_host(a):
+    return a.context.device_type in _HOST_DEVICE_TYPES
 
 
 class _HybridKVStore(KVStoreBase):
@@ -96,6 +105,7 @@ class _HybridKVStore(KVStoreBase):
         self._optimizer = None
         self._updater = None
         self._sent = {}
+        self._staging = {}  # (tensor name, slot) -> this store's pinned host array
 
     # ---- properties ------------------------------------------------------------------
     @property
@@ -125,7 +135,28 @@ class _HybridKVStore(KVStoreBase):
                             f"({key!r}); hybridps takes one key per call")
         return f"{self._prefix}{key}"
 
+    def _host_array(self, name, slot, like):
+        """The store's pinned host array `slot` of tensor `name`, shaped like `like`: made
+        on first use, then reused (MXNet's engine orders its writers and readers)."""
+        buf = self._staging.get((name, slot))
+        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
+            ctx = like.context
+            buf = mx.nd.empty(like.shape, dtype=like.dtype, ctx=mx.cpu_pinned(
+                ctx.device_id if ctx.device_type == "gpu" else 0))
+            self._staging[(name, slot)] = buf
+        return buf
+
+    def _on_host_list(self, name, arrays):
+        """`arrays` with those off the host replaced by copies in the store's host arrays;
+        also whether any was copied."""
+        host = [a if _on_host(a) else a.copyto(self._host_array(name, i, a))
+                for i, a in enumerate(arrays)]
+        return host, any(h is not a for h, a in zip(host, arrays))
+
     def _push(self, kind, name, src, dst, priority, root_rank=0):
+        for a in (src, dst):
+            if a is not None and not _on_host(a):  # the layers above stage every array
+                raise AssertionError(f"{kind} of {name}: {a.context} array handed to hybridps")
         count = int(np.prod(dst.shape)) if dst.shape else 1
         self._store.push(kind, name, 0 if src is None else src.handle.value,
                          dst.handle.value, count, np.dtype(dst.dtype).name, int(priority),
@@ -140,9 +171,13 @@ class _HybridKVStore(KVStoreBase):
         outs = _as_list(out, "out", key)
         _check(key, [value], "value", value.shape, value.dtype)
         _check(key, outs, "out", value.shape, value.dtype)
-        target = next((o for o in outs if _same(o, value)), None)
+        # The array broadcast: `value` itself if it is an output on the host, else a host
+        # output or the store's host array, with value copied in.
+        target = next((o for o in outs if _same(o, value) and _on_host(o)), None)
         if target is None:
-            target = outs[0]
+            target = next((o for o in outs if _on_host(o)), None)
+            if target is None:
+                target = self._host_array(name, "out", value)
             value.copyto(target)
         # With the optimizer on the servers the broadcast also gives the servers the
         # weights, under the name push_pull uses; pushpull's `out` (the weights) orders the
@@ -174,10 +209,21 @@ class _HybridKVStore(KVStoreBase):
         shape, dtype = values[0].shape, values[0].dtype
         _check(key, values, "value", shape, dtype)
         _check(key, outs, "out", shape, dtype)
-        src = values[0] if len(values) == 1 else mx.nd.add_n(*values)
-        dst = outs[0]
+        host, staged = self._on_host_list(name, values)
+        if len(host) == 1:
+            src = host[0]
+        elif staged:  # summed into the store's host array, not a new one each step
+            src = mx.nd.add_n(*host, out=self._host_array(name, "sum", host[0]))
+        else:
+            src = mx.nd.add_n(*host)
+        # The result goes to a host output, else (every output off the host) in place into
+        # src when it is the store's own array, else into the store's host array; then it
+        # is copied to the other outputs.
+        dst = next((o for o in outs if _on_host(o)), None)
+        if dst is None:
+            dst = src if staged or len(host) > 1 else self._host_array(name, "out", src)
         self._push("push_pull", name, None if _same(src, dst) else src, dst, priority)
-        for o in outs[1:]:
+        for o in outs:
             if not _same(o, dst):
                 dst.copyto(o)
 
