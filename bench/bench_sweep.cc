@@ -181,6 +181,7 @@ absl::StatusOr<Timing> MeasurePushPull(const Flags& f, KVStore& kv, size_t bytes
       std::memset(work.get(), 0xff, bytes);  // poison: NaN or -1, never a valid sum
     }
     handles.clear();
+    if (f.barrier) RETURN_IF_ERROR(kv.Barrier());
     const Clock::time_point t0 = Clock::now();
     for (size_t j = 0; j < k; ++j) {
       ASSIGN_OR_RETURN(Handle h, kv.PushPullAsync(names[j], view(in, j), view(work.get(), j)));

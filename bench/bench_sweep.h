@@ -38,6 +38,10 @@ struct Flags {
   DType dtype = DType::kFloat32;
   int tensors = 1;
   bool inplace = false;
+  // A barrier of all workers before each iteration, outside the timed region: every rank
+  // starts its push_pull together, so one rank's untimed work (checking the last result)
+  // does not count in another's time.
+  bool barrier = false;
   bool reference = true;
   double idle_seconds = 3;
   std::string csv;  // rank 0 writes the figures there too

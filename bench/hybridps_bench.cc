@@ -106,7 +106,8 @@ constexpr char kUsage[] =
     "usage: hybridps-bench [--backend dist_hybrid] [--min-bytes 4K] [--max-bytes 64M]\n"
     "  [--factor 2] [--iters 20] [--warmup 5] [--small-max-bytes 64K] [--small-iters 1000]\n"
     "  [--dtype float32|float64|float16|bfloat16|int32|int64|uint8] [--tensors 1]\n"
-    "  [--inplace 0|1] [--reference 0|1] [--idle-seconds 3] [--csv FILE] [--gpu 0|1]\n"
+    "  [--inplace 0|1] [--barrier 0|1] [--reference 0|1] [--idle-seconds 3] [--csv FILE]\n"
+    "  [--gpu 0|1]\n"
     "Run it under hybridrun: scripts/hybridrun -np N --servers M -- hybridps-bench ...\n";
 
 // "4096", "4K", "64M", "1G", "4KiB" -> bytes (binary multiples).
@@ -191,6 +192,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     } else if (name == "--inplace") {
       ASSIGN_OR_RETURN(int v, ParseInt(name, value, 0));
       f.inplace = v != 0;
+    } else if (name == "--barrier") {
+      ASSIGN_OR_RETURN(int v, ParseInt(name, value, 0));
+      f.barrier = v != 0;
     } else if (name == "--reference") {
       ASSIGN_OR_RETURN(int v, ParseInt(name, value, 0));
       f.reference = v != 0;
