@@ -81,6 +81,7 @@ struct GpuStager::Op {
   uint64_t ticket = 0;
   absl::Time copy_deadline;
   bool handed = false;  // given to the backend
+  bool counted = false;  // in gpu_unfinished_
 
   size_t bytes() const { return in.bytes(); }
   std::string Describe() const {
@@ -326,6 +327,18 @@ void GpuStager::Turn() {
 }
 
 void GpuStager::Accept(const OpPtr& op) {
+  auto held = held_.find(op->name);
+  if ((held != held_.end() && !held->second.empty()) ||
+      (op->gpu && gpu_unfinished_.contains(op->name))) {
+    held_[op->name].push_back(op);
+    absl::MutexLock lock(&mu_);
+    ++stats_.held_ops;
+    return;
+  }
+  Stage(op);
+}
+
+void GpuStager::Stage(const OpPtr& op) {
   absl::Status broken;
   int device;
   {
@@ -334,6 +347,10 @@ void GpuStager::Accept(const OpPtr& op) {
     device = device_;
   }
   if (!broken.ok()) return Finish(op, broken);
+  if (op->gpu) {
+    ++gpu_unfinished_[op->name];
+    op->counted = true;
+  }
   if (op->gpu && op->bytes() > 0) {
     if (!bound_) {
       absl::Status s = copier_->Bind(device);
@@ -445,6 +462,18 @@ void GpuStager::PollCopiesBack() {
   }
 }
 
+void GpuStager::ReleaseHeld(const std::string& name) {
+  auto it = held_.find(name);
+  while (it != held_.end() && !it->second.empty()) {
+    OpPtr op = it->second.front();
+    if (op->gpu && gpu_unfinished_.contains(name)) return;
+    it->second.pop_front();
+    if (it->second.empty()) held_.erase(it);
+    Stage(op);  // may finish ops (and erase entries): look the name up again
+    it = held_.find(name);
+  }
+}
+
 void GpuStager::Unpend(const std::string& name) {
   auto it = pending_.find(name);
   if (it != pending_.end() && --it->second == 0) pending_.erase(it);
@@ -465,6 +494,14 @@ void GpuStager::Finish(const OpPtr& op, absl::Status status) {
     --outstanding_;
   }
   op->handle->Complete(std::move(status));
+  if (op->counted) {
+    op->counted = false;
+    auto it = gpu_unfinished_.find(op->name);
+    if (--it->second == 0) {
+      gpu_unfinished_.erase(it);
+      ReleaseHeld(op->name);
+    }
+  }
 }
 
 void GpuStager::Fail(const OpPtr& op, absl::Status status) {

@@ -13,7 +13,11 @@
 // still waiting for its copy to the host: then they queue behind it, so that operations
 // on one name reach the CPU path in the order they were issued. Operations are handed to
 // the CPU path in issue order (FIFO); copies to the host are all enqueued at once, so a
-// big tensor's copy overlaps the network transfer of the ones before it.
+// big tensor's copy overlaps the network transfer of the ones before it. Except on one
+// name: a GPU operation whose name has an earlier GPU operation still in the stager is
+// held (with everything of its name after it) until that one has copied its result back,
+// so that it reads what the earlier one wrote (two push_pulls of a tensor in place in a
+// row give n times the sum, as on the CPU path); other names pass it.
 //
 // Waiting threads help (`waiting_threads_help`, Options::caller_rounds): a thread that
 // waits on a GPU operation's handle runs the stager's steps itself (for every operation,
@@ -150,6 +154,7 @@ class GpuStager {
     uint64_t host_allocations = 0;  // staging buffers allocated
     size_t staging_bytes = 0;       // staging memory held
     uint64_t caller_turns = 0;      // turns of the stager's steps run by waiting threads
+    uint64_t held_ops = 0;  // operations held behind an unfinished GPU one of their name
   };
 
   // `num_workers`: for the range check of broadcast roots; `op_timeout`: the bound of
@@ -186,8 +191,11 @@ class GpuStager {
   bool AwaitTurn(bool helper, HandleState* state) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One turn of the steps below, as the loop holder; then lets the loop go.
   void Turn();
-  // The loop holder: the steps of an operation.
+  // The loop holder: the steps of an operation. Accept takes a new one: holds it (see
+  // the file comment) or stages it.
   void Accept(const OpPtr& op);
+  // Starts op's copy to the host (GPU operations) and queues it for the backend.
+  void Stage(const OpPtr& op);
   void SubmitReady();
   void SubmitToBackend(const OpPtr& op);
   void Returned(const OpPtr& op, const absl::Status& status);
@@ -200,6 +208,9 @@ class GpuStager {
   void Finish(const OpPtr& op, absl::Status status);
   void Fail(const OpPtr& op, absl::Status status);  // finishes op, breaks the stager
   void Unpend(const std::string& name);
+  // Accepts the operations held behind name's last GPU operation, in order, up to the
+  // next GPU one while a GPU operation of the name is unfinished.
+  void ReleaseHeld(const std::string& name);
 
   const std::unique_ptr<DeviceCopier> copier_;
   const Backend backend_;
@@ -213,6 +224,9 @@ class GpuStager {
   bool bound_ = false;
   std::deque<OpPtr> to_submit_;  // issue order; GPU ones copying to the host
   std::vector<OpPtr> copying_back_;
+  // Per name: GPU operations accepted and not finished; operations held behind them.
+  absl::flat_hash_map<std::string, int> gpu_unfinished_;
+  absl::flat_hash_map<std::string, std::deque<OpPtr>> held_;
 
   absl::Mutex mu_;
   int device_ ABSL_GUARDED_BY(mu_) = -1;  // the first GPU tensor's device

@@ -321,7 +321,10 @@ bool LocalReducer::Step(Pending& t) {
       if (t.pusher) {  // broadcast
         const bool root = k.root == layout_.members[me];
         if (root && t.bytes > 0) std::memcpy(result, k.in, t.bytes);
-        push(root ? k.in : nullptr, "");
+        // A push without data is a non-root's: an empty tensor's root, whose pointer may
+        // be null, still pushes its (empty) data.
+        static const char kNoBytes = 0;
+        push(root ? (k.in != nullptr ? k.in : &kNoBytes) : nullptr, "");
         t.stage = Pending::kWaitPublish;
         return false;
       }

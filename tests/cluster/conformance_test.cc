@@ -1,13 +1,16 @@
 // One conformance suite for every KVStore backend: the same tests, unchanged, against
 // dist_hybrid (parameter server) and dist_allreduce (Gloo), over several transports and
-// 1-4 workers, all in one process. Exact sums over rounds in every dtype, sizes 0, 1, odd
-// and large, many tensors in flight with mixed priorities and per-rank issue orders,
-// in-place and out-of-place, broadcast from every root, and the failures users hit:
+// 1-4 workers, all in one process; and against dist_hybrid's GPU staging layer on a
+// host-memory stand-in for the GPU ("staged": every tensor is taken as GPU memory). Exact
+// sums over rounds in every dtype, sizes 0, 1, odd and large (and empty without data),
+// many tensors in flight with mixed priorities and per-rank issue orders, in-place and
+// out-of-place, broadcast from every root, and the failures users hit:
 // mismatched operations (a named error on every rank) and a rank that never submits (a
 // named error at the deadline).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -19,8 +22,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/dtype.h"
+#include "tests/cluster/host_copier.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
+#include "worker/gpu_staging.h"
 #if HYBRIDPS_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -34,6 +39,7 @@ struct Param {
   int workers;
   int servers;  // dist_hybrid only
   int local = 1;  // dist_hybrid: local ranks per node (reduced in shared memory first)
+  bool staged = false;  // dist_hybrid through GPU staging on the host stand-in
 };
 
 std::string Name(const ::testing::TestParamInfo<Param>& info) {
@@ -42,6 +48,7 @@ std::string Name(const ::testing::TestParamInfo<Param>& info) {
                                   p.transport, "_w", p.workers);
   if (p.backend != "dist_allreduce") absl::StrAppend(&name, "_s", p.servers);
   if (p.local > 1) absl::StrAppend(&name, "_l", p.local);
+  if (p.staged) absl::StrAppend(&name, "_staged");
   return name;
 }
 
@@ -53,6 +60,71 @@ constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat1
   if (absl::StrContains(text, what)) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "'" << what << "' not in: " << text;
 }
+
+// A worker's store seen through dist_hybrid's GPU staging layer (worker/gpu_staging.h)
+// with the host stand-in for the GPU: every tensor handed in is taken as memory of GPU 0,
+// copied to a staging buffer, reduced by the worker's store and copied back.
+class StagedStore : public KVStore {
+ public:
+  StagedStore(KVStore* inner, absl::Duration timeout)
+      : inner_(inner), shared_(std::make_shared<HostCopier::Shared>()) {
+    // Copy times that differ by worker, so that the workers' copies end in other orders.
+    stager_ = std::make_unique<GpuStager>(
+        std::make_unique<HostCopier>(shared_, 1, absl::Microseconds(20) * (inner->rank() + 1),
+                                     HostCopier::Faults{}),
+        BackendOf(inner), inner->num_workers(), timeout, /*waiting_threads_help=*/true);
+  }
+  ~StagedStore() override { stager_->Shutdown(); }
+
+  absl::string_view type() const override { return inner_->type(); }
+  int rank() const override { return inner_->rank(); }
+  int num_workers() const override { return inner_->num_workers(); }
+  int local_rank() const override { return inner_->local_rank(); }
+  int local_size() const override { return inner_->local_size(); }
+  absl::StatusOr<Handle> BroadcastAsync(absl::string_view name, TensorView tensor,
+                                        int root_rank, int priority) override {
+    return stager_->BroadcastAsync(name, OnGpu(tensor), root_rank, priority);
+  }
+  absl::StatusOr<Handle> PushPullAsync(absl::string_view name, TensorView in, TensorView out,
+                                       int priority) override {
+    return stager_->PushPullAsync(name, OnGpu(in), OnGpu(out), priority);
+  }
+  absl::Status Barrier() override { return inner_->Barrier(); }
+  bool IsCapable(Capability capability) const override {
+    return inner_->IsCapable(capability);
+  }
+  absl::Status Shutdown() override {
+    stager_->Shutdown();
+    return absl::OkStatus();  // the cluster shuts the worker's store down
+  }
+
+ private:
+  TensorView OnGpu(TensorView t) {
+    if (t.data != nullptr && t.count > 0) {
+      absl::MutexLock lock(&shared_->mu);
+      shared_->memory[static_cast<const char*>(t.data)] = {t.bytes(), 0};
+    }
+    t.device = Device::kGPU;
+    t.device_id = 0;
+    return t;
+  }
+
+  KVStore* inner_;
+  std::shared_ptr<HostCopier::Shared> shared_;
+  std::unique_ptr<GpuStager> stager_;
+};
+
+// A cluster and, for staged parameters, the staging stores in front of its workers
+// (destroyed first).
+struct Job {
+  std::unique_ptr<LocalCluster> cluster;
+  std::vector<std::unique_ptr<StagedStore>> staged;
+
+  KVStore* worker(int i) { return staged.empty() ? cluster->worker(i) : staged[i].get(); }
+  void RunOnWorkers(const std::function<void(int, KVStore*)>& fn) {
+    cluster->RunOnWorkers([&](int rank, KVStore*) { fn(rank, worker(rank)); });
+  }
+};
 
 class ConformanceTest : public ::testing::TestWithParam<Param> {
  protected:
@@ -70,10 +142,16 @@ class ConformanceTest : public ::testing::TestWithParam<Param> {
     c.op_timeout = absl::Seconds(60);
     return c;
   }
-  std::unique_ptr<LocalCluster> Start(const ClusterConfig& c) {
+  std::unique_ptr<Job> Start(const ClusterConfig& c) {
     auto cl = LocalCluster::Start(c);
     EXPECT_TRUE(cl.ok()) << cl.status();
-    return cl.ok() ? std::move(*cl) : nullptr;
+    if (!cl.ok()) return nullptr;
+    auto job = std::make_unique<Job>();
+    job->cluster = std::move(*cl);
+    for (int w = 0; GetParam().staged && w < job->cluster->num_workers(); ++w) {
+      job->staged.push_back(std::make_unique<StagedStore>(job->cluster->worker(w), c.op_timeout));
+    }
+    return job;
   }
   int n() const { return GetParam().workers; }
 };
@@ -233,6 +311,28 @@ TEST_P(ConformanceTest, BroadcastFromEveryRootInEveryDType) {
   });
 }
 
+// An empty tensor may come without a data pointer; it still takes part in every round.
+TEST_P(ConformanceTest, EmptyTensorsWithoutDataTakePart) {
+  auto cluster = Start(Config());
+  ASSERT_NE(cluster, nullptr);
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    const TensorView none{nullptr, 0, DType::kFloat32};
+    for (int round = 0; round < 2; ++round) {
+      for (int root = 0; root < n(); ++root) {
+        absl::Status s = kv->Broadcast("empty", none, root);
+        ASSERT_TRUE(s.ok()) << "broadcast from " << root << ": " << s;
+      }
+      absl::Status s = kv->PushPull("empty", none, none);
+      ASSERT_TRUE(s.ok()) << "push_pull: " << s;
+    }
+    // The name still works with data afterwards.
+    Buffer b(DType::kFloat32, 5);
+    b.Fill(rank, 0, 9);
+    ASSERT_TRUE(kv->PushPull("after-empty", b.view(), b.view()).ok());
+    for (size_t i = 0; i < b.count; ++i) ASSERT_EQ(b.at(i), Sum(i, n(), 0, 9));
+  });
+}
+
 TEST_P(ConformanceTest, MismatchedSizesFailEveryRankNamingTheTensorAndSizes) {
   if (n() < 2) GTEST_SKIP() << "needs two workers";
   auto cluster = Start(Config());
@@ -319,6 +419,7 @@ TEST_P(ConformanceTest, RankThatNeverSubmitsFailsTheOthersAtTheDeadline) {
 // without CUDA/NCCL (Unimplemented), and dist_allreduce with NCCL but no GPU on rank 0
 // (FailedPrecondition). With a GPU, dist_allreduce takes them: tests/gpu.
 TEST_P(ConformanceTest, GpuTensorsAreAClearError) {
+  if (GetParam().staged) GTEST_SKIP() << "the staged stores take every tensor as GPU memory";
   // dist_allreduce with NCCL: no GPU on rank 0 means no communicator. dist_hybrid with
   // CUDA: no device to stage from. Without CUDA: no GPU support at all.
   bool nccl = false, staging = false;
@@ -368,6 +469,13 @@ std::vector<Param> Params() {
   p.push_back({"dist_allreduce", "tcp", 2, 0});
   p.push_back({"dist_allreduce", "tcp", 3, 0});
 #endif
+  // Through the GPU staging layer (stand-in GPU): one worker, several, nodes of 2 and 3.
+  for (auto [transport, workers, servers, local] :
+       {std::tuple{"inproc", 1, 1, 1}, std::tuple{"inproc", 3, 2, 1},
+        std::tuple{"tcp", 4, 2, 1}, std::tuple{"inproc", 4, 2, 2},
+        std::tuple{"ipc", 6, 2, 3}}) {
+    p.push_back({"dist_hybrid", transport, workers, servers, local, /*staged=*/true});
+  }
   return p;
 }
 

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "tests/cluster/host_copier.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
 #include "worker/gpu_staging.h"
@@ -29,108 +30,6 @@
 
 namespace hybridps::testing {
 namespace {
-
-// The stand-in GPU: `devices` devices whose memory is the host buffers registered with
-// Register; copies happen at once but report completion `delay` later.
-class HostCopier : public DeviceCopier {
- public:
-  struct Faults {
-    int fail_start = -1;   // the n-th copy (0-based) fails to start
-    int fail_poll = -1;    // the n-th copy fails when polled
-    int hang = -1;         // the n-th copy never completes
-    bool no_device = false;
-  };
-  struct Shared {  // what a test looks at while the copier belongs to a stager
-    absl::Mutex mu;
-    std::map<const char*, std::pair<size_t, int>> memory;  // start -> bytes, device
-    std::atomic<int> copies{0};
-    std::atomic<int> allocs{0};
-    std::atomic<int> frees{0};
-    std::atomic<int> bound_device{-1};
-  };
-
-  HostCopier(std::shared_ptr<Shared> shared, int devices, absl::Duration delay,
-             Faults faults)
-      : shared_(std::move(shared)), devices_(devices), delay_(delay), faults_(faults) {}
-
-  absl::StatusOr<int> DeviceCount() override {
-    if (faults_.no_device) {
-      return absl::InternalError(
-          "cudaGetDeviceCount failed: no CUDA-capable device is detected (cudaErrorNoDevice)");
-    }
-    return devices_;
-  }
-  absl::Status CheckPointer(const void* data, int device) override {
-    absl::MutexLock lock(&shared_->mu);
-    const char* p = static_cast<const char*>(data);
-    auto it = shared_->memory.upper_bound(p);
-    if (it != shared_->memory.begin()) {
-      --it;
-      if (p < it->first + it->second.first && it->second.second == device) {
-        return absl::OkStatus();
-      }
-    }
-    return absl::InvalidArgumentError(
-        absl::StrCat("its data is not memory of GPU ", device, ": CUDA says it is host memory"));
-  }
-  absl::Status Bind(int device) override {
-    shared_->bound_device = device;
-    return absl::OkStatus();
-  }
-  absl::StatusOr<void*> AllocHost(size_t bytes) override {
-    ++shared_->allocs;
-    return static_cast<void*>(new char[bytes]);
-  }
-  void FreeHost(void* data) override {
-    ++shared_->frees;
-    delete[] static_cast<char*>(data);
-  }
-  absl::StatusOr<uint64_t> Start(Direction direction, void* dst, const void* src,
-                                 size_t bytes) override {
-    const int n = shared_->copies++;
-    if (n == faults_.fail_start) {
-      return absl::InternalError(absl::StrCat(
-          "cudaMemcpyAsync (",
-          direction == Direction::kToHost ? "device to host" : "host to device",
-          ") failed: an illegal memory access was encountered (cudaErrorIllegalAddress)"));
-    }
-    std::memcpy(dst, src, bytes);
-    done_at_[n] = n == faults_.hang ? absl::InfiniteFuture() : absl::Now() + delay_;
-    return static_cast<uint64_t>(n);
-  }
-  absl::StatusOr<bool> Poll(uint64_t ticket) override {
-    const int n = static_cast<int>(ticket);
-    if (n == faults_.fail_poll) {
-      return absl::InternalError(
-          "cudaEventQuery (the copy) failed: unspecified launch failure (cudaErrorLaunchFailure)");
-    }
-    return absl::Now() >= done_at_.at(n);
-  }
-
- private:
-  std::shared_ptr<Shared> shared_;
-  int devices_;
-  absl::Duration delay_;
-  Faults faults_;
-  std::map<int, absl::Time> done_at_;
-};
-
-// A tensor in the stand-in GPU's memory.
-struct FakeGpuTensor {
-  FakeGpuTensor(HostCopier::Shared* shared, DType dtype, size_t count, int device = 0)
-      : buf(dtype, count), device(device) {
-    absl::MutexLock lock(&shared->mu);
-    shared->memory[buf.bytes.data()] = {buf.bytes.size(), device};
-  }
-  TensorView view() {
-    TensorView v = buf.view();
-    v.device = Device::kGPU;
-    v.device_id = device;
-    return v;
-  }
-  Buffer buf;
-  int device;
-};
 
 double SumOver(int n, size_t i, int round, int salt) {
   double want = 0;
@@ -151,21 +50,13 @@ class StagedCluster {
     cluster = std::move(*cl);
     for (int w = 0; w < cluster->num_workers(); ++w) {
       shared.push_back(std::make_shared<HostCopier::Shared>());
-      KVStore* kv = cluster->worker(w);
-      GpuStager::Backend backend;
-      backend.push_pull = [kv](absl::string_view name, TensorView in, TensorView out,
-                               int priority) {
-        return kv->PushPullAsync(name, in, out, priority);
-      };
-      backend.broadcast = [kv](absl::string_view name, TensorView t, int root, int priority) {
-        return kv->BroadcastAsync(name, t, root, priority);
-      };
       // Worker-dependent copy times, so that the workers' copies finish in other orders.
       stagers.push_back(std::make_unique<GpuStager>(
           std::make_unique<HostCopier>(shared.back(), 2, delay * (w + 1),
                                        w < static_cast<int>(faults.size()) ? faults[w]
                                                                             : HostCopier::Faults{}),
-          std::move(backend), cluster->num_workers(), stager_timeout, waiting_threads_help));
+          BackendOf(cluster->worker(w)), cluster->num_workers(), stager_timeout,
+          waiting_threads_help));
     }
   }
   ~StagedCluster() {
@@ -292,6 +183,34 @@ TEST(GpuStagingTest, OperationsOnOneNameKeepIssueOrderAcrossDevices) {
       }
     }
     EXPECT_GT(st->stats().queued_cpu_ops, 0u);
+  });
+}
+
+// Push_pulls of one GPU tensor in place, several in a row without waiting: each reads
+// what the one before wrote (the second copy to the host waits for the first copy back),
+// so k of them give n^(k-1) times the sum, as on the CPU path; other names pass them.
+TEST(GpuStagingTest, InPlaceOperationsInARowReadTheEarlierResult) {
+  StagedCluster c(Config(3, 2), absl::Milliseconds(2));
+  ASSERT_NE(c.cluster, nullptr);
+  c.Run([&](int rank, GpuStager* st, HostCopier::Shared* sh) {
+    FakeGpuTensor x(sh, DType::kInt64, 3000), other(sh, DType::kFloat32, 3000);
+    x.buf.Fill(rank, 0, 5);
+    other.buf.Fill(rank, 0, 6);
+    std::vector<Handle> hs;
+    for (int k = 0; k < 3; ++k) {
+      auto h = st->PushPullAsync("x", x.view(), x.view(), 0);
+      ASSERT_TRUE(h.ok()) << h.status();
+      hs.push_back(*h);
+    }
+    auto h = st->PushPullAsync("other", other.view(), other.view(), 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Wait().ok()) << h->Wait();
+    for (auto& hx : hs) ASSERT_TRUE(hx.Wait().ok()) << hx.Wait();
+    for (size_t i = 0; i < x.buf.count; ++i) {
+      ASSERT_EQ(x.buf.at(i), 9 * SumOver(3, i, 0, 5)) << "worker " << rank << " element " << i;
+      ASSERT_EQ(other.buf.at(i), SumOver(3, i, 0, 6)) << "worker " << rank << " element " << i;
+    }
+    EXPECT_EQ(st->stats().held_ops, 2u) << "worker " << rank;
   });
 }
 
