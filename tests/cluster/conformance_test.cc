@@ -40,6 +40,10 @@ struct Param {
   int servers;  // dist_hybrid only
   int local = 1;  // dist_hybrid: local ranks per node (reduced in shared memory first)
   bool staged = false;  // dist_hybrid through GPU staging on the host stand-in
+  bool helpers = true;  // staged: threads waiting on a handle run the staging steps
+  // Settings other than the defaults, and a word for the test's name.
+  std::string variant = {};
+  std::function<void(ClusterConfig*)> tweak = nullptr;
 };
 
 std::string Name(const ::testing::TestParamInfo<Param>& info) {
@@ -48,7 +52,8 @@ std::string Name(const ::testing::TestParamInfo<Param>& info) {
                                   p.transport, "_w", p.workers);
   if (p.backend != "dist_allreduce") absl::StrAppend(&name, "_s", p.servers);
   if (p.local > 1) absl::StrAppend(&name, "_l", p.local);
-  if (p.staged) absl::StrAppend(&name, "_staged");
+  if (p.staged) absl::StrAppend(&name, p.helpers ? "_staged" : "_staged_nohelp");
+  if (!p.variant.empty()) absl::StrAppend(&name, "_", p.variant);
   return name;
 }
 
@@ -66,13 +71,13 @@ constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat1
 // copied to a staging buffer, reduced by the worker's store and copied back.
 class StagedStore : public KVStore {
  public:
-  StagedStore(KVStore* inner, absl::Duration timeout)
+  StagedStore(KVStore* inner, absl::Duration timeout, bool helpers)
       : inner_(inner), shared_(std::make_shared<HostCopier::Shared>()) {
     // Copy times that differ by worker, so that the workers' copies end in other orders.
     stager_ = std::make_unique<GpuStager>(
         std::make_unique<HostCopier>(shared_, 1, absl::Microseconds(20) * (inner->rank() + 1),
                                      HostCopier::Faults{}),
-        BackendOf(inner), inner->num_workers(), timeout, /*waiting_threads_help=*/true);
+        BackendOf(inner), inner->num_workers(), timeout, helpers);
   }
   ~StagedStore() override { stager_->Shutdown(); }
 
@@ -140,6 +145,7 @@ class ConformanceTest : public ::testing::TestWithParam<Param> {
     // stall for a second.
     c.heartbeat_timeout = absl::Seconds(5);
     c.op_timeout = absl::Seconds(60);
+    if (GetParam().tweak) GetParam().tweak(&c);
     return c;
   }
   std::unique_ptr<Job> Start(const ClusterConfig& c) {
@@ -149,7 +155,8 @@ class ConformanceTest : public ::testing::TestWithParam<Param> {
     auto job = std::make_unique<Job>();
     job->cluster = std::move(*cl);
     for (int w = 0; GetParam().staged && w < job->cluster->num_workers(); ++w) {
-      job->staged.push_back(std::make_unique<StagedStore>(job->cluster->worker(w), c.op_timeout));
+      job->staged.push_back(std::make_unique<StagedStore>(job->cluster->worker(w), c.op_timeout,
+                                                          GetParam().helpers));
     }
     return job;
   }
@@ -468,7 +475,22 @@ std::vector<Param> Params() {
   for (int w = 1; w <= 4; ++w) p.push_back({"dist_allreduce", "inproc", w, 0});
   p.push_back({"dist_allreduce", "tcp", 2, 0});
   p.push_back({"dist_allreduce", "tcp", 3, 0});
+  // No fusion, and only the executor thread runs the rounds (HYBRIDPS_CALLER_ROUNDS=0).
+  p.push_back({"dist_allreduce", "inproc", 3, 0, 1, false, true, "nofusion_noCaller",
+               [](ClusterConfig* c) {
+                 c->fusion_bytes = 0;
+                 c->caller_rounds = 0;
+               }});
 #endif
+  // Every tensor of a node on the reducer thread (HYBRIDPS_LOCAL_INLINE_BYTES=0), and
+  // every one on the I/O thread, with wire chunks of 4 KiB.
+  p.push_back({"dist_hybrid", "inproc", 4, 2, 2, false, true, "threaded",
+               [](ClusterConfig* c) { c->local_inline_bytes = 0; }});
+  p.push_back({"dist_hybrid", "tcp", 6, 2, 3, false, true, "inline_chunks4k",
+               [](ClusterConfig* c) {
+                 c->local_inline_bytes = size_t{1} << 30;
+                 c->wire_chunk_bytes = 4096;
+               }});
   // Through the GPU staging layer (stand-in GPU): one worker, several, nodes of 2 and 3.
   for (auto [transport, workers, servers, local] :
        {std::tuple{"inproc", 1, 1, 1}, std::tuple{"inproc", 3, 2, 1},
@@ -476,6 +498,9 @@ std::vector<Param> Params() {
         std::tuple{"ipc", 6, 2, 3}}) {
     p.push_back({"dist_hybrid", transport, workers, servers, local, /*staged=*/true});
   }
+  // Only the stager's own thread runs the staging steps (HYBRIDPS_CALLER_ROUNDS=0).
+  p.push_back({"dist_hybrid", "inproc", 3, 2, 1, /*staged=*/true, /*helpers=*/false});
+  p.push_back({"dist_hybrid", "inproc", 4, 2, 2, /*staged=*/true, /*helpers=*/false});
   return p;
 }
 
