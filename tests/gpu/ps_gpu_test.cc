@@ -79,6 +79,30 @@ TEST_P(PsGpuTest, EveryDTypeSumsExactlyInPlaceAndOutOfPlaceOverRounds) {
   EXPECT_EQ(st.host_allocations, 7u);  // one pinned buffer per name, reused
 }
 
+// Three push_pulls of one GPU tensor in place without waiting in between: each reads what
+// the one before copied back (n^2 times the sum in the end); another name passes them.
+TEST_P(PsGpuTest, InPlaceOperationsInARowReadTheEarlierResult) {
+  cluster_->RunOnWorkers([&](int rank, KVStore* kv) {
+    DeviceBuffer x(DType::kInt64, 300000, 0), other(DType::kFloat32, 300000, 0);
+    x.Fill(rank, 0, 5);
+    other.Fill(rank, 0, 6);
+    std::vector<Handle> hs;
+    for (int k = 0; k < 3; ++k) {
+      auto h = kv->PushPullAsync("x", x.view(), x.view(), 0);
+      ASSERT_TRUE(h.ok()) << h.status();
+      hs.push_back(*h);
+    }
+    absl::Status s = kv->PushPull("other", other.view(), other.view());
+    ASSERT_TRUE(s.ok()) << s;
+    for (Handle& h : hs) ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+    for (size_t i = 0; i < 300000; i += 7) {
+      ASSERT_EQ(x.at(i), n() * n() * SumOver(n(), i, 0, 5)) << "element " << i;
+      ASSERT_EQ(other.at(i), SumOver(n(), i, 0, 6)) << "element " << i;
+    }
+  });
+  EXPECT_EQ(Stats(0).held_ops, 2u);
+}
+
 TEST_P(PsGpuTest, BroadcastFromEveryRoot) {
   cluster_->RunOnWorkers([&](int rank, KVStore* kv) {
     for (int root = 0; root < n(); ++root) {
