@@ -340,6 +340,36 @@ TEST_P(ConformanceTest, EmptyTensorsWithoutDataTakePart) {
   });
 }
 
+// Arguments one worker can tell are wrong fail at once, on that worker, with an
+// InvalidArgument naming the tensor and what is wrong; the job goes on.
+TEST_P(ConformanceTest, BadArgumentsFailAtSubmissionNamingTheTensor) {
+  auto cluster = Start(Config());
+  ASSERT_NE(cluster, nullptr);
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    Buffer a(DType::kFloat32, 10), b(DType::kFloat32, 12), c(DType::kInt32, 10);
+    auto refused = [&](const char* what, absl::StatusOr<Handle> h,
+                       std::vector<std::string> words) {
+      ASSERT_FALSE(h.ok()) << what << ": accepted";
+      EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument) << what << ": "
+                                                                       << h.status();
+      words.push_back("'bad-");
+      for (const std::string& w : words) EXPECT_TRUE(Mentions(h.status().message(), w)) << what;
+    };
+    refused("root -1", kv->BroadcastAsync("bad-root", a.view(), -1), {"-1"});
+    refused("root n", kv->BroadcastAsync("bad-root", a.view(), n()), {absl::StrCat(n())});
+    refused("counts", kv->PushPullAsync("bad-count", a.view(), b.view()), {"10", "12"});
+    refused("dtypes", kv->PushPullAsync("bad-dtype", a.view(), c.view()),
+            {"float32", "int32"});
+    refused("no data", kv->PushPullAsync("bad-data", TensorView{nullptr, 4, DType::kFloat32},
+                                         a.view()), {"4"});
+    // Nothing of it reached the job: the names still work.
+    a.Fill(rank, 0, 3);
+    absl::Status s = kv->PushPull("bad-count", a.view(), a.view());
+    ASSERT_TRUE(s.ok()) << s;
+    for (size_t i = 0; i < a.count; ++i) ASSERT_EQ(a.at(i), Sum(i, n(), 0, 3));
+  });
+}
+
 TEST_P(ConformanceTest, MismatchedSizesFailEveryRankNamingTheTensorAndSizes) {
   if (n() < 2) GTEST_SKIP() << "needs two workers";
   auto cluster = Start(Config());
