@@ -124,6 +124,9 @@ void ControlClient::Handle(wire::Envelope env) {
     case wire::Envelope::kNodeFailed:
       if (callbacks_.node_failed) callbacks_.node_failed(env.node_failed());
       return;
+    case wire::Envelope::kNodeLeft:
+      if (callbacks_.node_left) callbacks_.node_left(env.node_left());
+      return;
     case wire::Envelope::kShutdown:
       if (callbacks_.shutdown) callbacks_.shutdown(env.shutdown());
       return;

@@ -25,6 +25,7 @@ class ControlClient {
   using Reply = std::function<void(absl::StatusOr<wire::Envelope>)>;
   struct Callbacks {
     std::function<void(const wire::NodeFailed&)> node_failed;
+    std::function<void(const wire::NodeLeft&)> node_left;  // optional
     std::function<void(const wire::Shutdown&)> shutdown;
     // The scheduler stopped answering heartbeats, or the link failed.
     std::function<void(const absl::Status&)> scheduler_lost;

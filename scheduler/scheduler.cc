@@ -179,6 +179,7 @@ void Scheduler::HandleMessage(Message raw) {
       ack.mutable_finalize_ack();
       Reply(peer, ack);
       HPS_LOG(INFO) << NodeName(node) << " finished";
+      if (node.role == wire::ROLE_WORKER) AnnounceLeft(node);
       MaybeFinish();
       break;
     }
@@ -465,6 +466,20 @@ void Scheduler::DeclareDead(Node& node, const std::string& reason) {
   Broadcast(env);
   CompleteBarriers();
   MaybeFinish();
+}
+
+void Scheduler::AnnounceLeft(const Node& node) {
+  for (const auto& [p, n] : nodes_) {
+    if (n.registered && n.role == wire::ROLE_WORKER && !n.finalized && !n.dead) {
+      wire::Envelope env;
+      auto* l = env.mutable_node_left();
+      l->set_rank(node.rank);
+      l->set_reason(absl::StrCat(NodeName(node), " left the job (shut down its store)"));
+      Broadcast(env);
+      return;
+    }
+  }
+  // The last worker: MaybeFinish ends the job.
 }
 
 void Scheduler::MaybeFinish() {

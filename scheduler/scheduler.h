@@ -65,6 +65,9 @@ class Scheduler {
   std::vector<int> GroupNodes(const std::vector<Node*>& workers);
   void HandleBarrier(Node& node, uint64_t id, wire::BarrierGroup group);
   void CompleteBarriers();
+  // A worker finalized while others still run: tells every node (servers then fail the
+  // rounds that wait for its node).
+  void AnnounceLeft(const Node& node);
   void HandleKvWait(Node& node, uint64_t id, const wire::KvWait& wait);
   void ServeKvWaiters(absl::Time now);
   void CheckHeartbeats(absl::Time now);

@@ -98,6 +98,7 @@ void KeyStore::Handle(const std::string& peer, int rank, uint64_t id,
                                                           Where(req), ": ", what)));
     }
   }
+  if (p.error.ok()) FailIfSomeoneLeft(p);
   if (p.error.ok() && !req.fail().empty()) {  // the node's local ranks disagreed
     FailRound(p, absl::InvalidArgumentError(absl::StrCat(Where(req), ": ", req.fail())));
   }
@@ -215,6 +216,26 @@ void KeyStore::FailRound(Part& p, const absl::Status& status) {
   }
   p.waiters.clear();
   p.acc.reset();
+}
+
+void KeyStore::Leave(int rank, const std::string& reason) {
+  if (rank < 0 || rank >= num_workers_) return;
+  if (left_.empty()) left_.resize(num_workers_);
+  if (!left_[rank].empty()) return;
+  left_[rank] = reason;
+  for (auto& [k, p] : parts_) {
+    if (p.num_arrived > 0 && p.error.ok()) FailIfSomeoneLeft(p);
+  }
+}
+
+void KeyStore::FailIfSomeoneLeft(Part& p) {
+  for (size_t r = 0; r < left_.size(); ++r) {
+    if (left_[r].empty() || p.arrived[r]) continue;
+    FailRound(p, absl::FailedPreconditionError(absl::StrCat(
+        OpName(p.op), " of ", Where(p.first), ": ", left_[r],
+        " before taking part in it; it cannot complete")));
+    return;
+  }
 }
 
 void KeyStore::FailAll(const absl::Status& status) {

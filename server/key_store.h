@@ -79,6 +79,10 @@ class KeyStore {
   void SumDone(uint64_t key, uint32_t part, uint64_t round);
   // Answers every waiting request with `status` and every later one too: the job failed.
   void FailAll(const absl::Status& status);
+  // Node `rank` left the job (a worker of it shut its store down; `reason` says which): it
+  // pushes nothing more, so every round it has not joined fails now, and every later one
+  // at its first request. Rounds it joined close as usual.
+  void Leave(int rank, const std::string& reason);
 
   size_t num_partitions() const { return parts_.size(); }
 
@@ -133,6 +137,9 @@ class KeyStore {
   Broadcast broadcast_;
   absl::flat_hash_map<PartKey, Part> parts_;
   absl::Status failed_;
+  std::vector<std::string> left_;  // by node: why it left (empty: still in the job)
+  // Fails p's round if a node that left has not joined it.
+  void FailIfSomeoneLeft(Part& p);
 };
 
 }  // namespace hybridps

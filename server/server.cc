@@ -59,6 +59,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const Context& ctx,
     HPS_LOG(WARNING) << "told: " << f.reason();
     if (self->store_) self->store_->FailAll(absl::UnavailableError(f.reason()));
   };
+  cb.node_left = [self](const wire::NodeLeft& l) {
+    HPS_LOG(INFO) << "told: " << l.reason();
+    if (!self->store_ || l.rank() < 0 || l.rank() >= static_cast<int>(self->node_of_.size())) {
+      return;
+    }
+    self->store_->Leave(self->node_of_[l.rank()], l.reason());
+  };
   cb.shutdown = [self](const wire::Shutdown& sd) {
     HPS_LOG(INFO) << "shutting down: " << sd.reason();
     self->done_ = true;
@@ -85,6 +92,9 @@ void Server::Stop() {
 absl::Status Server::Run() {
   ASSIGN_OR_RETURN(wire::Welcome welcome, control_->Register(endpoint_));
   rank_ = welcome.rank();
+  for (const wire::NodeInfo& w : welcome.workers()) {
+    node_of_.push_back(welcome.num_nodes() > 0 ? w.node() : w.rank());
+  }
   SetLogTag(absl::StrCat("server ", rank_));
   int threads = options_.server_threads;
   if (threads == 0) {

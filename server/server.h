@@ -73,6 +73,7 @@ class Server {
   std::unique_ptr<ControlClient> control_;
   std::string endpoint_;
   int rank_ = -1;
+  std::vector<int> node_of_;  // worker rank -> its node (from the Welcome)
   std::vector<std::unique_ptr<Engine>> engines_;
   std::unique_ptr<KeyStore> store_;  // I/O thread
   OptimizerHost optimizer_;          // I/O thread (updates run on engines)

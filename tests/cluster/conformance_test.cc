@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -126,6 +127,13 @@ struct Job {
   std::vector<std::unique_ptr<StagedStore>> staged;
 
   KVStore* worker(int i) { return staged.empty() ? cluster->worker(i) : staged[i].get(); }
+  // Worker i leaves the job in order (its stores shut down).
+  void Leave(int i) {
+    if (!staged.empty()) {
+      EXPECT_TRUE(staged[i]->Shutdown().ok());
+    }
+    EXPECT_TRUE(cluster->worker(i)->Shutdown().ok());
+  }
   void RunOnWorkers(const std::function<void(int, KVStore*)>& fn) {
     cluster->RunOnWorkers([&](int rank, KVStore*) { fn(rank, worker(rank)); });
   }
@@ -449,6 +457,39 @@ TEST_P(ConformanceTest, RankThatNeverSubmitsFailsTheOthersAtTheDeadline) {
     if (GetParam().backend == "dist_allreduce") {
       EXPECT_TRUE(Mentions(s.message(), absl::StrCat("rank ", n() - 1, " never submitted")));
     }
+  }
+}
+
+// A worker that leaves the job (its store shut down, as when its process ends early):
+// the others' operations that need it fail soon, naming it, instead of waiting for the
+// deadline.
+TEST_P(ConformanceTest, WorkerThatLeavesFailsTheOthersNamingIt) {
+  if (n() < 2) GTEST_SKIP() << "needs two workers";
+  auto cluster = Start(Config());  // op_timeout 60 s
+  ASSERT_NE(cluster, nullptr);
+  const int gone = n() - 1;
+  cluster->Leave(gone);
+  std::vector<absl::Status> status(n());
+  std::vector<absl::Duration> took(n());
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    if (rank == gone) return;
+    Buffer b(DType::kFloat32, 1000);
+    b.Fill(rank, 0, 1);
+    const absl::Time start = absl::Now();
+    status[rank] = kv->PushPull("after-leave", b.view(), b.view());
+    took[rank] = absl::Now() - start;
+  });
+  for (int rank = 0; rank < gone; ++rank) {
+    const absl::Status& s = status[rank];
+    EXPECT_FALSE(s.ok()) << "worker " << rank;
+    EXPECT_LT(took[rank], absl::Seconds(10)) << s;
+    // "worker 2 (host h, pid p) left the job" / "rank 2 left the job"
+    EXPECT_TRUE(absl::StrContains(s.message(), absl::StrCat("worker ", gone)) ||
+                absl::StrContains(s.message(), absl::StrCat("rank ", gone)))
+        << s;
+    EXPECT_TRUE(Mentions(s.message(), "'after-leave'"));
+    std::printf("  worker %d after %s: %s\n", rank, absl::FormatDuration(took[rank]).c_str(),
+                s.ToString().c_str());
   }
 }
 
