@@ -180,6 +180,7 @@ void Scheduler::HandleMessage(Message raw) {
       Reply(peer, ack);
       HPS_LOG(INFO) << NodeName(node) << " finished";
       if (node.role == wire::ROLE_WORKER) AnnounceLeft(node);
+      CompleteBarriers();  // one it has not reached can no longer complete
       MaybeFinish();
       break;
     }
@@ -390,24 +391,32 @@ void Scheduler::CompleteBarriers() {
   for (auto it = barriers_.begin(); it != barriers_.end();) {
     auto& arrived = it->second;
     bool complete = true;
+    absl::Status impossible = job_status_;  // a member left without reaching it
     for (const auto& [p, n] : nodes_) {
       if (!n.registered) continue;
       bool member = (it->first & wire::GROUP_WORKERS && n.role == wire::ROLE_WORKER) ||
                     (it->first & wire::GROUP_SERVERS && n.role == wire::ROLE_SERVER);
-      if (member && !arrived.count(p)) complete = false;
+      if (member && !arrived.count(p)) {
+        complete = false;
+        if (n.finalized && impossible.ok()) {
+          impossible = absl::FailedPreconditionError(absl::StrCat(
+              "barrier: ", NodeName(n), " left the job (shut down its store) without "
+              "reaching it; it cannot complete"));
+        }
+      }
     }
-    if (!complete && job_status_.ok()) {
+    if (!complete && impossible.ok()) {
       ++it;
       continue;
     }
     for (const auto& [p, id] : arrived) {
-      if (job_status_.ok()) {
+      if (impossible.ok()) {
         wire::Envelope r;
         r.set_id(id);
         r.mutable_barrier_done();
         Reply(p, r);
       } else {
-        ReplyError(p, id, job_status_);
+        ReplyError(p, id, impossible);
       }
     }
     it = barriers_.erase(it);

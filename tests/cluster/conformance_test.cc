@@ -478,6 +478,12 @@ TEST_P(ConformanceTest, WorkerThatLeavesFailsTheOthersNamingIt) {
     const absl::Time start = absl::Now();
     status[rank] = kv->PushPull("after-leave", b.view(), b.view());
     took[rank] = absl::Now() - start;
+    // Nor can a barrier complete without it.
+    const absl::Time barrier_start = absl::Now();
+    absl::Status barrier = kv->Barrier();
+    EXPECT_FALSE(barrier.ok()) << "worker " << rank;
+    EXPECT_LT(absl::Now() - barrier_start, absl::Seconds(10)) << barrier;
+    EXPECT_TRUE(Mentions(barrier.message(), absl::StrCat(" ", gone))) << barrier;
   });
   for (int rank = 0; rank < gone; ++rank) {
     const absl::Status& s = status[rank];

@@ -433,6 +433,29 @@ def test_survivors_name_the_killed_worker(job: JobEnv, tmp_path: Path,
     assert_nothing_left(job.marker)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_survivors_name_a_worker_that_left_early(job: JobEnv, tmp_path: Path,
+                                                 direct: list[DirectJob], backend: str) -> None:
+    """Worker 1 runs fewer rounds than the others (a smaller data shard) and exits in
+    order: the others fail at once, naming it, instead of at their operation timeout."""
+    j = DirectJob(job, tmp_path, workers=3, servers=2 if backend == "dist_hybrid" else 0,
+                  worker_args=["--rounds", "200", "--sleep-ms", "20", "--leave-rank", "1",
+                               "--leave-round", "2", "--expect-failure"], backend=backend)
+    direct.append(j)
+    assert j.wait("worker 1", RUN_TIMEOUT) == 0, j.text()
+    left = j.exited["worker 1"]
+    codes = j.wait_all(RUN_TIMEOUT)
+    for rank in (0, 2):
+        label = f"worker {rank}"
+        assert codes[label] == 3, j.text()
+        assert j.exited[label] - left < DETECTION_BOUND, j.text()
+        errors = error_lines(j.lines(label))
+        assert len(errors) == 1, j.text()
+        assert re.search(r"(worker|rank) 1\b.*left the job", errors[0]), j.text()
+        assert "round 1 ok" in j.lines(label) and "round 2 ok" not in j.lines(label), j.text()
+    assert_nothing_left(job.marker)
+
+
 @pytest.mark.parametrize("backend,victim", [("dist_hybrid", "worker 1"),
                                             ("dist_allreduce", "worker 1"),
                                             ("dist_hybrid", "server 1")])

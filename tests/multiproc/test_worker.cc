@@ -8,6 +8,8 @@
 //   --sleep-ms MS                pause after each round (default 0)
 //   --die-rank R --die-round K   worker R kills itself with SIGKILL at the start of
 //                                round K, before pushing anything
+//   --leave-rank R --leave-round K  worker R leaves at the start of round K: shuts its
+//                                store down and exits 0 (a script that ran fewer steps)
 //   --expect-failure             an operation is expected to fail (a peer is killed)
 //   --gpu                        the tensors live on GPU `rank % devices` (dist_allreduce
 //                                with NCCL, or dist_hybrid staging them through host
@@ -54,6 +56,8 @@ struct Flags {
   int sleep_ms = 0;
   int die_rank = -1;
   int die_round = -1;
+  int leave_rank = -1;
+  int leave_round = -1;
   bool expect_failure = false;
   bool gpu = false;
   bool count_gpus = false;
@@ -76,6 +80,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
                   : k == "--sleep-ms"  ? &f->sleep_ms
                   : k == "--die-rank"  ? &f->die_rank
                   : k == "--die-round" ? &f->die_round
+                  : k == "--leave-rank" ? &f->leave_rank
+                  : k == "--leave-round" ? &f->leave_round
                                        : nullptr;
     if (target == nullptr || i + 1 >= argc || !absl::SimpleAtoi(argv[i + 1], target)) {
       std::fprintf(stderr, "%s: bad flag %s\n", kProgram, k.c_str());
@@ -217,6 +223,12 @@ int Run(const Flags& flags) {
       std::printf("worker %d: dying at round %d\n", rank, round);
       std::fflush(stdout);
       std::raise(SIGKILL);
+    }
+    if (rank == flags.leave_rank && round == flags.leave_round) {
+      std::printf("worker %d: leaving at round %d\n", rank, round);
+      std::fflush(stdout);
+      if (absl::Status s = kv->Shutdown(); !s.ok()) return Fail(flags, s);
+      return 0;
     }
     std::vector<hybridps::Handle> handles;
     for (size_t t = 0; t < tensors.size(); ++t) {
