@@ -477,24 +477,24 @@ void Scheduler::DeclareDead(Node& node, const std::string& reason) {
   MaybeFinish();
 }
 
-void Scheduler::AnnounceLeft(const Node& node) {
+bool Scheduler::WorkersRunning() const {
   for (const auto& [p, n] : nodes_) {
-    if (n.registered && n.role == wire::ROLE_WORKER && !n.finalized && !n.dead) {
-      wire::Envelope env;
-      auto* l = env.mutable_node_left();
-      l->set_rank(node.rank);
-      l->set_reason(absl::StrCat(NodeName(node), " left the job (shut down its store)"));
-      Broadcast(env);
-      return;
-    }
+    if (n.registered && n.role == wire::ROLE_WORKER && !n.finalized && !n.dead) return true;
   }
-  // The last worker: MaybeFinish ends the job.
+  return false;
+}
+
+void Scheduler::AnnounceLeft(const Node& node) {
+  if (!WorkersRunning()) return;  // the last worker: MaybeFinish ends the job
+  wire::Envelope env;
+  auto* l = env.mutable_node_left();
+  l->set_rank(node.rank);
+  l->set_reason(absl::StrCat(NodeName(node), " left the job (shut down its store)"));
+  Broadcast(env);
 }
 
 void Scheduler::MaybeFinish() {
-  for (const auto& [p, n] : nodes_) {
-    if (n.registered && n.role == wire::ROLE_WORKER && !n.finalized && !n.dead) return;
-  }
+  if (WorkersRunning()) return;
   wire::Envelope env;
   env.mutable_shutdown()->set_reason(job_status_.ok() ? "all workers finished"
                                                        : std::string(job_status_.message()));

@@ -68,6 +68,8 @@ class Scheduler {
   // A worker finalized while others still run: tells every node (servers then fail the
   // rounds that wait for its node).
   void AnnounceLeft(const Node& node);
+  // Some registered worker has neither finalized nor died.
+  bool WorkersRunning() const;
   void HandleKvWait(Node& node, uint64_t id, const wire::KvWait& wait);
   void ServeKvWaiters(absl::Time now);
   void CheckHeartbeats(absl::Time now);

@@ -208,8 +208,8 @@ class GpuStager {
   void Finish(const OpPtr& op, absl::Status status);
   void Fail(const OpPtr& op, absl::Status status);  // finishes op, breaks the stager
   void Unpend(const std::string& name);
-  // Accepts the operations held behind name's last GPU operation, in order, up to the
-  // next GPU one while a GPU operation of the name is unfinished.
+  // Stages the operations held behind name's GPU operations, in order, up to the next GPU
+  // one while a GPU operation of the name is unfinished.
   void ReleaseHeld(const std::string& name);
 
   const std::unique_ptr<DeviceCopier> copier_;
