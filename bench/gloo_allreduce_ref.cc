@@ -250,10 +250,12 @@ class Bench {
         const double ops = f_.warmup + iters;
         absl::StrAppendFormat(
             &where,
-            "#   %11zu: %.2f rounds (%.2f by the waiting thread), negotiation %.1f us, "
-            "execution %.1f us per op\n",
+            "#   %11zu: %.2f rounds (%.2f by the waiting thread), %.2f eager, %.2f two-shot, "
+            "negotiation %.1f us, execution %.1f us per op\n",
             s, double(after.rounds - before.rounds) / ops,
             double(after.caller_rounds - before.caller_rounds) / ops,
+            double(after.eager - before.eager) / ops,
+            double(after.two_shots - before.two_shots) / ops,
             absl::ToDoubleMicroseconds(after.negotiating - before.negotiating) / ops,
             absl::ToDoubleMicroseconds(after.executing - before.executing) / ops);
       }

@@ -163,6 +163,19 @@ struct Options {
   // 2 MiB; bench/RESULTS.md). GPU tensors are always fused (device copies are cheap).
   // Rank 0's value (and its fusion_bytes) is used by every worker.
   size_t fusion_max_tensor_bytes = 2 << 20;
+  // HYBRIDPS_EAGER_BYTES (dist_allreduce, CPU tensors): a push_pull of up to this size
+  // divided by (workers - 1), or a broadcast, travels inside the negotiation message and
+  // is summed from it: no collective after the negotiation. At most 2 MiB; 0: off. With 2
+  // workers eager 1 MiB took 1142 us at the median against 1238 us through the ring on the
+  // 2-vCPU VM; on a 16-core host the ring was ~8 % faster at 1 MiB (bench/RESULTS.md).
+  size_t eager_bytes = 1 << 20;
+  // HYBRIDPS_TWO_SHOT_BYTES (dist_allreduce, 2 workers, CPU tensors): push_pulls larger
+  // than the eager ones and up to this size are two-shots: each worker sends the other's
+  // half with the negotiation, sums its own half, and the two swap their summed halves —
+  // two exchanges where negotiating and running the ring take three. At most 8 MiB; 0:
+  // off (the ring after the negotiation). A two-shot runs when both workers sent their
+  // halves, else the ring does.
+  size_t two_shot_bytes = 0;
   // HYBRIDPS_CYCLE_TIME_MS: while operations are pending, workers agree on what to run
   // at most once per cycle (tensors submitted within one cycle can be fused). No cycles
   // run while the job is idle.

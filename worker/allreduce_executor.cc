@@ -27,17 +27,9 @@ namespace {
 // rounds that follow it.
 constexpr size_t kSlotHistory = 2;
 constexpr size_t kSlotGrain = 4096;
-constexpr size_t kMaxSlot = 4 << 20;
-// Operations carry their data in the negotiation message (eagerly) when that is cheaper
-// than negotiating and then running the ring. Each rank receives n-1 copies where the ring
-// moves 2(n-1)/n of the tensor, so a tensor goes eagerly up to kEagerBytes / (n-1) bytes:
-// with 2 ranks up to 1 MiB (the same bytes as the ring, in one step instead of an exchange
-// and two ring steps; on the 2-vCPU VM, 2026-11-26, 1 MiB eagerly took 1142 us at the
-// median and 681 us at p10 against 1238 / 797 us through the ring), with more ranks the
-// extra bytes stay under 1 MiB per round. A round carries at most twice that per rank.
-// An operation runs eagerly when every rank sent its data in the same round; otherwise it
-// takes the allreduce path.
-constexpr size_t kEagerBytes = 1 << 20;
+// Room for a round's eager payloads or two-shot halves (4 MiB per rank at most, see
+// Options::eager_bytes and two_shot_bytes) and its list.
+constexpr size_t kMaxSlot = 5 << 20;
 
 std::string Ranks(const std::vector<int>& ranks) {
   return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
@@ -198,9 +190,21 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
     }
     mine.leaving = stopping_ && queued_.empty();
   }
+  // Operations carry their data in the negotiation message (eagerly) when that is cheaper
+  // than negotiating and then running the ring (Options::eager_bytes). Each rank receives
+  // n-1 copies where the ring moves 2(n-1)/n of the tensor, so a tensor goes eagerly up to
+  // eager_bytes / (n-1) bytes: with 2 ranks the same bytes as the ring, in one step instead
+  // of an exchange and two ring steps; with more ranks the extra bytes stay under
+  // eager_bytes per round. A round carries at most twice that per rank. An operation runs
+  // eagerly when every rank sent its data in the same round; otherwise it takes the ring.
   const size_t copies = std::max(1, num_workers_ - 1);
-  const size_t eager_tensor = kEagerBytes / copies;
+  const size_t eager_tensor = options_.eager_bytes / copies;
   const size_t eager_round = 2 * eager_tensor;
+  // With 2 ranks, larger push_pulls up to two_shot_bytes are two-shots (negotiation.h):
+  // each rank sends the other's half along, and the summed halves are swapped. The same
+  // bytes as the ring, in two exchanges instead of three (the negotiation's, and the ring's
+  // reduce-scatter and all-gather). A round carries at most half of that per rank.
+  const size_t two_shot_bytes = num_workers_ == 2 ? options_.two_shot_bytes : 0;
   size_t eager_bytes = 0;
   for (const auto& op : listed) {
     nego::Entry e;
@@ -218,12 +222,24 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
     // step that is the round that runs it; a rank waiting for late peers does not resend.
     // GPU data never does: it is not in host memory.
     e.gpu = op->in.device == Device::kGPU;
-    if (!e.gpu && op->rounds_listed == 1 &&
-        (op->kind == nego::OpKind::kPushPull || op->root == rank_) && bytes <= eager_tensor &&
-        eager_bytes + bytes <= eager_round) {
+    const bool first_time = !e.gpu && op->rounds_listed == 1;
+    if (first_time && (op->kind == nego::OpKind::kPushPull || op->root == rank_) &&
+        bytes <= eager_tensor && eager_bytes + bytes <= eager_round) {
       e.has_payload = true;
       e.payload = absl::string_view(static_cast<const char*>(op->in.data), bytes);
       eager_bytes += bytes;
+    } else if (first_time && op->kind == nego::OpKind::kPushPull && bytes > eager_tensor &&
+               bytes <= two_shot_bytes) {
+      const nego::Chunk c = nego::ChunkOf(op->in.count, 1 - rank_, 2);
+      const size_t es = DTypeSize(op->in.dtype);
+      const size_t half = (c.end - c.begin) * es;
+      if (eager_bytes + half <= two_shot_bytes / 2) {
+        e.has_payload = true;
+        e.payload_offset = c.begin;
+        e.payload =
+            absl::string_view(static_cast<const char*>(op->in.data) + c.begin * es, half);
+        eager_bytes += half;
+      }
     }
     mine.entries.push_back(std::move(e));
   }
@@ -381,6 +397,8 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
       Finish(first, absl::OkStatus());
       return absl::OkStatus();
     }
+    case nego::Action::Type::kTwoShot:
+      return ExecuteTwoShot(a, first);
     case nego::Action::Type::kBroadcast: {
       absl::Status s = ExplainFailure(comm_->Broadcast(
           a.dtype, first->out.data, first->out.count, first->root, gloo_timeout_));
@@ -425,6 +443,35 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
     if (a.entries.size() > 1) stats_.fused_tensors += a.entries.size();
   }
   for (size_t i : a.entries) Finish(listed[i].get(), s);
+  return s;
+}
+
+absl::Status AllreduceStore::ExecuteTwoShot(const nego::Action& a, Op* op) {
+  const int peer = 1 - rank_;
+  const size_t es = DTypeSize(a.dtype);
+  const nego::Chunk own = nego::ChunkOf(op->in.count, rank_, 2);
+  const nego::Chunk theirs = nego::ChunkOf(op->in.count, peer, 2);
+  const char* in = static_cast<const char*>(op->in.data);
+  char* out = static_cast<char*>(op->out.data);
+  // The peer's chunk arrives straight into the output, while this rank sums its own (in
+  // rank order, as everywhere). In place, the input's copy of the peer's chunk already
+  // left with the negotiation.
+  absl::Status s = comm_->SwapWithPeer(
+      peer, out + theirs.begin * es, (theirs.end - theirs.begin) * es,
+      out + own.begin * es, (own.end - own.begin) * es,
+      [&] {
+        const void* mine = in + own.begin * es;
+        const void* other = a.payloads[peer].data();
+        Sum2(a.dtype, out + own.begin * es, rank_ == 0 ? mine : other,
+             rank_ == 0 ? other : mine, own.end - own.begin);
+      },
+      gloo_timeout_);
+  s = ExplainFailure(s);
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.two_shots;
+  }
+  Finish(op, s);
   return s;
 }
 

@@ -94,6 +94,7 @@ class AllreduceStore : public KVStore {
     uint64_t allreduces = 0;     // Gloo allreduce calls
     uint64_t fused_tensors = 0;  // push_pulls that went through a fusion buffer
     uint64_t eager = 0;          // operations computed from the negotiation data
+    uint64_t two_shots = 0;      // push_pulls run as two-shots (2 ranks, negotiation.h)
     uint64_t broadcasts = 0;     // Gloo broadcast calls
     uint64_t nccl_groups = 0;    // NCCL launches (a group of a fused bucket counts once)
     uint64_t nccl_tensors = 0;   // GPU tensors reduced or broadcast through NCCL
@@ -146,6 +147,8 @@ class AllreduceStore : public KVStore {
   bool RunRound(bool caller, bool* job_active);
   absl::Status Execute(const negotiation::Action& action,
                        const std::vector<std::shared_ptr<Op>>& listed);
+  // A kTwoShot action (2 ranks, CPU): sums this rank's half, swaps halves with the peer.
+  absl::Status ExecuteTwoShot(const negotiation::Action& action, Op* op);
   void Warn(const negotiation::Plan& plan, const std::vector<std::shared_ptr<Op>>& listed,
             absl::Time now);
   void Finish(Op* op, absl::Status status);

@@ -35,12 +35,15 @@ namespace {
 // Largest message AllgatherBytes accepts from a peer (a larger length is corruption).
 constexpr uint64_t kMaxGatherBytes = uint64_t{1} << 30;
 // Slots up to this size are exchanged directly (one send to every peer, the receives
-// posted a round ahead), larger ones by the ring. Slots grow with eager payloads (one
-// tensor of up to 1 MiB with 2 ranks fits; two do not) and with the tensors listed.
+// posted a round ahead), larger ones by the ring, except with 2 ranks (where the ring is
+// one step too, without receives posted ahead). Slots grow with eager payloads and
+// two-shot halves, and with the tensors listed.
 constexpr size_t kDirectSlotBytes = 2 << 20;
 // The Gloo slot of the direct exchanges (a prefix no Gloo collective uses); exchanges are
 // matched in order, one at a time.
 constexpr uint64_t kExchangeSlot = (uint64_t{0xE1} << 56) | 1;
+// The Gloo slot of SwapWithPeer (one at a time, so matched in order too).
+constexpr uint64_t kSwapSlot = (uint64_t{0xE2} << 56) | 1;
 
 std::chrono::milliseconds Millis(absl::Duration d) {
   return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
@@ -307,6 +310,31 @@ absl::Status GlooComm::Broadcast(DType dtype, void* data, size_t count, int root
   });
 }
 
+absl::Status GlooComm::SwapWithPeer(int peer, void* recv, size_t recv_bytes, const void* send,
+                                    size_t send_bytes, absl::FunctionRef<void()> fill,
+                                    absl::Duration timeout) {
+  if (!context_ || peer < 0 || peer >= size_ || peer == rank_) {
+    return absl::InternalError(absl::StrCat("swap: no peer ", peer, " for rank ", rank_,
+                                            " of ", size_));
+  }
+  return Guard("allreduce (swapping halves)", [&] {
+    std::unique_ptr<gloo::transport::UnboundBuffer> in, out;
+    if (recv_bytes > 0) {
+      in = context_->createUnboundBuffer(recv, recv_bytes);
+      in->recv(peer, kSwapSlot);
+    }
+    fill();
+    if (send_bytes > 0) {
+      out = context_->createUnboundBuffer(const_cast<void*>(send), send_bytes);
+      out->send(peer, kSwapSlot);
+    }
+    if (in) in->waitRecv(Millis(timeout));
+    if (out) out->waitSend(Millis(timeout));
+  });
+}
+
+bool GlooComm::Direct(size_t slot) const { return slot <= kDirectSlotBytes || size_ == 2; }
+
 void GlooComm::PostExchange(int i, size_t slot) {
   Exchange& x = exchange_[i];
   if (!x.buf || x.bytes.size() < slot * size_) {
@@ -321,7 +349,7 @@ void GlooComm::PostExchange(int i, size_t slot) {
 }
 
 void GlooComm::PostNextExchange(size_t slot) {
-  if (!context_ || slot > kDirectSlotBytes || exchange_[next_exchange_].posted ||
+  if (!context_ || !Direct(slot) || exchange_[next_exchange_].posted ||
       !post_failed_.ok()) {
     return;
   }
@@ -349,7 +377,7 @@ absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherFramed(
   RETURN_IF_ERROR(post_failed_);
   // A slot: [u64 length][the first slot - 8 bytes]; the tails follow in an allgatherv.
   const size_t inline_bytes = slot - sizeof(uint64_t);
-  if (slot > kDirectSlotBytes && slot_all_.size() < slot * size_) {
+  if (!Direct(slot) && slot_all_.size() < slot * size_) {
     slot_all_.resize(slot * size_);
   }
   const uint64_t len64 = len;
@@ -357,8 +385,8 @@ absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherFramed(
   if (framed->size() < slot) framed->resize(slot);
   char* const own_slot = framed->data();
   std::vector<const char*> slots(size_);  // where rank r's slot is once exchanged
-  if (slot <= kDirectSlotBytes) {
-    // Small slots: every rank sends its slot to every other rank at once: one step, where
+  if (Direct(slot)) {
+    // Small slots (any with 2 ranks: then the ring is the same single step): every rank sends its slot to every other rank at once: one step, where
     // the ring allgather takes 2(n-1) dependent ones, each a thread handoff that can cost
     // a scheduler tick on a loaded machine. The receives are usually posted already
     // (PostNextExchange).

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -89,10 +90,18 @@ class GlooComm {
   // data = the root's data, on every rank.
   absl::Status Broadcast(DType dtype, void* data, size_t count, int root,
                          absl::Duration timeout);
+  // One exchange with `peer`: posts the receive of `recv_bytes` into `recv`, runs `fill`
+  // (which may write `send`: the peer's data then arrives meanwhile), sends `send_bytes`
+  // from `send`, and waits for both. The peer calls it with the sizes swapped. The two
+  // buffers must not overlap.
+  absl::Status SwapWithPeer(int peer, void* recv, size_t recv_bytes, const void* send,
+                            size_t send_bytes, absl::FunctionRef<void()> fill,
+                            absl::Duration timeout);
   // Every rank's `mine` (any length), indexed by rank; the views point into buffers of
   // this communicator and stay valid until the next call. Costs one exchange of `slot`
-  // bytes per rank (every rank must pass the same slot; small slots go directly to every
-  // peer in one step, larger ones through the ring, gloo::allgather), plus an allgatherv
+  // bytes per rank (every rank must pass the same slot; small slots, and any with 2 ranks,
+  // go directly to every peer in one step, larger ones through the ring,
+  // gloo::allgather), plus an allgatherv
   // when some rank's message does not fit in a slot.
   absl::StatusOr<std::vector<absl::string_view>> AllgatherBytes(absl::string_view mine,
                                                                 size_t slot,
@@ -103,7 +112,7 @@ class GlooComm {
   absl::StatusOr<std::vector<absl::string_view>> AllgatherFramed(std::string* framed,
                                                                  size_t slot,
                                                                  absl::Duration timeout);
-  // Posts the receives of the next AllgatherBytes now, for a small `slot` (which that
+  // Posts the receives of the next AllgatherBytes now, for a direct `slot` (which that
   // call must then pass; every rank calls this with the same slot, or none does). Gloo
   // sends only to a receive its peer has posted, so an exchange whose receives were
   // posted at the end of the previous one costs one trip instead of two: the peers' data
@@ -128,6 +137,8 @@ class GlooComm {
   std::shared_ptr<gloo::Context> context_;  // null when size_ == 1
   // The mesh's connected sockets (descriptor, inode), for Abort; empty if not found.
   std::vector<std::pair<int, ino_t>> mesh_sockets_;
+  // Whether a slot is exchanged directly (else by Gloo's ring allgather).
+  bool Direct(size_t slot) const;
   // Posts exchange_[i]'s receives of `slot` bytes from every peer.
   void PostExchange(int i, size_t slot);
   // AllgatherBytes' buffers, kept from call to call (no allocation or zeroing per round).

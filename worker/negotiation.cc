@@ -14,9 +14,9 @@ namespace {
 
 // Fields travel in host byte order (every supported host is little-endian).
 constexpr uint32_t kMagic = 0x4E535048;  // "HPSN"
-constexpr uint16_t kVersion = 2;  // 2: the device byte
+constexpr uint16_t kVersion = 3;  // 2: the device byte; 3: the payload's offset
 constexpr uint16_t kFlagLeaving = 1;
-constexpr size_t kEntryBytes = 40;
+constexpr size_t kEntryBytes = 48;
 
 template <typename T>
 void Put(std::string* out, T v) {
@@ -102,6 +102,17 @@ absl::string_view OpKindName(OpKind kind) {
   return kind == OpKind::kBroadcast ? "broadcast" : "push_pull";
 }
 
+bool Entry::WholePayload() const {
+  return has_payload && payload_offset == 0 && payload.size() == count * DTypeSize(dtype);
+}
+
+Chunk ChunkOf(uint64_t count, int rank, int n) {
+  const uint64_t each = count / n, extra = count % n;
+  const uint64_t r = static_cast<uint64_t>(rank);
+  const uint64_t begin = each * r + std::min(r, extra);
+  return Chunk{begin, begin + each + (r < extra ? 1 : 0)};
+}
+
 std::string Entry::Shape() const {
   std::string s = absl::StrCat(count, " ", DTypeName(dtype), " elements");
   if (gpu) absl::StrAppend(&s, " on GPU");
@@ -127,6 +138,7 @@ void Serialize(const RankList& list, int rank, std::string* out) {
     Put(out, static_cast<uint32_t>(e.name.size()));
     Put(out, e.count);
     Put(out, static_cast<uint64_t>(e.has_payload ? e.payload.size() : 0));
+    Put(out, static_cast<uint64_t>(e.has_payload ? e.payload_offset : 0));
     out->append(e.name);
     out->append(PadOf(e.name.size()), '\0');
     if (e.has_payload) {
@@ -164,7 +176,8 @@ absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
     uint64_t payload_len = 0;
     if (!in.Get(&e.occurrence) || !in.Get(&kind) || !in.Get(&dtype) || !in.Get(&has_payload) ||
         !in.Get(&gpu) || !in.Get(&e.root) || !in.Get(&e.priority) || !in.Get(&e.age_ms) ||
-        !in.Get(&name_len) || !in.Get(&e.count) || !in.Get(&payload_len)) {
+        !in.Get(&name_len) || !in.Get(&e.count) || !in.Get(&payload_len) ||
+        !in.Get(&e.payload_offset)) {
       return bad("truncated entry");
     }
     if (kind != static_cast<uint8_t>(OpKind::kPushPull) &&
@@ -186,9 +199,16 @@ absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
     e.name = std::string(name);
     const size_t es = DTypeSize(e.dtype);
     if (e.count > std::numeric_limits<uint64_t>::max() / es) return bad("count overflows");
-    const uint64_t want = e.has_payload ? e.count * es : 0;
-    if (payload_len != want) {
-      return bad(absl::StrCat("payload of ", payload_len, " bytes for ", e.Shape()));
+    // A payload is whole elements within the tensor, at least one unless it has none
+    // (no payload: no bytes, offset 0).
+    const bool fits = e.has_payload
+                          ? payload_len % es == 0 && e.payload_offset <= e.count &&
+                                payload_len / es <= e.count - e.payload_offset &&
+                                (payload_len > 0 || e.count == 0)
+                          : payload_len == 0 && e.payload_offset == 0;
+    if (!fits) {
+      return bad(absl::StrCat("payload of ", payload_len, " bytes at element ",
+                              e.payload_offset, " for ", e.Shape()));
     }
     if (!in.Take(payload_len, &e.payload) || (e.has_payload && !in.SkipPad(payload_len))) {
       return bad("truncated payload");
@@ -281,14 +301,23 @@ Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
     bool eager = true;
     if (e0.kind == OpKind::kBroadcast) {
       const Entry& root = lists[e0.root].entries[k->idx[e0.root]];
-      eager = root.has_payload;
+      eager = root.WholePayload();
       a.payloads = {root.payload};
     } else {
-      for (int r = 0; r < n && eager; ++r) {
+      bool whole = true, two_shot = n == 2;
+      for (int r = 0; r < n; ++r) {
         const Entry& e = lists[r].entries[k->idx[r]];
-        eager = e.has_payload;
+        whole = whole && e.WholePayload();
+        if (two_shot) {
+          // Rank r sent the chunk of the other rank, exactly.
+          const Chunk c = ChunkOf(e.count, 1 - r, n);
+          two_shot = e.has_payload && e.payload_offset == c.begin &&
+                     e.payload.size() == (c.end - c.begin) * DTypeSize(e.dtype);
+        }
         a.payloads.push_back(e.payload);
       }
+      eager = whole || two_shot;
+      if (!whole) a.type = Action::Type::kTwoShot;
     }
     if (eager) {
       plan.actions.push_back(std::move(a));

@@ -20,6 +20,10 @@
 // - Small operations whose data every rank put in its list (the eager payload) are
 //   computed from the lists themselves, with no further collective: push_pull sums the
 //   ranks' payloads in rank order (identical on every rank), broadcast takes the root's.
+// - With 2 ranks, a push_pull for which each rank sent the other's chunk (ChunkOf) is a
+//   two-shot: each rank sums its own chunk from its data and the payload, and the ranks
+//   swap their summed chunks (one exchange, where the ring takes an exchange and two
+//   steps after the negotiation).
 // - Other push_pulls smaller than fusion_bytes are packed by dtype and device kind (GPU
 //   buckets run as one NCCL group, CPU ones through a fusion buffer) into buckets of at
 //   most fusion_bytes (a bucket runs where its first member would have); larger ones,
@@ -61,10 +65,16 @@ struct Entry {
   bool gpu = false;     // a GPU tensor (NCCL); never fused with CPU tensors, no payload
   int32_t priority = 0;
   uint32_t age_ms = 0;  // since the rank submitted it (for stall warnings)
-  // Eager data (count elements), or none. Serialize() reads it from the caller's memory;
-  // Parse() makes it point into the parsed buffer.
+  // Eager data, or none: elements [payload_offset, payload_offset + payload's elements)
+  // of the tensor (the whole tensor for an eager operation, the peer's chunk for a
+  // two-shot). Serialize() reads it from the caller's memory; Parse() makes it point into
+  // the parsed buffer.
   bool has_payload = false;
+  uint64_t payload_offset = 0;
   absl::string_view payload;
+
+  // Whether the payload is the whole tensor.
+  bool WholePayload() const;
 
   // "12 float32 elements" (+ " on GPU", + " from root 1" for a broadcast).
   std::string Shape() const;
@@ -75,6 +85,13 @@ struct RankList {
   bool leaving = false;  // the rank is shutting down: this is its last round
   std::vector<Entry> entries;
 };
+
+// The chunk of `count` elements that rank `rank` of `n` owns in a two-shot: [begin, end).
+struct Chunk {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+Chunk ChunkOf(uint64_t count, int rank, int n);
 
 // Appends the wire form of `list` to `out`. The result is at least kHeaderBytes long.
 void Serialize(const RankList& list, int rank, std::string* out);
@@ -87,6 +104,8 @@ absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank);
 struct Action {
   enum class Type {
     kEager,      // computed from the payloads below; no collective
+    kTwoShot,    // 2 ranks: this rank's chunk summed from its data and the peer's payload
+                 // (payloads[peer]), then the summed chunks swapped
     kAllreduce,  // one push_pull, in place in its own memory (entries.size() == 1), or a
                  // fusion bucket of push_pulls of one dtype (entries.size() > 1)
     kBroadcast,  // one broadcast

@@ -137,7 +137,7 @@ TEST(AllreduceTest, WithoutFusionEveryTensorHasItsOwnAllreduce) {
   ASSERT_NE(cluster, nullptr);
   PushPullMany(*cluster, 12, 300000);  // 1.2 MB: over the eager limit of 2 ranks (1 MiB)
   AllreduceStore::Stats s = StatsOf(cluster->worker(0));
-  EXPECT_EQ(s.allreduces, 12u);
+  EXPECT_EQ(s.allreduces + s.two_shots, 12u);
   EXPECT_EQ(s.fused_tensors, 0u);
 }
 
@@ -256,9 +256,9 @@ TEST(AllreduceTest, WaiterCompletesWhenALatePeerSubmits) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
 
-// Rounds whose messages carry two large eager tensors (a slot over 2 MiB: the ring
-// allgather) between rounds of small ones (the direct exchange, its receives posted at
-// the end of the round before): every sum exact whichever way the slot moves.
+// Rounds whose messages carry two large eager tensors (a slot over 2 MiB) between rounds
+// of small ones (the receives of the next exchange are posted at the end of the round
+// before, for the slot then agreed): every sum exact whichever way the slot moves.
 TEST(AllreduceTest, NegotiationSlotGrowsAndShrinks) {
   auto cluster = StartAllreduce(2);
   ASSERT_NE(cluster, nullptr);
@@ -286,6 +286,65 @@ TEST(AllreduceTest, NegotiationSlotGrowsAndShrinks) {
     }
   });
   EXPECT_GT(StatsOf(cluster->worker(0)).eager, 0u);
+}
+
+// With 2 ranks, push_pulls over the eager limit (1 MiB) and up to two_shot_bytes are
+// two-shots when the ranks are in step: every element exact (the chunk boundary, odd
+// counts, 16-bit floats summed in float32), in place and out of place; larger ones and
+// all of them with two_shot_bytes 0 take the ring.
+TEST(AllreduceTest, TwoRanksSwapSummedHalvesOfMidSizeTensors) {
+  for (size_t two_shot_bytes : {size_t{8} << 20, size_t{0}}) {
+    SCOPED_TRACE(absl::StrCat("two_shot_bytes ", two_shot_bytes));
+    auto cluster = StartAllreduce(2, 64 << 20, 1, [&](ClusterConfig* c) {
+      c->worker_options = [two_shot_bytes](int, Options* o) {
+        o->two_shot_bytes = two_shot_bytes;
+      };
+    });
+    ASSERT_NE(cluster, nullptr);
+    struct Case {
+      DType dtype;
+      size_t count;
+    };
+    const std::vector<Case> cases = {
+        {DType::kFloat32, (1 << 18) + 1},      // just over 1 MiB, odd
+        {DType::kFloat16, (3 << 19) + 3},      // 3 MiB
+        {DType::kFloat64, (1 << 20)},          // 8 MiB: the largest two-shot
+        {DType::kBFloat16, (5 << 19) + 1},     // 5 MiB
+        {DType::kFloat32, (2 << 20) + 1},      // just over 8 MiB: the ring
+    };
+    constexpr int kRounds = 6;
+    cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+      for (int i = 0; i < kRounds; ++i) {
+        for (size_t c = 0; c < cases.size(); ++c) {
+          Buffer in(cases[c].dtype, cases[c].count), out(cases[c].dtype, cases[c].count);
+          const int salt = static_cast<int>(c);
+          in.Fill(rank, i, salt);
+          const bool inplace = (i + c) % 2 == 0;
+          ASSERT_TRUE(kv->PushPull(absl::StrCat("t", c), in.view(),
+                                   inplace ? in.view() : out.view())
+                          .ok());
+          const Buffer& result = inplace ? in : out;
+          for (size_t k = 0; k < in.count; ++k) {
+            ASSERT_EQ(result.at(k), Value(k, 0, i, salt) + Value(k, 1, i, salt))
+                << "tensor " << c << " round " << i << " element " << k << " of " << in.count;
+          }
+        }
+      }
+    });
+    for (int w = 0; w < 2; ++w) {
+      AllreduceStore::Stats s = StatsOf(cluster->worker(w));
+      std::printf("two_shot_bytes %zu worker %d: %llu two-shots, %llu allreduces\n",
+                  two_shot_bytes, w, static_cast<unsigned long long>(s.two_shots),
+                  static_cast<unsigned long long>(s.allreduces));
+      EXPECT_EQ(s.two_shots + s.allreduces, cases.size() * kRounds) << "worker " << w;
+      EXPECT_GE(s.allreduces, static_cast<uint64_t>(kRounds));  // the 8 MiB + 4 ones
+      if (two_shot_bytes > 0) {
+        EXPECT_GT(s.two_shots, 0u) << "worker " << w;
+      } else {
+        EXPECT_EQ(s.two_shots, 0u) << "worker " << w;
+      }
+    }
+  }
 }
 
 TEST(AllreduceTest, RankThatLeavesFailsTheOthersAtOnceNamingIt) {

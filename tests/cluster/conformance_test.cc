@@ -558,6 +558,14 @@ std::vector<Param> Params() {
                  c->fusion_bytes = 0;
                  c->caller_rounds = 0;
                }});
+  // Two-shots (HYBRIDPS_TWO_SHOT_BYTES) from 4 KiB up, the eager path below.
+  p.push_back({"dist_allreduce", "tcp", 2, 0, 1, false, true, "twoshot",
+               [](ClusterConfig* c) {
+                 c->worker_options = [](int, Options* o) {
+                   o->eager_bytes = 4096;
+                   o->two_shot_bytes = 8 << 20;
+                 };
+               }});
 #endif
   // Every tensor of a node on the reducer thread (HYBRIDPS_LOCAL_INLINE_BYTES=0), and
   // every one on the I/O thread, with wire chunks of 4 KiB.

@@ -273,6 +273,87 @@ TEST(NegotiationTest, EagerWhenEveryRankSentItsDataOrTheRootDid) {
   EXPECT_EQ(p.actions[2].type, Action::Type::kAllreduce);  // rank 1 sent no data for z
 }
 
+// Rank r's entry of a two-shot: a payload of the other rank's chunk of `data`.
+Entry Half(const std::string& name, const std::vector<float>& data, int r, int n = 2) {
+  Entry e = PushPull(name, data.size());
+  const Chunk c = ChunkOf(data.size(), 1 - r, n);
+  e.has_payload = true;
+  e.payload_offset = c.begin;
+  e.payload = absl::string_view(reinterpret_cast<const char*>(data.data() + c.begin),
+                                (c.end - c.begin) * sizeof(float));
+  return e;
+}
+
+TEST(NegotiationTest, ChunksSplitEveryElementOnceAndEvenly) {
+  for (uint64_t count : {0, 1, 2, 5, 1000001}) {
+    for (int n : {1, 2, 3, 7}) {
+      uint64_t next = 0;
+      for (int r = 0; r < n; ++r) {
+        const Chunk c = ChunkOf(count, r, n);
+        EXPECT_EQ(c.begin, next) << count << " " << n << " " << r;
+        EXPECT_LE(c.end - c.begin, count / n + 1);
+        EXPECT_GE(c.end - c.begin, count / n);
+        next = c.end;
+      }
+      EXPECT_EQ(next, count) << count << " " << n;
+    }
+  }
+}
+
+TEST(NegotiationTest, TwoShotWhenBothRanksSentTheOthersChunk) {
+  const std::vector<float> a = {1, 2, 3, 4, 5}, b = {10, 20, 30, 40, 50};
+  std::vector<RankList> lists(2);
+  // "t": a two-shot. "u": rank 1 sent its own chunk instead. "v": rank 0 sent nothing.
+  Entry wrong = Half("u", b, 0);
+  lists[0].entries = {Half("t", a, 0), Half("u", a, 0), PushPull("v", 5)};
+  lists[1].entries = {Half("t", b, 1), wrong, Half("v", b, 1)};
+  std::vector<std::string> wire;
+  auto parsed = RoundTrip(lists, &wire);
+  ASSERT_EQ(parsed[0].entries.size(), 3u);
+  EXPECT_EQ(parsed[0].entries[0].payload_offset, 3u);  // rank 1 owns [3, 5)
+  EXPECT_FALSE(parsed[0].entries[0].WholePayload());
+  for (int self = 0; self < 2; ++self) {
+    Plan p = Decide(parsed, self, 0);
+    ASSERT_EQ(p.actions.size(), 3u) << self;
+    EXPECT_EQ(p.actions[0].type, Action::Type::kTwoShot);
+    ASSERT_EQ(p.actions[0].payloads.size(), 2u);
+    // What the peer sent is this rank's own chunk of the peer's data.
+    const Chunk own = ChunkOf(5, self, 2);
+    const std::vector<float>& peer = self == 0 ? b : a;
+    EXPECT_EQ(p.actions[0].payloads[1 - self],
+              absl::string_view(reinterpret_cast<const char*>(peer.data() + own.begin),
+                                (own.end - own.begin) * sizeof(float)));
+    EXPECT_EQ(p.actions[1].type, Action::Type::kAllreduce);
+    EXPECT_EQ(p.actions[2].type, Action::Type::kAllreduce);
+  }
+  // With three ranks chunks of two never make a two-shot.
+  std::vector<float> c = {7, 8, 9, 10, 11};
+  std::vector<RankList> three(3);
+  for (int r = 0; r < 3; ++r) three[r].entries = {Half("t", r == 0 ? a : r == 1 ? b : c, r % 2)};
+  Plan p3 = Decide(RoundTrip(three, &wire), 0, 0);
+  ASSERT_EQ(p3.actions.size(), 1u);
+  EXPECT_EQ(p3.actions[0].type, Action::Type::kAllreduce);
+}
+
+TEST(NegotiationTest, PayloadsOutsideTheTensorAreRefused) {
+  const std::vector<float> a = {1, 2, 3, 4};
+  for (auto [offset, elements] : std::vector<std::pair<uint64_t, size_t>>{
+           {3, 2}, {5, 0}, {2, 0}, {uint64_t{1} << 62, 1}}) {
+    RankList l;
+    Entry e = PushPull("w", 4);
+    e.has_payload = true;
+    e.payload_offset = offset;
+    e.payload = absl::string_view(reinterpret_cast<const char*>(a.data()),
+                                  elements * sizeof(float));
+    l.entries = {e};
+    std::string wire;
+    Serialize(l, 0, &wire);
+    auto s = Parse(wire, 0);
+    ASSERT_FALSE(s.ok()) << offset << " " << elements;
+    EXPECT_TRUE(absl::StrContains(s.status().message(), "payload of")) << s.status();
+  }
+}
+
 TEST(NegotiationTest, LeavingRanksAndIdleJob) {
   std::vector<RankList> lists(3);
   Plan idle = Decide(lists, 0, 0);

@@ -3,6 +3,11 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <string>
+#include <tuple>
+
+#include "absl/strings/ascii.h"
+
 namespace hybridps {
 namespace {
 
@@ -19,6 +24,7 @@ class OptionsTest : public ::testing::Test {
                           "HYBRIDPS_HEARTBEAT_TIMEOUT_MS", "HYBRIDPS_FUSION_BYTES",
                           "HYBRIDPS_CYCLE_TIME_MS", "HYBRIDPS_STALL_WARNING_MS",
                           "HYBRIDPS_CALLER_ROUNDS", "HYBRIDPS_FUSION_MAX_TENSOR_BYTES",
+                          "HYBRIDPS_EAGER_BYTES", "HYBRIDPS_TWO_SHOT_BYTES",
                           "HYBRIDPS_LOCAL_RANK", "HYBRIDPS_LOCAL_SIZE", "HYBRIDPS_DEPLOYMENT",
                           "HYBRIDPS_EXTRA_SERVERS", "OMPI_COMM_WORLD_RANK",
                           "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -138,6 +144,23 @@ TEST_F(OptionsTest, AllreduceFusionCycleAndStallSettings) {
   ASSERT_FALSE(two.ok());
   EXPECT_NE(two.status().message().find("caller_rounds"), absl::string_view::npos) << two.status();
   unsetenv("HYBRIDPS_CALLER_ROUNDS");
+  EXPECT_EQ(d->eager_bytes, size_t{1} << 20);
+  EXPECT_EQ(d->two_shot_bytes, 0u);
+  for (auto [var, value, ok] :
+       {std::tuple{"HYBRIDPS_EAGER_BYTES", "0", true},
+        std::tuple{"HYBRIDPS_EAGER_BYTES", "2097152", true},
+        std::tuple{"HYBRIDPS_EAGER_BYTES", "2097153", false},
+        std::tuple{"HYBRIDPS_TWO_SHOT_BYTES", "8388608", true},
+        std::tuple{"HYBRIDPS_TWO_SHOT_BYTES", "8388609", false}}) {
+    setenv(var, value, 1);
+    auto v = OptionsFromEnvironment();
+    EXPECT_EQ(v.ok(), ok) << var << "=" << value << ": " << v.status();
+    if (!v.ok()) {
+      const std::string field = absl::AsciiStrToLower(absl::string_view(var).substr(9));
+      EXPECT_NE(v.status().message().find(field), absl::string_view::npos) << v.status();
+    }
+    unsetenv(var);
+  }
   setenv("HYBRIDPS_FUSION_BYTES", "0", 1);
   setenv("HYBRIDPS_FUSION_MAX_TENSOR_BYTES", "4096", 1);
   setenv("HYBRIDPS_CYCLE_TIME_MS", "5", 1);
