@@ -8,6 +8,7 @@ binaries, its libraries first on the loader's path.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -82,6 +83,27 @@ def test_a_job_runs_from_the_bundle_alone(bundle: Path, tmp_path: Path) -> None:
         plan.stdout), plan.stdout
     assert f"on localhost: {bundle / 'build' / 'server' / 'hybridps-server'}" in (
         plan.stdout), plan.stdout
+
+
+def test_device_checks_run_from_the_bundle_within_their_budget(bundle: Path,
+                                                               tmp_path: Path) -> None:
+    """scripts/device-checks, as a GPU host would run it, with a budget that leaves room for
+    the dist_allreduce benchmark steps only (60 s each): the longer steps say they were
+    skipped, the benchmark's ratios are in the summary."""
+    out = tmp_path / "checks"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HYBRIDPS_BIN_DIR", "HYBRIDPS_BUILD_DIR")}
+    done = subprocess.run([str(bundle / "scripts" / "device-checks"), "--quick", "--budget",
+                           "100", str(out)], capture_output=True, text=True, timeout=TIMEOUT,
+                          env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = (out / "SUMMARY.txt").read_text()
+    for skipped in ("gpu_tests", "multiproc_gpu", "gpu_bench.1", "local_bench"):
+        assert re.search(rf"^{re.escape(skipped)}: (skipped|not built)", summary, re.M), summary
+    assert re.search(r"^allreduce_default\.1: exit 0 ", summary, re.M), summary
+    ratios = re.search(r"^  allreduce_default\.1: (.*)$", summary, re.M)
+    assert ratios and "1048576=" in ratios.group(1), summary
+    assert "done after" in summary, summary
 
 
 def test_refuses_a_non_empty_folder_and_a_missing_build(tmp_path: Path) -> None:
