@@ -78,6 +78,9 @@ absl::Status Options::Validate() const {
   if (stall_warning <= absl::ZeroDuration()) return bad("stall_warning_ms", stall_warning);
   if (caller_rounds != 0 && caller_rounds != 1) return bad("caller_rounds", caller_rounds);
   if (eager_bytes > (2 << 20)) return bad("eager_bytes", eager_bytes);
+  if (local_allreduce != 0 && local_allreduce != 1) {
+    return bad("local_allreduce", local_allreduce);
+  }
   if (two_shot_bytes > (8 << 20)) return bad("two_shot_bytes", two_shot_bytes);
   if (spin < absl::ZeroDuration() || spin > absl::Milliseconds(10)) return bad("spin_us", spin);
   if (deployment != "colocated" && deployment != "dedicated" && deployment != "mixed") {
@@ -250,6 +253,7 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_START_TIMEOUT_MS", &o.start_timeout));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_FUSION_BYTES", &o.fusion_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_FUSION_MAX_TENSOR_BYTES", &o.fusion_max_tensor_bytes));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_ALLREDUCE", &o.local_allreduce));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_EAGER_BYTES", &o.eager_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_TWO_SHOT_BYTES", &o.two_shot_bytes));
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_CYCLE_TIME_MS", &o.cycle_time));

@@ -163,6 +163,11 @@ struct Options {
   // 2 MiB; bench/RESULTS.md). GPU tensors are always fused (device copies are cheap).
   // Rank 0's value (and its fusion_bytes) is used by every worker.
   size_t fusion_max_tensor_bytes = 2 << 20;
+  // HYBRIDPS_LOCAL_ALLREDUCE (dist_allreduce, CPU tensors): 1: when every worker of the
+  // job is on one host (one node of several local ranks), allreduces run in shared memory
+  // (worker/shm_allreduce.h) instead of through Gloo's ring over loopback TCP; 0: always
+  // Gloo. Rank 0's value is used by every worker.
+  int local_allreduce = 1;
   // HYBRIDPS_EAGER_BYTES (dist_allreduce, CPU tensors): a push_pull of up to this size
   // divided by (workers - 1), or a broadcast, travels inside the negotiation message and
   // is summed from it: no collective after the negotiation. At most 2 MiB; 0: off. With 2

@@ -30,6 +30,9 @@ constexpr size_t kSlotGrain = 4096;
 // Room for a round's eager payloads or two-shot halves (4 MiB per rank at most, see
 // Options::eager_bytes and two_shot_bytes) and its list.
 constexpr size_t kMaxSlot = 5 << 20;
+// The eager limit when allreduces run in shared memory (one host): above it the
+// negotiation's copy of the payload to every peer costs more than the collective.
+constexpr size_t kShmEagerBytes = 64 << 10;
 
 std::string Ranks(const std::vector<int>& ranks) {
   return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
@@ -197,14 +200,17 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
   // of an exchange and two ring steps; with more ranks the extra bytes stay under
   // eager_bytes per round. A round carries at most twice that per rank. An operation runs
   // eagerly when every rank sent its data in the same round; otherwise it takes the ring.
+  // In shared memory (shm_) the allreduce is cheaper than the eager path's copies above
+  // kShmEagerBytes.
   const size_t copies = std::max(1, num_workers_ - 1);
-  const size_t eager_tensor = options_.eager_bytes / copies;
+  const size_t eager_tensor =
+      std::min(options_.eager_bytes / copies, shm_ ? kShmEagerBytes : SIZE_MAX);
   const size_t eager_round = 2 * eager_tensor;
   // With 2 ranks, larger push_pulls up to two_shot_bytes are two-shots (negotiation.h):
   // each rank sends the other's half along, and the summed halves are swapped. The same
   // bytes as the ring, in two exchanges instead of three (the negotiation's, and the ring's
   // reduce-scatter and all-gather). A round carries at most half of that per rank.
-  const size_t two_shot_bytes = num_workers_ == 2 ? options_.two_shot_bytes : 0;
+  const size_t two_shot_bytes = num_workers_ == 2 && !shm_ ? options_.two_shot_bytes : 0;
   size_t eager_bytes = 0;
   for (const auto& op : listed) {
     nego::Entry e;
@@ -413,9 +419,12 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
       break;
   }
   absl::Status s;
+  auto allreduce = [&](const void* in, void* out, size_t count) {
+    return shm_ ? shm_->Allreduce(a.dtype, in, out, count, gloo_timeout_)
+                : comm_->Allreduce(a.dtype, in, out, count, gloo_timeout_);
+  };
   if (a.entries.size() == 1) {
-    s = comm_->Allreduce(a.dtype, first->in.data, first->out.data, first->in.count,
-                         gloo_timeout_);
+    s = allreduce(first->in.data, first->out.data, first->in.count);
   } else {
     // Pack, reduce once, unpack.
     if (fusion_.size() < a.total_count * es) fusion_.resize(a.total_count * es);
@@ -425,8 +434,7 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
       if (op->in.count > 0) std::memcpy(fusion_.data() + offset, op->in.data, op->in.bytes());
       offset += op->in.bytes();
     }
-    s = comm_->Allreduce(a.dtype, fusion_.data(), fusion_.data(), a.total_count,
-                         gloo_timeout_);
+    s = allreduce(fusion_.data(), fusion_.data(), a.total_count);
     offset = 0;
     for (size_t i : a.entries) {
       Op* op = listed[i].get();
@@ -440,6 +448,7 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
   {
     absl::MutexLock lock(&mu_);
     ++stats_.allreduces;
+    if (shm_) ++stats_.shm_allreduces;
     if (a.entries.size() > 1) stats_.fused_tensors += a.entries.size();
   }
   for (size_t i : a.entries) Finish(listed[i].get(), s);

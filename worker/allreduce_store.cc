@@ -7,12 +7,14 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "worker/allreduce_op.h"
 #include "worker/gloo_comm.h"
+#include "worker/local_reduce.h"
 #if HYBRIDPS_WITH_NCCL
 #include "worker/nccl_comm.h"
 #endif
@@ -94,6 +96,7 @@ absl::Status AllreduceStore::Start() {
   }
   comm_ = std::move(*comm);
   RETURN_IF_ERROR(ShareFusionSettings());
+  RETURN_IF_ERROR(SetUpSharedMemory(welcome));
 #if HYBRIDPS_WITH_NCCL
   RETURN_IF_ERROR(ShareNcclId());
 #endif
@@ -108,7 +111,7 @@ absl::Status AllreduceStore::Start() {
   });
   HPS_LOG(INFO) << "joined the job as worker " << rank_ << " of " << num_workers_
                 << " (dist_allreduce, gloo on " << (gloo_iface_.empty() ? gloo_host_ : gloo_iface_)
-                << ")";
+                << (shm_ ? "; CPU allreduces in shared memory" : "") << ")";
   return absl::OkStatus();
 }
 
@@ -126,6 +129,45 @@ absl::StatusOr<std::string> AllreduceStore::FromRankZero(
   } catch (const std::exception& e) {
     return store.status().ok() ? absl::UnavailableError(e.what()) : store.status();
   }
+}
+
+absl::Status AllreduceStore::SetUpSharedMemory(const wire::Welcome& welcome) {
+  ASSIGN_OR_RETURN(std::string wanted, FromRankZero("local_allreduce/", [&] {
+                     return std::to_string(options_.local_allreduce);
+                   }));
+  if (wanted != "1" || num_workers_ < 2) return absl::OkStatus();
+  // Every rank decides from the same welcome whether the job is one node; a rank that
+  // cannot map the segment tells the others in the exchange below.
+  auto layout = NodeLayoutFromWelcome(welcome, rank_);
+  std::string why;
+  if (!layout.ok()) {
+    why = std::string(layout.status().message());
+  } else if (layout->num_nodes != 1 || layout->local_size != num_workers_) {
+    return absl::OkStatus();  // several hosts: Gloo (the same answer on every rank)
+  } else {
+    // Per job and node: the job id, and the pid of local rank 0 (which creates it).
+    const std::string name = absl::StrFormat("/hps-ar-%016x-%u", layout->job_id,
+                                             layout->pids.empty() ? 0u : layout->pids[0]);
+    const size_t per_region = std::clamp<size_t>(
+        (size_t{64} << 20) / (num_workers_ + 1) / 4096 * 4096, size_t{1} << 20, size_t{8} << 20);
+    auto shm = ShmAllreduce::Open(name, layout->local_rank, layout->local_size, per_region,
+                                  absl::Now() + options_.start_timeout);
+    if (shm.ok()) {
+      shm_ = std::move(*shm);
+    } else {
+      why = std::string(shm.status().message());
+    }
+  }
+  auto all = comm_->AllgatherBytes(shm_ ? "ok" : why, kMinSlotBytes, options_.start_timeout);
+  if (!all.ok()) return all.status();
+  for (int r = 0; r < num_workers_; ++r) {
+    if ((*all)[r] == "ok") continue;
+    HPS_LOG(WARNING) << "CPU allreduces go through Gloo, not shared memory: worker " << r
+                     << " could not set it up (" << (*all)[r] << ")";
+    shm_.reset();
+    break;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status AllreduceStore::ShareFusionSettings() {
@@ -288,6 +330,7 @@ void AllreduceStore::BreakLocked(const absl::Status& status) {
     // A round in Gloo would wait for its timeout when a peer hangs rather than dies (its
     // sockets stay open): end it now, so its operations fail with this status.
     if (comm_) comm_->Abort();
+    if (shm_) shm_->Abort(status);
   }
   for (auto it = queued_.begin(); it != queued_.end();) {
     if (it->second->in_round) {

@@ -1,6 +1,9 @@
 // "dist_allreduce": push_pull is a sum-allreduce across all workers, broadcast a broadcast
 // from a root — no servers. CPU tensors go through Gloo (ring allreduce over tcp),
-// bootstrapped through the scheduler's rendezvous store. GPU tensors go through NCCL when
+// bootstrapped through the scheduler's rendezvous store; when every worker is a local rank
+// of one node (one host), their allreduces run in shared memory instead
+// (worker/shm_allreduce.h, Options::local_allreduce; the negotiation and broadcasts stay on
+// Gloo). GPU tensors go through NCCL when
 // built with CUDA (HYBRIDPS_WITH_NCCL; otherwise they fail with Unimplemented): one
 // communicator over all workers, on the device of the first GPU tensor this worker
 // submits (a GPU tensor on another device is refused at submission). Rank 0 makes the
@@ -60,6 +63,7 @@
 #include "common/transport.h"
 #include "worker/kvstore.h"
 #include "worker/negotiation.h"
+#include "worker/shm_allreduce.h"
 
 namespace hybridps {
 
@@ -95,6 +99,7 @@ class AllreduceStore : public KVStore {
     uint64_t fused_tensors = 0;  // push_pulls that went through a fusion buffer
     uint64_t eager = 0;          // operations computed from the negotiation data
     uint64_t two_shots = 0;      // push_pulls run as two-shots (2 ranks, negotiation.h)
+    uint64_t shm_allreduces = 0;  // allreduces run in shared memory (one host)
     uint64_t broadcasts = 0;     // Gloo broadcast calls
     uint64_t nccl_groups = 0;    // NCCL launches (a group of a fused bucket counts once)
     uint64_t nccl_tensors = 0;   // GPU tensors reduced or broadcast through NCCL
@@ -114,6 +119,9 @@ class AllreduceStore : public KVStore {
   // rank (rank 0 makes it with `make`, and stores it).
   absl::StatusOr<std::string> FromRankZero(const std::string& prefix,
                                            const std::function<std::string()>& make);
+  // Start: the shared-memory allreduce (shm_) when rank 0 wants it, the whole job is one
+  // node and every rank could map the segment; otherwise Gloo, saying why in the log.
+  absl::Status SetUpSharedMemory(const wire::Welcome& welcome);
   // Start: every rank takes rank 0's fusion settings (Options::fusion_bytes,
   // fusion_max_tensor_bytes), so that all plan alike; a rank whose own differ warns.
   absl::Status ShareFusionSettings();
@@ -198,6 +206,9 @@ class AllreduceStore : public KVStore {
   std::unique_ptr<ControlClient> control_;
   // The round holder only (and Shutdown, after it has joined the executor).
   std::unique_ptr<GlooComm> comm_;
+  // Allreduces of CPU tensors when the whole job is on one host (Options::local_allreduce),
+  // else null. Set at Start; the round holder uses it, Break aborts it (any thread).
+  std::unique_ptr<ShmAllreduce> shm_;
   size_t slot_bytes_;
   std::deque<size_t> recent_sizes_;  // largest negotiation message of the last rounds
   std::string fusion_;  // the fusion buffer

@@ -347,6 +347,34 @@ TEST(AllreduceTest, TwoRanksSwapSummedHalvesOfMidSizeTensors) {
   }
 }
 
+// Every worker on one host (one node of local ranks): allreduces of CPU tensors run in
+// shared memory, exactly; rank 0's HYBRIDPS_LOCAL_ALLREDUCE=0 sends every worker's
+// through Gloo; two nodes always go through Gloo.
+TEST(AllreduceTest, OneHostReducesInSharedMemoryAsRankZeroSays) {
+  struct Case {
+    int workers, local, rank0_setting;
+    bool shm;
+  };
+  for (const Case& k : {Case{3, 3, 1, true}, Case{3, 3, 0, false}, Case{4, 2, 1, false}}) {
+    SCOPED_TRACE(absl::StrCat(k.workers, " workers, ", k.local, " per node, rank 0 says ",
+                              k.rank0_setting));
+    auto cluster = StartAllreduce(k.workers, 64 << 20, 1, [&](ClusterConfig* c) {
+      c->local_size = k.local;
+      c->worker_options = [&](int rank, Options* o) {
+        o->local_allreduce = rank == 0 ? k.rank0_setting : 1;
+      };
+    });
+    ASSERT_NE(cluster, nullptr);
+    // Over the eager limits; several at once (fused) and one over a region's size.
+    PushPullSizes(*cluster, {300001, 300001, 200000, 3 << 20});
+    for (int w = 0; w < k.workers; ++w) {
+      AllreduceStore::Stats s = StatsOf(cluster->worker(w));
+      EXPECT_GT(s.allreduces, 0u) << "worker " << w;
+      EXPECT_EQ(s.shm_allreduces, k.shm ? s.allreduces : 0u) << "worker " << w;
+    }
+  }
+}
+
 TEST(AllreduceTest, RankThatLeavesFailsTheOthersAtOnceNamingIt) {
   auto cluster = StartAllreduce(3);
   ASSERT_NE(cluster, nullptr);

@@ -558,6 +558,13 @@ std::vector<Param> Params() {
                  c->fusion_bytes = 0;
                  c->caller_rounds = 0;
                }});
+  // Every worker on one host (one node): CPU allreduces in shared memory; and two nodes
+  // of two, where they go through Gloo.
+  for (auto [transport, workers, local] :
+       {std::tuple{"inproc", 2, 2}, std::tuple{"inproc", 3, 3}, std::tuple{"tcp", 4, 4},
+        std::tuple{"inproc", 4, 2}}) {
+    p.push_back({"dist_allreduce", transport, workers, 0, local});
+  }
   // Two-shots (HYBRIDPS_TWO_SHOT_BYTES) from 4 KiB up, the eager path below.
   p.push_back({"dist_allreduce", "tcp", 2, 0, 1, false, true, "twoshot",
                [](ClusterConfig* c) {

@@ -26,8 +26,9 @@ struct ClusterConfig {
   std::string backend = "dist_hybrid";
   int workers = 2;
   int servers = 1;
-  // Local ranks per node (dist_hybrid): workers i*local_size .. (i+1)*local_size-1 form
-  // node i and reduce in shared memory first. `workers` must be a multiple.
+  // Local ranks per node: workers i*local_size .. (i+1)*local_size-1 form node i; with
+  // dist_hybrid they reduce in shared memory first, with dist_allreduce a job of one node
+  // runs its CPU allreduces in shared memory. `workers` must be a multiple.
   int local_size = 1;
   // Tensors up to this size reduce on the I/O thread, larger ones on the reducer thread.
   size_t local_inline_bytes = Options().local_inline_bytes;

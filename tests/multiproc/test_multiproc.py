@@ -228,6 +228,10 @@ class DirectJob:
                  worker_args: list[str], backend: str = "dist_hybrid",
                  worker_env: Callable[[int], dict[str, str]] = lambda rank: {},
                  before_workers: Callable[[int], None] = lambda port: None) -> None:
+        if backend == ONE_NODE:
+            backend = "dist_allreduce"
+            worker_env = lambda rank: {"HYBRIDPS_LOCAL_RANK": str(rank),  # noqa: E731
+                                       "HYBRIDPS_LOCAL_SIZE": str(workers)}
         self.job = job
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.output: dict[str, Lines] = {}
@@ -334,6 +338,9 @@ def direct(job: JobEnv, tmp_path: Path) -> Iterator[list[DirectJob]]:
 # ---- tests -------------------------------------------------------------------------------
 
 BACKENDS = ["dist_hybrid", "dist_allreduce"]
+# dist_allreduce with every worker a local rank of one node (DirectJob): its CPU allreduces
+# run in shared memory, where a dead or hung peer must end the survivors' waits too.
+ONE_NODE = "dist_allreduce_one_node"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -410,7 +417,7 @@ def test_killed_server_stops_the_job(job: JobEnv) -> None:
     assert_nothing_left(job.marker)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, ONE_NODE])
 def test_survivors_name_the_killed_worker(job: JobEnv, tmp_path: Path,
                                           direct: list[DirectJob], backend: str) -> None:
     j = DirectJob(job, tmp_path, workers=3, servers=2 if backend == "dist_hybrid" else 0,
@@ -419,6 +426,9 @@ def test_survivors_name_the_killed_worker(job: JobEnv, tmp_path: Path,
     direct.append(j)
     assert j.wait("worker 1", RUN_TIMEOUT) == -signal.SIGKILL, j.text()
     died = j.exited["worker 1"]
+    if backend == ONE_NODE:  # the survivors waited in the shared-memory allreduce
+        assert any("CPU allreduces in shared memory" in line
+                   for line in j.lines("worker 0")), j.text()
     codes = j.wait_all(RUN_TIMEOUT)  # the job must end by itself
     for rank in (0, 2):
         label = f"worker {rank}"
@@ -433,7 +443,7 @@ def test_survivors_name_the_killed_worker(job: JobEnv, tmp_path: Path,
     assert_nothing_left(job.marker)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, ONE_NODE])
 def test_survivors_name_a_worker_that_left_early(job: JobEnv, tmp_path: Path,
                                                  direct: list[DirectJob], backend: str) -> None:
     """Worker 1 runs fewer rounds than the others (a smaller data shard) and exits in
@@ -458,6 +468,7 @@ def test_survivors_name_a_worker_that_left_early(job: JobEnv, tmp_path: Path,
 
 @pytest.mark.parametrize("backend,victim", [("dist_hybrid", "worker 1"),
                                             ("dist_allreduce", "worker 1"),
+                                            (ONE_NODE, "worker 1"),
                                             ("dist_hybrid", "server 1")])
 def test_survivors_name_a_hung_peer(job: JobEnv, tmp_path: Path, direct: list[DirectJob],
                                     backend: str, victim: str) -> None:
@@ -505,7 +516,7 @@ def test_survivors_name_the_killed_server(job: JobEnv, tmp_path: Path,
     assert_nothing_left(job.marker)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [*BACKENDS, ONE_NODE])
 def test_killed_scheduler_fails_every_process(job: JobEnv, tmp_path: Path,
                                               direct: list[DirectJob], backend: str) -> None:
     # The scheduler is the job's control plane: without it there are no barriers, no

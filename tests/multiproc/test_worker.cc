@@ -206,6 +206,9 @@ int Run(const Flags& flags) {
   tensors.push_back(MakeTensor("t.multi", hybridps::DType::kFloat32, 10000));
   tensors.push_back(MakeTensor("t.int64", hybridps::DType::kInt64, 3001));
   tensors.push_back(MakeTensor("t.empty", hybridps::DType::kFloat32, 0));
+  // Over dist_allreduce's eager limits: reduced by a collective (Gloo's ring, or shared
+  // memory on one node) even when the ranks are in step.
+  tensors.push_back(MakeTensor("t.large", hybridps::DType::kFloat32, 300001));
 
   auto created = hybridps::KVStore::Create(options->backend, *options);
   if (!created.ok()) return Fail(flags, created.status());

@@ -1,0 +1,134 @@
+// The shared-memory allreduce of dist_allreduce (worker/shm_allreduce.h), with threads as
+// the local ranks (each maps the segment on its own, as a process would): exact sums in
+// every dtype over sizes that span several chunks, in place and out of place; a rank
+// that never arrives is named at the deadline; Abort ends the others' waits at once.
+#include "worker/shm_allreduce.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/dtype.h"
+#include "tests/cluster/tensor_fill.h"
+
+namespace hybridps {
+namespace {
+
+using testing::GetElement;
+using testing::SetElement;
+
+constexpr size_t kChunk = 64 << 10;  // small, so that tensors span several chunks
+
+std::string Name(absl::string_view test) {
+  return absl::StrCat("/hps-test-shmar-", getpid(), "-", test);
+}
+
+// Opens a segment for `n` ranks on n threads, then runs fn(rank, store) on each.
+void OnRanks(const std::string& name, int n,
+             const std::function<void(int, ShmAllreduce*)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      auto s = ShmAllreduce::Open(name, r, n, kChunk, absl::Now() + absl::Seconds(10));
+      ASSERT_TRUE(s.ok()) << s.status();
+      fn(r, s->get());
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Element i of rank r: small integers, exact in every dtype (sums of up to 4 ranks < 128).
+double Val(size_t i, int r, int round) { return static_cast<double>((i * 7 + r * 3 + round) % 29); }
+
+TEST(ShmAllreduceTest, ExactSumsInEveryDTypeAcrossChunks) {
+  for (int n : {2, 3, 4}) {
+    SCOPED_TRACE(absl::StrCat(n, " local ranks"));
+    OnRanks(Name(absl::StrCat("sums", n)), n, [&](int r, ShmAllreduce* s) {
+      for (DType dt : {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16,
+                       DType::kInt32, DType::kInt64, DType::kUInt8}) {
+        const size_t es = DTypeSize(dt);
+        // 0, 1, odd, exactly one chunk, several chunks and a tail.
+        for (size_t count : {size_t{0}, size_t{1}, size_t{7}, kChunk / es,
+                             3 * kChunk / es + 5}) {
+          for (int round = 0; round < 2; ++round) {
+            std::vector<char> in(count * es + 1), out(count * es + 1);
+            for (size_t i = 0; i < count; ++i) SetElement(dt, in.data(), i, Val(i, r, round));
+            const bool inplace = round == 1;
+            absl::Status st = s->Allreduce(dt, in.data(), inplace ? in.data() : out.data(),
+                                           count, absl::Seconds(20));
+            ASSERT_TRUE(st.ok()) << st;
+            const char* res = inplace ? in.data() : out.data();
+            for (size_t i = 0; i < count; ++i) {
+              double want = 0;
+              for (int k = 0; k < n; ++k) want += Val(i, k, round);
+              ASSERT_EQ(GetElement(dt, res, i), want)
+                  << DTypeName(dt) << " count " << count << " element " << i;
+            }
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST(ShmAllreduceTest, ARankThatNeverArrivesIsNamedAtTheDeadline) {
+  std::vector<absl::Status> got(3);
+  OnRanks(Name("late"), 3, [&](int r, ShmAllreduce* s) {
+    if (r == 2) return;  // attaches, never calls
+    float x[4] = {1, 2, 3, 4};
+    const absl::Time t0 = absl::Now();
+    got[r] = s->Allreduce(DType::kFloat32, x, x, 4, absl::Milliseconds(300));
+    EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+  });
+  // The first to time out names rank 2 (and aborts); the other may read either.
+  bool named = false;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(got[r].ok()) << r;
+    named = named || absl::StrContains(got[r].message(), "local rank 2 did not arrive");
+  }
+  EXPECT_TRUE(named) << got[0] << " / " << got[1];
+}
+
+TEST(ShmAllreduceTest, AbortEndsTheOthersWaitsAtOnce) {
+  std::vector<absl::Status> got(2);
+  OnRanks(Name("abort"), 2, [&](int r, ShmAllreduce* s) {
+    if (r == 1) {
+      absl::SleepFor(absl::Milliseconds(100));
+      s->Abort(absl::UnavailableError("the scheduler says worker 7 died"));
+      float x[4] = {};
+      got[1] = s->Allreduce(DType::kFloat32, x, x, 4, absl::Seconds(30));
+      return;
+    }
+    float x[4] = {1, 2, 3, 4};
+    const absl::Time t0 = absl::Now();
+    got[0] = s->Allreduce(DType::kFloat32, x, x, 4, absl::Seconds(30));
+    EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+  });
+  ASSERT_FALSE(got[0].ok());
+  EXPECT_EQ(got[0].code(), absl::StatusCode::kUnavailable) << got[0];
+  EXPECT_TRUE(absl::StrContains(got[0].message(), "local rank 1")) << got[0];
+  EXPECT_TRUE(absl::StrContains(got[1].message(), "worker 7 died")) << got[1];
+}
+
+TEST(ShmAllreduceTest, OpenFailsCleanlyWhenARankNeverAttaches) {
+  const std::string name = Name("alone");
+  auto s = ShmAllreduce::Open(name, 0, 2, kChunk, absl::Now() + absl::Milliseconds(200));
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::StrContains(s.status().message(), "1 of 2 local ranks attached"))
+      << s.status();
+  // Nothing is left behind.
+  EXPECT_NE(access((std::string("/dev/shm") + name).c_str(), F_OK), 0);
+  auto bad = ShmAllreduce::Open(name, 0, 2, 1000, absl::Now());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace hybridps

@@ -1,0 +1,284 @@
+#include "worker/shm_allreduce.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/reduce.h"
+#include "worker/negotiation.h"
+
+namespace hybridps {
+namespace {
+
+constexpr uint64_t kMagic = 0x6879627073617273ull;  // "hybpsars"
+constexpr int kMaxLocal = 256;
+constexpr size_t kPage = 4096;
+// Spins before a barrier sleeps: a few microseconds, less than a futex round trip, and
+// short enough not to starve the rank it waits for on a machine with few cores.
+constexpr int kSpins = 256;
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration at_most) {
+  const int64_t ns = std::max<int64_t>(1000, absl::ToInt64Nanoseconds(at_most));
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
+          0);
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+struct ShmAllreduce::Header {
+  std::atomic<uint64_t> magic;  // stored last by the creator
+  uint32_t local_size;
+  uint32_t reserved;
+  uint64_t chunk_bytes;
+  std::atomic<uint32_t> attached;
+  std::atomic<uint32_t> aborted;  // 1 + the local rank that aborted; 0: none
+  alignas(64) std::atomic<uint32_t> gen;      // barrier generation (the futex word)
+  alignas(64) std::atomic<uint32_t> arrived;  // ranks at the current barrier
+  alignas(64) std::atomic<uint32_t> sleepers;  // ranks in (or about to enter) FUTEX_WAIT
+  alignas(64) std::atomic<uint64_t> reached[kMaxLocal];  // barriers each rank arrived at
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+namespace {
+
+size_t HeaderBytes() { return RoundUp(sizeof(ShmAllreduce::Header), kPage); }
+size_t TotalBytes(int local_size, size_t chunk_bytes) {
+  return HeaderBytes() + static_cast<size_t>(local_size + 1) * chunk_bytes;
+}
+
+absl::Status Errno(absl::string_view what, const std::string& name) {
+  return absl::UnavailableError(
+      absl::StrCat("shared-memory allreduce: ", what, " ", name, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Open(const std::string& name,
+                                                                int local_rank, int local_size,
+                                                                size_t chunk_bytes,
+                                                                absl::Time deadline) {
+  if (local_size < 2 || local_size > kMaxLocal || local_rank < 0 || local_rank >= local_size ||
+      chunk_bytes == 0 || chunk_bytes % kPage != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared-memory allreduce: local rank ", local_rank, " of ", local_size,
+                     ", chunks of ", chunk_bytes, " bytes"));
+  }
+  const size_t total = TotalBytes(local_size, chunk_bytes);
+  int fd = -1;
+  if (local_rank == 0) {
+    shm_unlink(name.c_str());  // a stale one of a job that died with the same name
+    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) return Errno("creating", name);
+    // Reserve the pages now: a tmpfs too small for them (a container's /dev/shm) fails
+    // here with ENOSPC instead of killing the process with SIGBUS at the first touch.
+    const int rc = posix_fallocate(fd, 0, static_cast<off_t>(total));
+    if (rc != 0) {
+      errno = rc;
+      absl::Status s = Errno(absl::StrCat("reserving ", total, " bytes of"), name);
+      close(fd);
+      shm_unlink(name.c_str());
+      return s;
+    }
+  } else {
+    while (true) {
+      fd = shm_open(name.c_str(), O_RDWR, 0600);
+      struct stat st {};
+      if (fd >= 0 && fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= total) break;
+      if (fd >= 0) close(fd);
+      fd = -1;
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "shared-memory allreduce: local rank 0 did not create ", name, " in time"));
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+  void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    absl::Status s = Errno("mapping", name);
+    if (local_rank == 0) shm_unlink(name.c_str());
+    return s;
+  }
+  std::unique_ptr<ShmAllreduce> me(new ShmAllreduce(local_rank, local_size, chunk_bytes));
+  me->header_ = static_cast<Header*>(base);
+  me->mapped_bytes_ = total;
+  Header* h = me->header_;
+  if (local_rank == 0) {
+    h->local_size = static_cast<uint32_t>(local_size);
+    h->chunk_bytes = chunk_bytes;
+    h->magic.store(kMagic, std::memory_order_release);
+  }
+  auto fail = [&](absl::Status s) {
+    if (local_rank == 0) shm_unlink(name.c_str());
+    return s;
+  };
+  while (h->magic.load(std::memory_order_acquire) != kMagic) {
+    if (absl::Now() >= deadline) {
+      return fail(absl::DeadlineExceededError(
+          absl::StrCat("shared-memory allreduce: ", name, " was never initialised")));
+    }
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  if (h->local_size != static_cast<uint32_t>(local_size) || h->chunk_bytes != chunk_bytes) {
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "shared-memory allreduce: ", name, " is laid out for ", h->local_size,
+        " local ranks and chunks of ", h->chunk_bytes, " bytes; this rank expects ", local_size,
+        " and ", chunk_bytes)));
+  }
+  h->attached.fetch_add(1, std::memory_order_acq_rel);
+  while (h->attached.load(std::memory_order_acquire) < static_cast<uint32_t>(local_size)) {
+    if (absl::Now() >= deadline) {
+      return fail(absl::DeadlineExceededError(absl::StrCat(
+          "shared-memory allreduce: ", h->attached.load(), " of ", local_size,
+          " local ranks attached to ", name, " in time")));
+    }
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  // Everyone has it mapped: the name is not needed any more (nothing is left behind if a
+  // process dies later).
+  if (local_rank == 0) shm_unlink(name.c_str());
+  return me;
+}
+
+ShmAllreduce::~ShmAllreduce() {
+  if (header_ != nullptr) munmap(header_, mapped_bytes_);
+}
+
+char* ShmAllreduce::Region(int i) const {
+  return reinterpret_cast<char*>(header_) + HeaderBytes() + static_cast<size_t>(i) * chunk_bytes_;
+}
+
+void ShmAllreduce::Abort(const absl::Status& why) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (abort_status_.ok()) abort_status_ = why;
+  }
+  aborted_.store(true, std::memory_order_release);
+  uint32_t none = 0;
+  header_->aborted.compare_exchange_strong(none, static_cast<uint32_t>(local_rank_ + 1));
+  // A waiter compares gen with what it read; moving gen wakes it even before it sleeps.
+  header_->gen.fetch_add(1, std::memory_order_seq_cst);
+  FutexWakeAll(&header_->gen);
+}
+
+absl::Status ShmAllreduce::Failed(absl::Status s) {
+  Abort(s);
+  return s;
+}
+
+absl::Status ShmAllreduce::Barrier(absl::Time deadline, absl::string_view step) {
+  Header* h = header_;
+  auto aborted = [&]() -> absl::Status {
+    if (aborted_.load(std::memory_order_acquire)) {
+      absl::MutexLock lock(&mu_);
+      return abort_status_;
+    }
+    const uint32_t by = h->aborted.load(std::memory_order_acquire);
+    if (by == 0) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrCat(
+        "shared-memory allreduce: local rank ", by - 1,
+        " of this node stopped (its operation failed or its store broke)"));
+  };
+  if (absl::Status s = aborted(); !s.ok()) return s;
+  const uint32_t g = h->gen.load(std::memory_order_acquire);
+  const uint64_t mine = h->reached[local_rank_].fetch_add(1, std::memory_order_acq_rel) + 1;
+  if (h->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 ==
+      static_cast<uint32_t>(local_size_)) {
+    h->arrived.store(0, std::memory_order_relaxed);
+    h->gen.store(g + 1, std::memory_order_seq_cst);
+    if (h->sleepers.load(std::memory_order_seq_cst) > 0) FutexWakeAll(&h->gen);
+    return absl::OkStatus();
+  }
+  for (int n = 0; h->gen.load(std::memory_order_acquire) == g; ++n) {
+    if (n < kSpins) {
+      CpuRelax();
+      continue;
+    }
+    if (absl::Status s = aborted(); !s.ok()) return s;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      std::vector<int> missing;
+      for (int r = 0; r < local_size_; ++r) {
+        if (h->reached[r].load(std::memory_order_acquire) < mine) missing.push_back(r);
+      }
+      return Failed(absl::DeadlineExceededError(absl::StrCat(
+          "shared-memory allreduce (", step, "): local rank",
+          missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", "),
+          " did not arrive in time")));
+    }
+    h->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    FutexWait(&h->gen, g, std::min(deadline - now, absl::Milliseconds(10)));
+    h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+  // The generation moved: a barrier completed, or someone aborted.
+  return aborted();
+}
+
+absl::Status ShmAllreduce::Allreduce(DType dtype, const void* in, void* out, size_t count,
+                                     absl::Duration timeout) {
+  const size_t es = DTypeSize(dtype);
+  const size_t per_chunk = chunk_bytes_ / es;
+  const absl::Time deadline = absl::Now() + timeout;
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  for (size_t done = 0; done < count; done += per_chunk) {
+    const size_t n = std::min(per_chunk, count - done);
+    const char* in_chunk = src + done * es;
+    char* out_chunk = dst + done * es;
+    // This rank sums its own slice (reading its own part of the input in place), so it
+    // contributes only the rest.
+    const negotiation::Chunk mine = negotiation::ChunkOf(n, local_rank_, local_size_);
+    const size_t off = mine.begin * es, len = mine.end - mine.begin;
+    std::memcpy(Region(local_rank_), in_chunk, off);
+    std::memcpy(Region(local_rank_) + off + len * es, in_chunk + off + len * es,
+                (n - mine.end) * es);
+    if (absl::Status s = Barrier(deadline, "contributions"); !s.ok()) return s;
+    if (len > 0) {
+      // Own data first, then the others' in rank order: a fixed order per slice, so the
+      // result is the same from run to run, and every rank gets these very bits.
+      auto part = [&](int r) -> const char* {
+        return r == local_rank_ ? in_chunk + off : Region(r) + off;
+      };
+      const int first = local_rank_ == 0 ? 1 : 0;
+      Sum2(dtype, out_chunk + off, part(local_rank_), part(first), len);
+      for (int r = first + 1; r < local_size_; ++r) {
+        if (r != local_rank_) SumInto(dtype, out_chunk + off, part(r), len);
+      }
+      std::memcpy(Region(local_size_) + off, out_chunk + off, len * es);
+    }
+    if (absl::Status s = Barrier(deadline, "sums"); !s.ok()) return s;
+    std::memcpy(out_chunk, Region(local_size_), off);
+    std::memcpy(out_chunk + off + len * es, Region(local_size_) + off + len * es,
+                (n - mine.end) * es);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace hybridps
