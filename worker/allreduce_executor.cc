@@ -256,7 +256,7 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
   absl::Status failure;
   std::vector<nego::RankList> lists;
   const absl::Time t0 = absl::Now();
-  auto gathered = comm_->AllgatherFramed(&msg_, slot_bytes_, gloo_timeout_);
+  absl::StatusOr<std::vector<absl::string_view>> gathered = Exchange();
   const absl::Time t1 = absl::Now();
   size_t largest = 0;
   if (!gathered.ok()) {
@@ -285,7 +285,7 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
     // leave as soon as they are sent. Not when a rank leaves (there is no next round). A
     // failure here is the next round's (GlooComm keeps it): this round may still end
     // cleanly, e.g. with a peer that left after it.
-    if (plan.leaving.empty() && !mine.leaving) comm_->PostNextExchange(slot_bytes_);
+    if (plan.leaving.empty() && !mine.leaving && !shm_) comm_->PostNextExchange(slot_bytes_);
     if (LogEnabled(LogLevel::DEBUG) && plan.any_entries) {
       size_t runs = 0;
       for (const nego::Action& a : plan.actions) runs += a.entries.size();
@@ -332,6 +332,22 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
     return false;
   }
   return true;
+}
+
+absl::StatusOr<std::vector<absl::string_view>> AllreduceStore::Exchange() {
+  if (shm_) {
+    // One host: through the segment (a store and a barrier, no socket), indexed by worker
+    // rank; a message too big for it (every rank sees the same) goes through Gloo.
+    auto local = shm_->Allgather(absl::string_view(msg_).substr(sizeof(uint64_t)),
+                                 gloo_timeout_);
+    if (local.ok()) {
+      std::vector<absl::string_view> by_rank(num_workers_);
+      for (size_t lr = 0; lr < local->size(); ++lr) by_rank[local_members_[lr]] = (*local)[lr];
+      return by_rank;
+    }
+    if (local.status().code() != absl::StatusCode::kResourceExhausted) return local.status();
+  }
+  return comm_->AllgatherFramed(&msg_, slot_bytes_, gloo_timeout_);
 }
 
 absl::Status AllreduceStore::ExplainFailure(absl::Status s) {

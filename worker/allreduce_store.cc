@@ -154,6 +154,7 @@ absl::Status AllreduceStore::SetUpSharedMemory(const wire::Welcome& welcome) {
                                   absl::Now() + options_.start_timeout);
     if (shm.ok()) {
       shm_ = std::move(*shm);
+      local_members_ = layout->members;
     } else {
       why = std::string(shm.status().message());
     }

@@ -1,8 +1,8 @@
 // "dist_allreduce": push_pull is a sum-allreduce across all workers, broadcast a broadcast
 // from a root — no servers. CPU tensors go through Gloo (ring allreduce over tcp),
 // bootstrapped through the scheduler's rendezvous store; when every worker is a local rank
-// of one node (one host), their allreduces run in shared memory instead
-// (worker/shm_allreduce.h, Options::local_allreduce; the negotiation and broadcasts stay on
+// of one node (one host), their allreduces and the negotiation's exchange run in shared
+// memory instead (worker/shm_allreduce.h, Options::local_allreduce; broadcasts stay on
 // Gloo). GPU tensors go through NCCL when
 // built with CUDA (HYBRIDPS_WITH_NCCL; otherwise they fail with Unimplemented): one
 // communicator over all workers, on the device of the first GPU tensor this worker
@@ -153,6 +153,9 @@ class AllreduceStore : public KVStore {
   // One round: list, exchange, decide, run. False: stop. A `caller` (HelpWith) lists no
   // GPU operation.
   bool RunRound(bool caller, bool* job_active);
+  // A round's allgather of the negotiation messages (msg_): in shared memory on one host
+  // (shm_), else (or when a message is too big for it) Gloo's exchange.
+  absl::StatusOr<std::vector<absl::string_view>> Exchange();
   absl::Status Execute(const negotiation::Action& action,
                        const std::vector<std::shared_ptr<Op>>& listed);
   // A kTwoShot action (2 ranks, CPU): sums this rank's half, swaps halves with the peer.
@@ -209,6 +212,7 @@ class AllreduceStore : public KVStore {
   // Allreduces of CPU tensors when the whole job is on one host (Options::local_allreduce),
   // else null. Set at Start; the round holder uses it, Break aborts it (any thread).
   std::unique_ptr<ShmAllreduce> shm_;
+  std::vector<int> local_members_;  // with shm_: the worker rank of each local rank
   size_t slot_bytes_;
   std::deque<size_t> recent_sizes_;  // largest negotiation message of the last rounds
   std::string fusion_;  // the fusion buffer

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/reduce.h"
+#include "common/status.h"
 #include "worker/negotiation.h"
 
 namespace hybridps {
@@ -68,8 +69,12 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free);
 namespace {
 
 size_t HeaderBytes() { return RoundUp(sizeof(ShmAllreduce::Header), kPage); }
+size_t ExchangeBytes(int local_size) {
+  return 2 * static_cast<size_t>(local_size) * ShmAllreduce::kExchangeBytes;
+}
 size_t TotalBytes(int local_size, size_t chunk_bytes) {
-  return HeaderBytes() + static_cast<size_t>(local_size + 1) * chunk_bytes;
+  return HeaderBytes() + ExchangeBytes(local_size) +
+         static_cast<size_t>(local_size + 1) * chunk_bytes;
 }
 
 absl::Status Errno(absl::string_view what, const std::string& name) {
@@ -172,7 +177,45 @@ ShmAllreduce::~ShmAllreduce() {
 }
 
 char* ShmAllreduce::Region(int i) const {
-  return reinterpret_cast<char*>(header_) + HeaderBytes() + static_cast<size_t>(i) * chunk_bytes_;
+  return reinterpret_cast<char*>(header_) + HeaderBytes() + ExchangeBytes(local_size_) +
+         static_cast<size_t>(i) * chunk_bytes_;
+}
+
+char* ShmAllreduce::ExchangeArea(int parity, int rank) const {
+  return reinterpret_cast<char*>(header_) + HeaderBytes() +
+         (static_cast<size_t>(parity) * local_size_ + rank) * kExchangeBytes;
+}
+
+absl::StatusOr<std::vector<absl::string_view>> ShmAllreduce::Allgather(
+    absl::string_view mine, absl::Duration timeout) {
+  // Two areas take turns: a rank writes area p again only after the next exchange's
+  // barrier, which a rank reaches after it is done with what it read from area p (the
+  // store reads a round's messages only in that round).
+  const int parity = static_cast<int>(exchanges_++ % 2);
+  constexpr uint64_t kTooBig = ~uint64_t{0};
+  const uint64_t len = mine.size() + sizeof(uint64_t) <= kExchangeBytes ? mine.size() : kTooBig;
+  char* own = ExchangeArea(parity, local_rank_);
+  std::memcpy(own, &len, sizeof len);
+  if (len != kTooBig) std::memcpy(own + sizeof len, mine.data(), mine.size());
+  RETURN_IF_ERROR(Barrier(absl::Now() + timeout, "negotiation"));
+  std::vector<absl::string_view> all(local_size_);
+  for (int r = 0; r < local_size_; ++r) {
+    const char* area = ExchangeArea(parity, r);
+    uint64_t n = 0;
+    std::memcpy(&n, area, sizeof n);
+    if (n == kTooBig) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "local rank ", r, "'s negotiation message is over ", kExchangeBytes - sizeof n,
+          " bytes"));
+    }
+    if (n > kExchangeBytes - sizeof n) {
+      return Failed(absl::DataLossError(absl::StrCat(
+          "shared-memory allreduce: local rank ", r, " wrote a negotiation message of ", n,
+          " bytes")));
+    }
+    all[r] = absl::string_view(area + sizeof n, n);
+  }
+  return all;
 }
 
 void ShmAllreduce::Abort(const absl::Status& why) {
@@ -183,8 +226,9 @@ void ShmAllreduce::Abort(const absl::Status& why) {
   aborted_.store(true, std::memory_order_release);
   uint32_t none = 0;
   header_->aborted.compare_exchange_strong(none, static_cast<uint32_t>(local_rank_ + 1));
-  // A waiter compares gen with what it read; moving gen wakes it even before it sleeps.
-  header_->gen.fetch_add(1, std::memory_order_seq_cst);
+  // Wakes the sleepers; gen stays as it is, so a barrier that completed before still
+  // reads as completed (its ranks may already act on its data). A rank about to sleep
+  // sees the flag within one futex timeout (10 ms).
   FutexWakeAll(&header_->gen);
 }
 
@@ -237,8 +281,8 @@ absl::Status ShmAllreduce::Barrier(absl::Time deadline, absl::string_view step) 
     FutexWait(&h->gen, g, std::min(deadline - now, absl::Milliseconds(10)));
     h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
-  // The generation moved: a barrier completed, or someone aborted.
-  return aborted();
+  // The generation moved: every rank arrived, whatever happened since.
+  return absl::OkStatus();
 }
 
 absl::Status ShmAllreduce::Allreduce(DType dtype, const void* in, void* out, size_t count,

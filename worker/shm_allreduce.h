@@ -4,8 +4,8 @@
 // step and wakes a thread per message).
 //
 // One segment per job, created by local rank 0 and unlinked as soon as every local rank
-// mapped it: a header, then one region per local rank and a result region, each
-// `chunk_bytes`. A tensor is reduced chunk by chunk; rank r owns slice r of the chunk
+// mapped it: a header, two exchange areas for the negotiation's messages (Allgather),
+// then one region per local rank and a result region, each `chunk_bytes`. A tensor is reduced chunk by chunk; rank r owns slice r of the chunk
 // (negotiation::ChunkOf):
 //   1. each rank copies its chunk, except its own slice, into its region;     barrier
 //   2. rank r sums its slice (its own input in place first, then the others' regions in
@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -52,6 +53,15 @@ class ShmAllreduce {
   // (common/reduce.h).
   absl::Status Allreduce(DType dtype, const void* in, void* out, size_t count,
                          absl::Duration timeout);
+  // Every local rank's `mine`, indexed by local rank, for the negotiation of a one-host
+  // job; the views point into the segment and stay valid until this rank's next
+  // Allgather (two areas take turns: to write this area again, a rank must first pass the
+  // next exchange's barrier, which this rank has not reached). ResourceExhausted on every rank alike when some rank's message is
+  // over kExchangeBytes - 8: the caller then exchanges this round another way.
+  absl::StatusOr<std::vector<absl::string_view>> Allgather(absl::string_view mine,
+                                                          absl::Duration timeout);
+  static constexpr size_t kExchangeBytes = 256 << 10;  // per rank and area
+
   // Fails the current and every later wait with `why`, here and in the other local ranks.
   void Abort(const absl::Status& why);
 
@@ -67,12 +77,14 @@ class ShmAllreduce {
   absl::Status Barrier(absl::Time deadline, absl::string_view step);
   absl::Status Failed(absl::Status s);
   char* Region(int i) const;  // i == local_size_: the result region
+  char* ExchangeArea(int parity, int rank) const;
 
   int local_rank_;
   int local_size_;
   size_t chunk_bytes_;
   Header* header_ = nullptr;
   size_t mapped_bytes_ = 0;
+  uint64_t exchanges_ = 0;  // Allgather calls so far (the same on every rank)
   std::atomic<bool> aborted_{false};
   absl::Mutex mu_;
   absl::Status abort_status_ ABSL_GUARDED_BY(mu_);

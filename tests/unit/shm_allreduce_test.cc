@@ -79,6 +79,51 @@ TEST(ShmAllreduceTest, ExactSumsInEveryDTypeAcrossChunks) {
   }
 }
 
+// The negotiation's exchange: every rank's message by local rank, the views of one call
+// valid until the rank's next call (two areas take turns; the others may be a call ahead
+// by then), interleaved with allreduces; a message too big for an area is
+// ResourceExhausted on every rank alike.
+TEST(ShmAllreduceTest, AllgatherGivesEveryRanksMessageAndRefusesTooBigOnesEverywhere) {
+  constexpr int kRanks = 3;
+  std::vector<absl::StatusCode> too_big(kRanks);
+  OnRanks(Name("gather"), kRanks, [&](int r, ShmAllreduce* s) {
+    auto msg = [](int rank, int round) {
+      return std::string(static_cast<size_t>(1 + (rank * 977 + round * 131) % 5000),
+                         static_cast<char>('a' + (rank + round) % 26));
+    };
+    std::vector<absl::string_view> previous;
+    for (int round = 0; round < 20; ++round) {
+      for (int k = 0; k < kRanks && round > 0; ++k) {  // the last call's, still intact
+        ASSERT_EQ(previous[k], msg(k, round - 1)) << "round " << round << " rank " << k;
+      }
+      const std::string mine = msg(r, round);
+      auto got = s->Allgather(mine, absl::Seconds(20));
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(got->size(), static_cast<size_t>(kRanks));
+      for (int k = 0; k < kRanks; ++k) {
+        ASSERT_EQ((*got)[k], msg(k, round)) << "round " << round << " rank " << k;
+      }
+      previous = *got;
+      if (round % 3 == 0) {  // allreduces between exchanges use other memory
+        float x[100];
+        for (float& v : x) v = static_cast<float>(r);
+        ASSERT_TRUE(s->Allreduce(DType::kFloat32, x, x, 100, absl::Seconds(20)).ok());
+        ASSERT_EQ(x[99], 0.0f + 1.0f + 2.0f);
+        for (int k = 0; k < kRanks; ++k) ASSERT_EQ(previous[k], msg(k, round));
+      }
+    }
+    const std::string big(r == 1 ? ShmAllreduce::kExchangeBytes : 10, 'x');
+    too_big[r] = s->Allgather(big, absl::Seconds(20)).status().code();
+    // Still usable afterwards.
+    auto after = s->Allgather("after", absl::Seconds(20));
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_EQ((*after)[(r + 1) % kRanks], "after");
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(too_big[r], absl::StatusCode::kResourceExhausted) << "rank " << r;
+  }
+}
+
 TEST(ShmAllreduceTest, ARankThatNeverArrivesIsNamedAtTheDeadline) {
   std::vector<absl::Status> got(3);
   OnRanks(Name("late"), 3, [&](int r, ShmAllreduce* s) {
