@@ -81,6 +81,9 @@ absl::Status Options::Validate() const {
   if (local_allreduce != 0 && local_allreduce != 1) {
     return bad("local_allreduce", local_allreduce);
   }
+  if (hierarchical_allreduce != 0 && hierarchical_allreduce != 1) {
+    return bad("hierarchical_allreduce", hierarchical_allreduce);
+  }
   if (two_shot_bytes > (8 << 20)) return bad("two_shot_bytes", two_shot_bytes);
   if (spin < absl::ZeroDuration() || spin > absl::Milliseconds(10)) return bad("spin_us", spin);
   if (deployment != "colocated" && deployment != "dedicated" && deployment != "mixed") {
@@ -254,6 +257,7 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_FUSION_BYTES", &o.fusion_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_FUSION_MAX_TENSOR_BYTES", &o.fusion_max_tensor_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_ALLREDUCE", &o.local_allreduce));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_HIERARCHICAL_ALLREDUCE", &o.hierarchical_allreduce));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_EAGER_BYTES", &o.eager_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_TWO_SHOT_BYTES", &o.two_shot_bytes));
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_CYCLE_TIME_MS", &o.cycle_time));

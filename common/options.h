@@ -168,6 +168,11 @@ struct Options {
   // (worker/shm_allreduce.h) instead of through Gloo's ring over loopback TCP; 0: always
   // Gloo. Rank 0's value is used by every worker.
   int local_allreduce = 1;
+  // HYBRIDPS_HIERARCHICAL_ALLREDUCE (dist_allreduce, CPU tensors, jobs over several nodes
+  // with local_allreduce on): 1: each node sums in shared memory, its local rank 0
+  // allreduces the node's sum with the other nodes' over Gloo, and the node's ranks copy
+  // the result out; 0 (default): one Gloo ring over every worker. Rank 0's value is used.
+  int hierarchical_allreduce = 0;
   // HYBRIDPS_EAGER_BYTES (dist_allreduce, CPU tensors): a push_pull of up to this size
   // divided by (workers - 1), or a broadcast, travels inside the negotiation message and
   // is summed from it: no collective after the negotiation. At most 2 MiB; 0: off. With 2

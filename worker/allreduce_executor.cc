@@ -68,6 +68,7 @@ void AllreduceStore::ExecLoop() {
   CloseGpu(!broken_ok);
 #endif
   comm_->Close();
+  if (leaders_) leaders_->Close();
   io_waker_.Wake();
 }
 
@@ -204,13 +205,14 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
   // kShmEagerBytes.
   const size_t copies = std::max(1, num_workers_ - 1);
   const size_t eager_tensor =
-      std::min(options_.eager_bytes / copies, shm_ ? kShmEagerBytes : SIZE_MAX);
+      std::min(options_.eager_bytes / copies, one_node_ ? kShmEagerBytes : SIZE_MAX);
   const size_t eager_round = 2 * eager_tensor;
   // With 2 ranks, larger push_pulls up to two_shot_bytes are two-shots (negotiation.h):
   // each rank sends the other's half along, and the summed halves are swapped. The same
   // bytes as the ring, in two exchanges instead of three (the negotiation's, and the ring's
   // reduce-scatter and all-gather). A round carries at most half of that per rank.
-  const size_t two_shot_bytes = num_workers_ == 2 && !shm_ ? options_.two_shot_bytes : 0;
+  const size_t two_shot_bytes =
+      num_workers_ == 2 && !shm_ && !hierarchical_ ? options_.two_shot_bytes : 0;
   size_t eager_bytes = 0;
   for (const auto& op : listed) {
     nego::Entry e;
@@ -285,7 +287,9 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
     // leave as soon as they are sent. Not when a rank leaves (there is no next round). A
     // failure here is the next round's (GlooComm keeps it): this round may still end
     // cleanly, e.g. with a peer that left after it.
-    if (plan.leaving.empty() && !mine.leaving && !shm_) comm_->PostNextExchange(slot_bytes_);
+    if (plan.leaving.empty() && !mine.leaving && !one_node_) {
+      comm_->PostNextExchange(slot_bytes_);
+    }
     if (LogEnabled(LogLevel::DEBUG) && plan.any_entries) {
       size_t runs = 0;
       for (const nego::Action& a : plan.actions) runs += a.entries.size();
@@ -335,7 +339,7 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
 }
 
 absl::StatusOr<std::vector<absl::string_view>> AllreduceStore::Exchange() {
-  if (shm_) {
+  if (one_node_) {
     // One host: through the segment (a store and a barrier, no socket), indexed by worker
     // rank; a message too big for it (every rank sees the same) goes through Gloo.
     auto local = shm_->Allgather(absl::string_view(msg_).substr(sizeof(uint64_t)),
@@ -348,6 +352,22 @@ absl::StatusOr<std::vector<absl::string_view>> AllreduceStore::Exchange() {
     if (local.status().code() != absl::StatusCode::kResourceExhausted) return local.status();
   }
   return comm_->AllgatherFramed(&msg_, slot_bytes_, gloo_timeout_);
+}
+
+absl::Status AllreduceStore::CpuAllreduce(DType dtype, const void* in, void* out,
+                                          size_t count) {
+  if (!hierarchical_) {
+    return shm_ ? shm_->Allreduce(dtype, in, out, count, gloo_timeout_)
+                : comm_->Allreduce(dtype, in, out, count, gloo_timeout_);
+  }
+  // Hierarchical: the node's sum in shared memory, then the leaders' allreduce of it.
+  auto across = [&](void* data, size_t n) {
+    return leaders_->Allreduce(dtype, data, data, n, gloo_timeout_);
+  };
+  if (!shm_) {  // a node of one rank: it is its node's leader
+    return leaders_->Allreduce(dtype, in, out, count, gloo_timeout_);
+  }
+  return shm_->HierarchicalAllreduce(dtype, in, out, count, gloo_timeout_, across);
 }
 
 absl::Status AllreduceStore::ExplainFailure(absl::Status s) {
@@ -436,8 +456,7 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
   }
   absl::Status s;
   auto allreduce = [&](const void* in, void* out, size_t count) {
-    return shm_ ? shm_->Allreduce(a.dtype, in, out, count, gloo_timeout_)
-                : comm_->Allreduce(a.dtype, in, out, count, gloo_timeout_);
+    return CpuAllreduce(a.dtype, in, out, count);
   };
   if (a.entries.size() == 1) {
     s = allreduce(first->in.data, first->out.data, first->in.count);

@@ -111,7 +111,11 @@ absl::Status AllreduceStore::Start() {
   });
   HPS_LOG(INFO) << "joined the job as worker " << rank_ << " of " << num_workers_
                 << " (dist_allreduce, gloo on " << (gloo_iface_.empty() ? gloo_host_ : gloo_iface_)
-                << (shm_ ? "; CPU allreduces in shared memory" : "") << ")";
+                << (one_node_ ? "; CPU allreduces in shared memory"
+                    : hierarchical_ ? "; CPU allreduces hierarchical: shared memory in the "
+                                      "node, gloo between nodes"
+                                    : "")
+                << ")";
   return absl::OkStatus();
 }
 
@@ -133,23 +137,28 @@ absl::StatusOr<std::string> AllreduceStore::FromRankZero(
 
 absl::Status AllreduceStore::SetUpSharedMemory(const wire::Welcome& welcome) {
   ASSIGN_OR_RETURN(std::string wanted, FromRankZero("local_allreduce/", [&] {
-                     return std::to_string(options_.local_allreduce);
+                     return absl::StrCat(options_.local_allreduce, " ",
+                                         options_.hierarchical_allreduce);
                    }));
-  if (wanted != "1" || num_workers_ < 2) return absl::OkStatus();
-  // Every rank decides from the same welcome whether the job is one node; a rank that
-  // cannot map the segment tells the others in the exchange below.
+  if (wanted == "0 0" || wanted == "0 1" || num_workers_ < 2) return absl::OkStatus();
+  // Every rank decides from the same welcome which case the job is; a rank that cannot
+  // set its part up tells the others in the exchange below.
   auto layout = NodeLayoutFromWelcome(welcome, rank_);
+  if (!layout.ok()) return absl::OkStatus();  // the same on every rank of a bad node: Gloo
+  const bool one_node = layout->num_nodes == 1 && layout->local_size == num_workers_;
+  bool several_per_node = false;
+  for (const wire::NodeInfo& w : welcome.workers()) several_per_node |= w.local_size() > 1;
+  const bool hierarchical = !one_node && wanted == "1 1" && several_per_node;
+  if (!one_node && !hierarchical) return absl::OkStatus();  // Gloo (the same on every rank)
   std::string why;
-  if (!layout.ok()) {
-    why = std::string(layout.status().message());
-  } else if (layout->num_nodes != 1 || layout->local_size != num_workers_) {
-    return absl::OkStatus();  // several hosts: Gloo (the same answer on every rank)
-  } else {
-    // Per job and node: the job id, and the pid of local rank 0 (which creates it).
-    const std::string name = absl::StrFormat("/hps-ar-%016x-%u", layout->job_id,
-                                             layout->pids.empty() ? 0u : layout->pids[0]);
-    const size_t per_region = std::clamp<size_t>(
-        (size_t{64} << 20) / (num_workers_ + 1) / 4096 * 4096, size_t{1} << 20, size_t{8} << 20);
+  if (layout->local_size > 1) {
+    // Per job and node: the job id, the node, and the pid of local rank 0 (the creator).
+    const std::string name =
+        absl::StrFormat("/hps-ar-%016x-n%d-%u", layout->job_id, layout->node,
+                        layout->pids.empty() ? 0u : layout->pids[0]);
+    const size_t per_region =
+        std::clamp<size_t>((size_t{64} << 20) / (layout->local_size + 1) / 4096 * 4096,
+                           size_t{1} << 20, size_t{8} << 20);
     auto shm = ShmAllreduce::Open(name, layout->local_rank, layout->local_size, per_region,
                                   absl::Now() + options_.start_timeout);
     if (shm.ok()) {
@@ -159,15 +168,26 @@ absl::Status AllreduceStore::SetUpSharedMemory(const wire::Welcome& welcome) {
       why = std::string(shm.status().message());
     }
   }
-  auto all = comm_->AllgatherBytes(shm_ ? "ok" : why, kMinSlotBytes, options_.start_timeout);
+  auto all = comm_->AllgatherBytes(why.empty() ? "ok" : why, kMinSlotBytes,
+                                   options_.start_timeout);
   if (!all.ok()) return all.status();
   for (int r = 0; r < num_workers_; ++r) {
     if ((*all)[r] == "ok") continue;
     HPS_LOG(WARNING) << "CPU allreduces go through Gloo, not shared memory: worker " << r
                      << " could not set it up (" << (*all)[r] << ")";
     shm_.reset();
-    break;
+    return absl::OkStatus();
   }
+  one_node_ = one_node;
+  if (!hierarchical) return absl::OkStatus();
+  // The nodes' local ranks 0 connect a mesh of their own, ranked by node.
+  hierarchical_ = true;
+  if (layout->local_rank != 0) return absl::OkStatus();
+  SchedulerStore store(control_.get(), "gloo-leaders/", absl::Now() + options_.start_timeout);
+  auto leaders = GlooComm::Connect(layout->node, layout->num_nodes, gloo_host_, gloo_iface_,
+                                   store, options_.start_timeout);
+  if (!leaders.ok()) return store.status().ok() ? leaders.status() : store.status();
+  leaders_ = std::move(*leaders);
   return absl::OkStatus();
 }
 
@@ -313,6 +333,7 @@ absl::Status AllreduceStore::Shutdown() {
     io_thread_.join();
   }
   comm_.reset();
+  leaders_.reset();
   control_.reset();
   absl::MutexLock lock(&mu_);
   if (!broken_.ok() && !peers_left_) return broken_;
@@ -331,6 +352,7 @@ void AllreduceStore::BreakLocked(const absl::Status& status) {
     // A round in Gloo would wait for its timeout when a peer hangs rather than dies (its
     // sockets stay open): end it now, so its operations fail with this status.
     if (comm_) comm_->Abort();
+    if (leaders_) leaders_->Abort();
     if (shm_) shm_->Abort(status);
   }
   for (auto it = queued_.begin(); it != queued_.end();) {

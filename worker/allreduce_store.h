@@ -3,7 +3,9 @@
 // bootstrapped through the scheduler's rendezvous store; when every worker is a local rank
 // of one node (one host), their allreduces and the negotiation's exchange run in shared
 // memory instead (worker/shm_allreduce.h, Options::local_allreduce; broadcasts stay on
-// Gloo). GPU tensors go through NCCL when
+// Gloo); over several nodes, with Options::hierarchical_allreduce, each node sums in
+// shared memory and the nodes' local ranks 0 allreduce over a Gloo mesh of their own
+// (leaders_). GPU tensors go through NCCL when
 // built with CUDA (HYBRIDPS_WITH_NCCL; otherwise they fail with Unimplemented): one
 // communicator over all workers, on the device of the first GPU tensor this worker
 // submits (a GPU tensor on another device is refused at submission). Rank 0 makes the
@@ -99,7 +101,7 @@ class AllreduceStore : public KVStore {
     uint64_t fused_tensors = 0;  // push_pulls that went through a fusion buffer
     uint64_t eager = 0;          // operations computed from the negotiation data
     uint64_t two_shots = 0;      // push_pulls run as two-shots (2 ranks, negotiation.h)
-    uint64_t shm_allreduces = 0;  // allreduces run in shared memory (one host)
+    uint64_t shm_allreduces = 0;  // allreduces run in shared memory (one host, or a node)
     uint64_t broadcasts = 0;     // Gloo broadcast calls
     uint64_t nccl_groups = 0;    // NCCL launches (a group of a fused bucket counts once)
     uint64_t nccl_tensors = 0;   // GPU tensors reduced or broadcast through NCCL
@@ -120,7 +122,8 @@ class AllreduceStore : public KVStore {
   absl::StatusOr<std::string> FromRankZero(const std::string& prefix,
                                            const std::function<std::string()>& make);
   // Start: the shared-memory allreduce (shm_) when rank 0 wants it, the whole job is one
-  // node and every rank could map the segment; otherwise Gloo, saying why in the log.
+  // node (or, with hierarchical_allreduce, per node with leaders_ between the nodes) and
+  // every rank could set it up; otherwise Gloo, saying why in the log.
   absl::Status SetUpSharedMemory(const wire::Welcome& welcome);
   // Start: every rank takes rank 0's fusion settings (Options::fusion_bytes,
   // fusion_max_tensor_bytes), so that all plan alike; a rank whose own differ warns.
@@ -154,8 +157,11 @@ class AllreduceStore : public KVStore {
   // GPU operation.
   bool RunRound(bool caller, bool* job_active);
   // A round's allgather of the negotiation messages (msg_): in shared memory on one host
-  // (shm_), else (or when a message is too big for it) Gloo's exchange.
+  // (one_node_), else (or when a message is too big for it) Gloo's exchange.
   absl::StatusOr<std::vector<absl::string_view>> Exchange();
+  // One CPU allreduce, on whichever path Start chose (Gloo, one node's shared memory, or
+  // hierarchical).
+  absl::Status CpuAllreduce(DType dtype, const void* in, void* out, size_t count);
   absl::Status Execute(const negotiation::Action& action,
                        const std::vector<std::shared_ptr<Op>>& listed);
   // A kTwoShot action (2 ranks, CPU): sums this rank's half, swaps halves with the peer.
@@ -213,6 +219,13 @@ class AllreduceStore : public KVStore {
   // else null. Set at Start; the round holder uses it, Break aborts it (any thread).
   std::unique_ptr<ShmAllreduce> shm_;
   std::vector<int> local_members_;  // with shm_: the worker rank of each local rank
+  // The whole job is one node: shm_ also carries the negotiation's exchange.
+  bool one_node_ = false;
+  // Several nodes and Options::hierarchical_allreduce: a node's allreduces go through its
+  // shm_ (none for a node of one rank) and its local rank 0's leaders_ (a Gloo mesh of
+  // the nodes' local ranks 0; null on the other ranks).
+  bool hierarchical_ = false;
+  std::unique_ptr<GlooComm> leaders_;
   size_t slot_bytes_;
   std::deque<size_t> recent_sizes_;  // largest negotiation message of the last rounds
   std::string fusion_;  // the fusion buffer

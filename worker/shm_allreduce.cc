@@ -287,11 +287,23 @@ absl::Status ShmAllreduce::Barrier(absl::Time deadline, absl::string_view step) 
 
 absl::Status ShmAllreduce::Allreduce(DType dtype, const void* in, void* out, size_t count,
                                      absl::Duration timeout) {
+  return Run(dtype, in, out, count, timeout, nullptr);
+}
+
+absl::Status ShmAllreduce::HierarchicalAllreduce(DType dtype, const void* in, void* out,
+                                                 size_t count, absl::Duration timeout,
+                                                 const AcrossNodes& across_nodes) {
+  return Run(dtype, in, out, count, timeout, &across_nodes);
+}
+
+absl::Status ShmAllreduce::Run(DType dtype, const void* in, void* out, size_t count,
+                               absl::Duration timeout, const AcrossNodes* across_nodes) {
   const size_t es = DTypeSize(dtype);
   const size_t per_chunk = chunk_bytes_ / es;
   const absl::Time deadline = absl::Now() + timeout;
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
+  char* const result = Region(local_size_);
   for (size_t done = 0; done < count; done += per_chunk) {
     const size_t n = std::min(per_chunk, count - done);
     const char* in_chunk = src + done * es;
@@ -306,21 +318,31 @@ absl::Status ShmAllreduce::Allreduce(DType dtype, const void* in, void* out, siz
     if (absl::Status s = Barrier(deadline, "contributions"); !s.ok()) return s;
     if (len > 0) {
       // Own data first, then the others' in rank order: a fixed order per slice, so the
-      // result is the same from run to run, and every rank gets these very bits.
+      // result is the same from run to run, and every rank gets these very bits. Into the
+      // output when that is the result already; within a hierarchical allreduce the node
+      // sum goes to the result region only (the nodes' sum replaces it).
       auto part = [&](int r) -> const char* {
         return r == local_rank_ ? in_chunk + off : Region(r) + off;
       };
+      char* sum = across_nodes == nullptr ? out_chunk + off : result + off;
       const int first = local_rank_ == 0 ? 1 : 0;
-      Sum2(dtype, out_chunk + off, part(local_rank_), part(first), len);
+      Sum2(dtype, sum, part(local_rank_), part(first), len);
       for (int r = first + 1; r < local_size_; ++r) {
-        if (r != local_rank_) SumInto(dtype, out_chunk + off, part(r), len);
+        if (r != local_rank_) SumInto(dtype, sum, part(r), len);
       }
-      std::memcpy(Region(local_size_) + off, out_chunk + off, len * es);
+      if (across_nodes == nullptr) std::memcpy(result + off, sum, len * es);
     }
     if (absl::Status s = Barrier(deadline, "sums"); !s.ok()) return s;
-    std::memcpy(out_chunk, Region(local_size_), off);
-    std::memcpy(out_chunk + off + len * es, Region(local_size_) + off + len * es,
-                (n - mine.end) * es);
+    if (across_nodes != nullptr) {
+      if (local_rank_ == 0) {
+        if (absl::Status s = (*across_nodes)(result, n); !s.ok()) return Failed(s);
+      }
+      if (absl::Status s = Barrier(deadline, "across nodes"); !s.ok()) return s;
+      std::memcpy(out_chunk, result, n * es);
+      continue;
+    }
+    std::memcpy(out_chunk, result, off);
+    std::memcpy(out_chunk + off + len * es, result + off + len * es, (n - mine.end) * es);
   }
   return absl::OkStatus();
 }

@@ -25,6 +25,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,6 +54,14 @@ class ShmAllreduce {
   // (common/reduce.h).
   absl::Status Allreduce(DType dtype, const void* in, void* out, size_t count,
                          absl::Duration timeout);
+  // The node's step of a hierarchical allreduce (several nodes): the same, except that
+  // after each chunk's node sum local rank 0 runs `across_nodes` on it in place (its
+  // allreduce with the other nodes' leaders; ignored on the other ranks, which wait for
+  // it at a third barrier), and every rank then copies the whole chunk out. Every local
+  // rank must call this one, not Allreduce, for the same operation.
+  using AcrossNodes = std::function<absl::Status(void* data, size_t count)>;
+  absl::Status HierarchicalAllreduce(DType dtype, const void* in, void* out, size_t count,
+                                     absl::Duration timeout, const AcrossNodes& across_nodes);
   // Every local rank's `mine`, indexed by local rank, for the negotiation of a one-host
   // job; the views point into the segment and stay valid until this rank's next
   // Allgather (two areas take turns: to write this area again, a rank must first pass the
@@ -75,6 +84,8 @@ class ShmAllreduce {
   ShmAllreduce(int local_rank, int local_size, size_t chunk_bytes)
       : local_rank_(local_rank), local_size_(local_size), chunk_bytes_(chunk_bytes) {}
   absl::Status Barrier(absl::Time deadline, absl::string_view step);
+  absl::Status Run(DType dtype, const void* in, void* out, size_t count, absl::Duration timeout,
+                   const AcrossNodes* across_nodes);
   absl::Status Failed(absl::Status s);
   char* Region(int i) const;  // i == local_size_: the result region
   char* ExchangeArea(int parity, int rank) const;

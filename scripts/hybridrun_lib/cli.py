@@ -30,8 +30,9 @@ USAGE = ("hybridrun -np N [-H HOST:SLOTS,... | --hostfile FILE] [--servers M]\n"
 
 DESCRIPTION = """\
 Launch a hybridps job: one scheduler (always on this machine), M servers and N
-workers (N copies of COMMAND). Without -H/--hostfile everything runs here, each
-worker its own node. With them, workers fill the hosts' slots in order and the
+workers (N copies of COMMAND). Without -H/--hostfile everything runs here, the
+workers the local ranks of one node. With them, workers fill the hosts' slots in
+order (the workers of a host its node's local ranks) and the
 servers run colocated (one per worker host), on dedicated --server-hosts, or both
 (mixed: --colocated --server-hosts). Output lines of every process are printed on
 stdout with a prefix such as [scheduler], [server 0] or, across hosts, [worker 1@h2]."""

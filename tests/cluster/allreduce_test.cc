@@ -349,19 +349,23 @@ TEST(AllreduceTest, TwoRanksSwapSummedHalvesOfMidSizeTensors) {
 
 // Every worker on one host (one node of local ranks): allreduces of CPU tensors run in
 // shared memory, exactly; rank 0's HYBRIDPS_LOCAL_ALLREDUCE=0 sends every worker's
-// through Gloo; two nodes always go through Gloo.
+// through Gloo; two nodes go through Gloo, unless rank 0 asks for hierarchical
+// allreduces (HYBRIDPS_HIERARCHICAL_ALLREDUCE=1: each node in shared memory).
 TEST(AllreduceTest, OneHostReducesInSharedMemoryAsRankZeroSays) {
   struct Case {
-    int workers, local, rank0_setting;
+    int workers, local, rank0_setting, rank0_hierarchical;
     bool shm;
   };
-  for (const Case& k : {Case{3, 3, 1, true}, Case{3, 3, 0, false}, Case{4, 2, 1, false}}) {
+  for (const Case& k : {Case{3, 3, 1, 0, true}, Case{3, 3, 0, 0, false},
+                        Case{4, 2, 1, 0, false}, Case{4, 2, 1, 1, true},
+                        Case{4, 2, 0, 1, false}}) {
     SCOPED_TRACE(absl::StrCat(k.workers, " workers, ", k.local, " per node, rank 0 says ",
-                              k.rank0_setting));
+                              k.rank0_setting, " ", k.rank0_hierarchical));
     auto cluster = StartAllreduce(k.workers, 64 << 20, 1, [&](ClusterConfig* c) {
       c->local_size = k.local;
       c->worker_options = [&](int rank, Options* o) {
         o->local_allreduce = rank == 0 ? k.rank0_setting : 1;
+        o->hierarchical_allreduce = rank == 0 ? k.rank0_hierarchical : 1;
       };
     });
     ASSERT_NE(cluster, nullptr);

@@ -565,6 +565,14 @@ std::vector<Param> Params() {
         std::tuple{"inproc", 4, 2}}) {
     p.push_back({"dist_allreduce", transport, workers, 0, local});
   }
+  // Hierarchical (HYBRIDPS_HIERARCHICAL_ALLREDUCE): 2 nodes of 2 and of 3 local ranks sum
+  // in shared memory, their local ranks 0 over Gloo.
+  for (auto [transport, workers, local] : {std::tuple{"inproc", 4, 2}, std::tuple{"tcp", 6, 3}}) {
+    p.push_back({"dist_allreduce", transport, workers, 0, local, false, true, "hier",
+                 [](ClusterConfig* c) {
+                   c->worker_options = [](int, Options* o) { o->hierarchical_allreduce = 1; };
+                 }});
+  }
   // Two-shots (HYBRIDPS_TWO_SHOT_BYTES) from 4 KiB up, the eager path below.
   p.push_back({"dist_allreduce", "tcp", 2, 0, 1, false, true, "twoshot",
                [](ClusterConfig* c) {

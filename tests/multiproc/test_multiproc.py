@@ -232,6 +232,13 @@ class DirectJob:
             backend = "dist_allreduce"
             worker_env = lambda rank: {"HYBRIDPS_LOCAL_RANK": str(rank),  # noqa: E731
                                        "HYBRIDPS_LOCAL_SIZE": str(workers)}
+        elif backend == HIERARCHICAL:
+            backend = "dist_allreduce"
+            worker_env = lambda rank: {  # noqa: E731
+                "HYBRIDPS_LOCAL_RANK": str(rank if rank < 2 else 0),
+                "HYBRIDPS_LOCAL_SIZE": "2" if rank < 2 else "1",
+                "HYBRIDPS_NODE_ID": "a" if rank < 2 else "b",
+                "HYBRIDPS_HIERARCHICAL_ALLREDUCE": "1"}
         self.job = job
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.output: dict[str, Lines] = {}
@@ -341,6 +348,9 @@ BACKENDS = ["dist_hybrid", "dist_allreduce"]
 # dist_allreduce with every worker a local rank of one node (DirectJob): its CPU allreduces
 # run in shared memory, where a dead or hung peer must end the survivors' waits too.
 ONE_NODE = "dist_allreduce_one_node"
+# dist_allreduce over a node of workers 0, 1 and a node of worker 2, hierarchical: each
+# node sums in shared memory (worker 2 alone), the nodes' local ranks 0 over Gloo.
+HIERARCHICAL = "dist_allreduce_hierarchical"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -417,7 +427,7 @@ def test_killed_server_stops_the_job(job: JobEnv) -> None:
     assert_nothing_left(job.marker)
 
 
-@pytest.mark.parametrize("backend", [*BACKENDS, ONE_NODE])
+@pytest.mark.parametrize("backend", [*BACKENDS, ONE_NODE, HIERARCHICAL])
 def test_survivors_name_the_killed_worker(job: JobEnv, tmp_path: Path,
                                           direct: list[DirectJob], backend: str) -> None:
     j = DirectJob(job, tmp_path, workers=3, servers=2 if backend == "dist_hybrid" else 0,
@@ -426,9 +436,10 @@ def test_survivors_name_the_killed_worker(job: JobEnv, tmp_path: Path,
     direct.append(j)
     assert j.wait("worker 1", RUN_TIMEOUT) == -signal.SIGKILL, j.text()
     died = j.exited["worker 1"]
-    if backend == ONE_NODE:  # the survivors waited in the shared-memory allreduce
-        assert any("CPU allreduces in shared memory" in line
-                   for line in j.lines("worker 0")), j.text()
+    if backend in (ONE_NODE, HIERARCHICAL):  # the survivors waited in shared memory
+        said = "CPU allreduces " + ("in shared memory" if backend == ONE_NODE
+                                    else "hierarchical")
+        assert any(said in line for line in j.lines("worker 0")), j.text()
     codes = j.wait_all(RUN_TIMEOUT)  # the job must end by itself
     for rank in (0, 2):
         label = f"worker {rank}"
@@ -469,6 +480,8 @@ def test_survivors_name_a_worker_that_left_early(job: JobEnv, tmp_path: Path,
 @pytest.mark.parametrize("backend,victim", [("dist_hybrid", "worker 1"),
                                             ("dist_allreduce", "worker 1"),
                                             (ONE_NODE, "worker 1"),
+                                            (HIERARCHICAL, "worker 1"),
+                                            (HIERARCHICAL, "worker 2"),
                                             ("dist_hybrid", "server 1")])
 def test_survivors_name_a_hung_peer(job: JobEnv, tmp_path: Path, direct: list[DirectJob],
                                     backend: str, victim: str) -> None:

@@ -25,6 +25,7 @@ class OptionsTest : public ::testing::Test {
                           "HYBRIDPS_CYCLE_TIME_MS", "HYBRIDPS_STALL_WARNING_MS",
                           "HYBRIDPS_CALLER_ROUNDS", "HYBRIDPS_FUSION_MAX_TENSOR_BYTES",
                           "HYBRIDPS_EAGER_BYTES", "HYBRIDPS_TWO_SHOT_BYTES",
+                          "HYBRIDPS_LOCAL_ALLREDUCE", "HYBRIDPS_HIERARCHICAL_ALLREDUCE",
                           "HYBRIDPS_LOCAL_RANK", "HYBRIDPS_LOCAL_SIZE", "HYBRIDPS_DEPLOYMENT",
                           "HYBRIDPS_EXTRA_SERVERS", "OMPI_COMM_WORLD_RANK",
                           "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -146,12 +147,18 @@ TEST_F(OptionsTest, AllreduceFusionCycleAndStallSettings) {
   unsetenv("HYBRIDPS_CALLER_ROUNDS");
   EXPECT_EQ(d->eager_bytes, size_t{1} << 20);
   EXPECT_EQ(d->two_shot_bytes, 0u);
+  EXPECT_EQ(d->local_allreduce, 1);
+  EXPECT_EQ(d->hierarchical_allreduce, 0);
   for (auto [var, value, ok] :
        {std::tuple{"HYBRIDPS_EAGER_BYTES", "0", true},
         std::tuple{"HYBRIDPS_EAGER_BYTES", "2097152", true},
         std::tuple{"HYBRIDPS_EAGER_BYTES", "2097153", false},
         std::tuple{"HYBRIDPS_TWO_SHOT_BYTES", "8388608", true},
-        std::tuple{"HYBRIDPS_TWO_SHOT_BYTES", "8388609", false}}) {
+        std::tuple{"HYBRIDPS_TWO_SHOT_BYTES", "8388609", false},
+        std::tuple{"HYBRIDPS_LOCAL_ALLREDUCE", "0", true},
+        std::tuple{"HYBRIDPS_LOCAL_ALLREDUCE", "2", false},
+        std::tuple{"HYBRIDPS_HIERARCHICAL_ALLREDUCE", "1", true},
+        std::tuple{"HYBRIDPS_HIERARCHICAL_ALLREDUCE", "2", false}}) {
     setenv(var, value, 1);
     auto v = OptionsFromEnvironment();
     EXPECT_EQ(v.ok(), ok) << var << "=" << value << ": " << v.status();
