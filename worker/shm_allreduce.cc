@@ -126,9 +126,11 @@ absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Open(const std::stri
   }
   void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
+  // Any rank that gives up removes the name: the job is not going to use it, and local
+  // rank 0 may be the one that died (nothing else would remove it).
   if (base == MAP_FAILED) {
     absl::Status s = Errno("mapping", name);
-    if (local_rank == 0) shm_unlink(name.c_str());
+    shm_unlink(name.c_str());
     return s;
   }
   std::unique_ptr<ShmAllreduce> me(new ShmAllreduce(local_rank, local_size, chunk_bytes));
@@ -141,7 +143,7 @@ absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Open(const std::stri
     h->magic.store(kMagic, std::memory_order_release);
   }
   auto fail = [&](absl::Status s) {
-    if (local_rank == 0) shm_unlink(name.c_str());
+    shm_unlink(name.c_str());
     return s;
   };
   while (h->magic.load(std::memory_order_acquire) != kMagic) {

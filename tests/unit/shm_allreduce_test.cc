@@ -5,6 +5,8 @@
 #include "worker/shm_allreduce.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <functional>
@@ -173,6 +175,21 @@ TEST(ShmAllreduceTest, OpenFailsCleanlyWhenARankNeverAttaches) {
   EXPECT_NE(access((std::string("/dev/shm") + name).c_str(), F_OK), 0);
   auto bad = ShmAllreduce::Open(name, 0, 2, 1000, absl::Now());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Local rank 0 created the segment and died before initialising it (so it cannot remove
+// it either): the rank that gives up waiting removes it.
+TEST(ShmAllreduceTest, ARankThatGivesUpRemovesTheSegmentOfADeadCreator) {
+  const std::string name = Name("dead-creator");
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 16 << 20), 0);  // big enough for any layout of 3 ranks here
+  close(fd);
+  auto late = ShmAllreduce::Open(name, 1, 3, kChunk, absl::Now() + absl::Milliseconds(300));
+  ASSERT_FALSE(late.ok());
+  EXPECT_TRUE(absl::StrContains(late.status().message(), "never initialised")) << late.status();
+  EXPECT_NE(access((std::string("/dev/shm") + name).c_str(), F_OK), 0);
+  shm_unlink(name.c_str());
 }
 
 }  // namespace
