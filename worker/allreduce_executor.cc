@@ -442,8 +442,17 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
     case nego::Action::Type::kTwoShot:
       return ExecuteTwoShot(a, first);
     case nego::Action::Type::kBroadcast: {
-      absl::Status s = ExplainFailure(comm_->Broadcast(
-          a.dtype, first->out.data, first->out.count, first->root, gloo_timeout_));
+      absl::Status s;
+      if (one_node_) {  // every worker is a local rank: through the segment
+        const int root = static_cast<int>(
+            std::find(local_members_.begin(), local_members_.end(), first->root) -
+            local_members_.begin());
+        s = shm_->Broadcast(a.dtype, first->out.data, first->out.count, root, gloo_timeout_);
+      } else {
+        s = comm_->Broadcast(a.dtype, first->out.data, first->out.count, first->root,
+                             gloo_timeout_);
+      }
+      s = ExplainFailure(s);
       {
         absl::MutexLock lock(&mu_);
         ++stats_.broadcasts;

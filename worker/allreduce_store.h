@@ -1,9 +1,9 @@
 // "dist_allreduce": push_pull is a sum-allreduce across all workers, broadcast a broadcast
 // from a root — no servers. CPU tensors go through Gloo (ring allreduce over tcp),
 // bootstrapped through the scheduler's rendezvous store; when every worker is a local rank
-// of one node (one host), their allreduces and the negotiation's exchange run in shared
-// memory instead (worker/shm_allreduce.h, Options::local_allreduce; broadcasts stay on
-// Gloo); over several nodes, with Options::hierarchical_allreduce, each node sums in
+// of one node (one host), their allreduces, broadcasts and the negotiation's exchange run
+// in shared memory instead (worker/shm_allreduce.h, Options::local_allreduce); over
+// several nodes, with Options::hierarchical_allreduce, each node sums in
 // shared memory and the nodes' local ranks 0 allreduce over a Gloo mesh of their own
 // (leaders_). GPU tensors go through NCCL when
 // built with CUDA (HYBRIDPS_WITH_NCCL; otherwise they fail with Unimplemented): one

@@ -386,8 +386,9 @@ absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherFramed(
   char* const own_slot = framed->data();
   std::vector<const char*> slots(size_);  // where rank r's slot is once exchanged
   if (Direct(slot)) {
-    // Small slots (any with 2 ranks: then the ring is the same single step): every rank sends its slot to every other rank at once: one step, where
-    // the ring allgather takes 2(n-1) dependent ones, each a thread handoff that can cost
+    // Small slots (any with 2 ranks: then the ring is the same single step): every rank
+    // sends its slot to every other rank at once: one step, where the ring allgather
+    // takes 2(n-1) dependent ones, each a thread handoff that can cost
     // a scheduler tick on a loaded machine. The receives are usually posted already
     // (PostNextExchange).
     Exchange& x = exchange_[next_exchange_];

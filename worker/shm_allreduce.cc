@@ -292,6 +292,28 @@ absl::Status ShmAllreduce::Allreduce(DType dtype, const void* in, void* out, siz
   return Run(dtype, in, out, count, timeout, nullptr);
 }
 
+absl::Status ShmAllreduce::Broadcast(DType dtype, void* data, size_t count, int root,
+                                     absl::Duration timeout) {
+  if (root < 0 || root >= local_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("shared-memory broadcast: root ", root,
+                                                   " of ", local_size_, " local ranks"));
+  }
+  const size_t es = DTypeSize(dtype);
+  const size_t per_chunk = chunk_bytes_ / es;
+  const absl::Time deadline = absl::Now() + timeout;
+  char* bytes = static_cast<char*>(data);
+  for (size_t done = 0; done < count; done += per_chunk) {
+    const size_t n = std::min(per_chunk, count - done);
+    if (local_rank_ == root) std::memcpy(Region(local_size_), bytes + done * es, n * es);
+    RETURN_IF_ERROR(Barrier(deadline, "broadcast"));
+    if (local_rank_ != root) std::memcpy(bytes + done * es, Region(local_size_), n * es);
+    // The result region is written again (by the next chunk, or by a broadcast that
+    // follows at once) only when everyone has this chunk.
+    RETURN_IF_ERROR(Barrier(deadline, "broadcast"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ShmAllreduce::HierarchicalAllreduce(DType dtype, const void* in, void* out,
                                                  size_t count, absl::Duration timeout,
                                                  const AcrossNodes& across_nodes) {

@@ -5,16 +5,17 @@
 //
 // One segment per job, created by local rank 0 and unlinked as soon as every local rank
 // mapped it: a header, two exchange areas for the negotiation's messages (Allgather),
-// then one region per local rank and a result region, each `chunk_bytes`. A tensor is reduced chunk by chunk; rank r owns slice r of the chunk
-// (negotiation::ChunkOf):
+// then one region per local rank and a result region, each `chunk_bytes`. A tensor is
+// reduced chunk by chunk; rank r owns slice r of the chunk (negotiation::ChunkOf):
 //   1. each rank copies its chunk, except its own slice, into its region;     barrier
 //   2. rank r sums its slice (its own input in place first, then the others' regions in
 //      rank order: a fixed order, so the same bits every run) into its output, and copies
 //      it to the result region;                                               barrier
 //   3. each rank copies the other slices of the result out.
 // Every rank thus gets the same bits. The next chunk's (or operation's) first barrier
-// keeps step 2 from overwriting a result someone still reads. Every rank must call the same collectives in the same order (the
-// negotiation's plan guarantees it, as it does for Gloo's).
+// keeps step 2 from overwriting a result someone still reads. Every rank must call the
+// same collectives in the same order (the negotiation's plan guarantees it, as it does
+// for Gloo's).
 //
 // Waits: a barrier spins briefly, then sleeps on a futex in the segment, and fails at its
 // deadline naming the local ranks that did not arrive; Abort() (any thread, e.g. when the
@@ -62,11 +63,16 @@ class ShmAllreduce {
   using AcrossNodes = std::function<absl::Status(void* data, size_t count)>;
   absl::Status HierarchicalAllreduce(DType dtype, const void* in, void* out, size_t count,
                                      absl::Duration timeout, const AcrossNodes& across_nodes);
+  // data = local rank `root`'s data, on every local rank (count elements), chunk by chunk
+  // through the result region.
+  absl::Status Broadcast(DType dtype, void* data, size_t count, int root,
+                         absl::Duration timeout);
   // Every local rank's `mine`, indexed by local rank, for the negotiation of a one-host
   // job; the views point into the segment and stay valid until this rank's next
   // Allgather (two areas take turns: to write this area again, a rank must first pass the
-  // next exchange's barrier, which this rank has not reached). ResourceExhausted on every rank alike when some rank's message is
-  // over kExchangeBytes - 8: the caller then exchanges this round another way.
+  // next exchange's barrier, which this rank has not reached). ResourceExhausted on every
+  // rank alike when some rank's message is over kExchangeBytes - 8: the caller then
+  // exchanges this round another way.
   absl::StatusOr<std::vector<absl::string_view>> Allgather(absl::string_view mine,
                                                           absl::Duration timeout);
   static constexpr size_t kExchangeBytes = 256 << 10;  // per rank and area

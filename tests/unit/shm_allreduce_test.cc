@@ -126,6 +126,29 @@ TEST(ShmAllreduceTest, AllgatherGivesEveryRanksMessageAndRefusesTooBigOnesEveryw
   }
 }
 
+// Broadcasts from every root, back to back (no other collective between them), over
+// several chunks and in every element size.
+TEST(ShmAllreduceTest, BroadcastsFromEveryRootBackToBack) {
+  constexpr int kRanks = 3;
+  OnRanks(Name("bcast"), kRanks, [&](int r, ShmAllreduce* s) {
+    for (DType dt : {DType::kUInt8, DType::kFloat16, DType::kFloat32, DType::kFloat64}) {
+      const size_t count = 2 * kChunk / DTypeSize(dt) + 3;
+      for (int root = 0; root < kRanks; ++root) {
+        std::vector<char> data(count * DTypeSize(dt));
+        for (size_t i = 0; i < count; ++i) SetElement(dt, data.data(), i, Val(i, r, root));
+        ASSERT_TRUE(s->Broadcast(dt, data.data(), count, root, absl::Seconds(20)).ok());
+        for (size_t i = 0; i < count; ++i) {
+          ASSERT_EQ(GetElement(dt, data.data(), i), Val(i, root, root))
+              << DTypeName(dt) << " root " << root << " element " << i;
+        }
+      }
+    }
+    float x[1];
+    EXPECT_EQ(s->Broadcast(DType::kFloat32, x, 1, kRanks, absl::Seconds(1)).code(),
+              absl::StatusCode::kInvalidArgument);
+  });
+}
+
 TEST(ShmAllreduceTest, ARankThatNeverArrivesIsNamedAtTheDeadline) {
   std::vector<absl::Status> got(3);
   OnRanks(Name("late"), 3, [&](int r, ShmAllreduce* s) {
