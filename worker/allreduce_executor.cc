@@ -432,12 +432,7 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
           SumInto(a.dtype, first->out.data, a.payloads[r].data(), first->in.count);
         }
       }
-      {
-        absl::MutexLock lock(&mu_);
-        ++stats_.eager;
-      }
-      Finish(first, absl::OkStatus());
-      return absl::OkStatus();
+      return FinishCounted(first, absl::OkStatus(), &Stats::eager);
     }
     case nego::Action::Type::kTwoShot:
       return ExecuteTwoShot(a, first);
@@ -452,13 +447,7 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
         s = comm_->Broadcast(a.dtype, first->out.data, first->out.count, first->root,
                              gloo_timeout_);
       }
-      s = ExplainFailure(s);
-      {
-        absl::MutexLock lock(&mu_);
-        ++stats_.broadcasts;
-      }
-      Finish(first, s);
-      return s;
+      return FinishCounted(first, s, &Stats::broadcasts);
     }
     case nego::Action::Type::kAllreduce:
       break;
@@ -509,7 +498,7 @@ absl::Status AllreduceStore::ExecuteTwoShot(const nego::Action& a, Op* op) {
   // The peer's chunk arrives straight into the output, while this rank sums its own (in
   // rank order, as everywhere). In place, the input's copy of the peer's chunk already
   // left with the negotiation.
-  absl::Status s = comm_->SwapWithPeer(
+  const absl::Status s = comm_->SwapWithPeer(
       peer, out + theirs.begin * es, (theirs.end - theirs.begin) * es,
       out + own.begin * es, (own.end - own.begin) * es,
       [&] {
@@ -519,10 +508,14 @@ absl::Status AllreduceStore::ExecuteTwoShot(const nego::Action& a, Op* op) {
              rank_ == 0 ? other : mine, own.end - own.begin);
       },
       gloo_timeout_);
+  return FinishCounted(op, s, &Stats::two_shots);
+}
+
+absl::Status AllreduceStore::FinishCounted(Op* op, absl::Status s, uint64_t Stats::*counter) {
   s = ExplainFailure(s);
   {
     absl::MutexLock lock(&mu_);
-    ++stats_.two_shots;
+    ++(stats_.*counter);
   }
   Finish(op, s);
   return s;

@@ -136,11 +136,12 @@ absl::StatusOr<std::string> AllreduceStore::FromRankZero(
 }
 
 absl::Status AllreduceStore::SetUpSharedMemory(const wire::Welcome& welcome) {
+  // Rank 0's "<local_allreduce> <hierarchical_allreduce>", e.g. "1 0".
   ASSIGN_OR_RETURN(std::string wanted, FromRankZero("local_allreduce/", [&] {
                      return absl::StrCat(options_.local_allreduce, " ",
                                          options_.hierarchical_allreduce);
                    }));
-  if (wanted == "0 0" || wanted == "0 1" || num_workers_ < 2) return absl::OkStatus();
+  if (!absl::StartsWith(wanted, "1 ") || num_workers_ < 2) return absl::OkStatus();
   // Every rank decides from the same welcome which case the job is; a rank that cannot
   // set its part up tells the others in the exchange below.
   auto layout = NodeLayoutFromWelcome(welcome, rank_);

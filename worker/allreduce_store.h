@@ -169,6 +169,9 @@ class AllreduceStore : public KVStore {
   void Warn(const negotiation::Plan& plan, const std::vector<std::shared_ptr<Op>>& listed,
             absl::Time now);
   void Finish(Op* op, absl::Status status);
+  // Ends an action of one operation: explains a failure (ExplainFailure), counts the
+  // action in `counter`, and finishes the operation; returns the status.
+  absl::Status FinishCounted(Op* op, absl::Status s, uint64_t Stats::*counter);
 #if HYBRIDPS_WITH_NCCL
   // allreduce_gpu.cc.
   absl::Status ShareNcclId();  // Start: rank 0's id to everyone
