@@ -86,6 +86,9 @@ absl::Status Options::Validate() const {
   }
   if (two_shot_bytes > (8 << 20)) return bad("two_shot_bytes", two_shot_bytes);
   if (spin < absl::ZeroDuration() || spin > absl::Milliseconds(10)) return bad("spin_us", spin);
+  if (gpu_local_reduce != "host" && gpu_local_reduce != "nccl") {
+    return bad("gpu_local_reduce", gpu_local_reduce);
+  }
   if (deployment != "colocated" && deployment != "dedicated" && deployment != "mixed") {
     return bad("deployment", deployment);
   }
@@ -238,6 +241,7 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
     RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_SIZE", &o.local_size));
   }
   if (auto v = Get("HYBRIDPS_DEPLOYMENT")) o.deployment = *v;
+  if (auto v = Get("HYBRIDPS_GPU_LOCAL_REDUCE")) o.gpu_local_reduce = *v;
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_EXTRA_SERVERS", &o.extra_servers));
   if (auto v = Get("HYBRIDPS_NODE_ID")) o.node_id = *v;
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_SLOTS", &o.local_slots));

@@ -168,6 +168,12 @@ struct Options {
   // (worker/shm_allreduce.h) instead of through Gloo's ring over loopback TCP; 0: always
   // Gloo. Rank 0's value is used by every worker.
   int local_allreduce = 1;
+  // HYBRIDPS_GPU_LOCAL_REDUCE (dist_hybrid, GPU tensors, nodes of several local ranks):
+  // "host" (default): each GPU's tensor is copied to the host and the node's ranks sum in
+  // shared memory (worker/local_reduce.h); "nccl": the node's GPUs sum each partition
+  // with NCCL into the rank that pushes it, and broadcast the result back
+  // (worker/node_gpu_reduce.h; builds with NCCL). Every local rank must set it alike.
+  std::string gpu_local_reduce = "host";
   // HYBRIDPS_HIERARCHICAL_ALLREDUCE (dist_allreduce, CPU tensors, jobs over several nodes
   // with local_allreduce on): 1: each node sums in shared memory, its local rank 0
   // allreduces the node's sum with the other nodes' over Gloo, and the node's ranks copy

@@ -314,7 +314,7 @@ int LocalReducer::PusherOf(uint64_t key, uint32_t part, int root_rank) const {
     return static_cast<int>(std::find(layout_.members.begin(), layout_.members.end(),
                                       root_rank) - layout_.members.begin());
   }
-  return static_cast<int>((key + part) % static_cast<uint64_t>(layout_.local_size));
+  return NodePusherOf(key, part, layout_.local_size);
 }
 
 void LocalReducer::Ring(int e) {

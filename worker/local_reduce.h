@@ -67,6 +67,12 @@ struct NodeLayout {
 // ranks 0 .. local_size-1); the error names the node's ranks and what they said.
 absl::StatusOr<NodeLayout> NodeLayoutFromWelcome(const wire::Welcome& welcome, int rank);
 
+// The local rank that pushes partition `part` of tensor `key` for its node (spread over
+// the node's `local_size` ranks), when no local rank is a broadcast's root.
+inline int NodePusherOf(uint64_t key, uint32_t part, int local_size) {
+  return static_cast<int>((key + part) % static_cast<uint64_t>(local_size));
+}
+
 class LocalReducer {
  public:
   // One partition of one operation at this local rank.

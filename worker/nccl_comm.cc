@@ -144,13 +144,15 @@ absl::StatusOr<uint64_t> NcclComm::Enqueue(const std::vector<Call>& calls, absl:
   ncclResult_t r = ncclGroupStart();
   if (r != ncclSuccess) return Fail(NcclStatus(r, "ncclGroupStart"));
   for (const Call& c : calls) {
-    r = c.broadcast ? ncclBroadcast(c.in, c.out, c.count, NcclDataType(c.dtype), c.root, comm_,
-                                    stream_)
-                    : ncclAllReduce(c.in, c.out, c.count, NcclDataType(c.dtype), ncclSum, comm_,
-                                    stream_);
+    const ncclDataType_t type = NcclDataType(c.dtype);
+    r = c.broadcast ? ncclBroadcast(c.in, c.out, c.count, type, c.root, comm_, stream_)
+        : c.reduce  ? ncclReduce(c.in, c.out, c.count, type, ncclSum, c.root, comm_, stream_)
+                    : ncclAllReduce(c.in, c.out, c.count, type, ncclSum, comm_, stream_);
     if (r != ncclSuccess && r != ncclInProgress) {
       ncclGroupEnd();
-      return Fail(NcclStatus(r, c.broadcast ? "ncclBroadcast" : "ncclAllReduce"));
+      return Fail(NcclStatus(r, c.broadcast ? "ncclBroadcast"
+                                : c.reduce  ? "ncclReduce"
+                                            : "ncclAllReduce"));
     }
   }
   RETURN_IF_ERROR(Settle(ncclGroupEnd(), "ncclGroupEnd", deadline, interrupt));

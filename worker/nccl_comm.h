@@ -67,9 +67,10 @@ class NcclComm {
 
   // One collective: a sum-allreduce of `count` elements from `in` into `out` (`out` may
   // equal `in`, else they must not overlap), or, with `broadcast`, root's `in` into every
-  // rank's `out` (in place when equal).
+  // rank's `out` (in place when equal), or, with `reduce`, the sum into root's `out` only.
   struct Call {
     bool broadcast = false;
+    bool reduce = false;
     DType dtype = DType::kFloat32;
     const void* in = nullptr;
     void* out = nullptr;

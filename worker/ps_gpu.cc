@@ -1,5 +1,7 @@
 #include "worker/ps_gpu.h"
 
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status.h"
 
 namespace hybridps {
@@ -23,25 +25,82 @@ absl::StatusOr<std::unique_ptr<PsGpuStore>> PsGpuStore::Create(
   s->stager_ = std::make_unique<GpuStager>(std::move(copier), std::move(backend),
                                            s->num_workers(), options.op_timeout,
                                            /*waiting_threads_help=*/options.caller_rounds != 0);
+  if (options.gpu_local_reduce == "nccl" && s->layout().local_size > 1) {
+#if HYBRIDPS_WITH_NCCL
+    ASSIGN_OR_RETURN(
+        s->node_,
+        NodeGpuReducer::Create(
+            options, s->layout(), NewCudaCopier(),
+            [self](absl::string_view name, TensorView in, TensorView out, int priority) {
+              return self->PushPullNodeSumAsync(name, in, out, priority);
+            },
+            [self](absl::string_view name, size_t count, DType dtype) {
+              return self->NodePartsOf(name, count, dtype);
+            },
+            NewNcclNodeCollectives));
+#else
+    return absl::UnimplementedError(
+        "HYBRIDPS_GPU_LOCAL_REDUCE=nccl needs a build with NCCL; this one has none");
+#endif
+  }
   return s;
 }
 
 PsGpuStore::~PsGpuStore() {
+  // Here, not in ~PsStore: the I/O thread (which may call OnBroken) must end before this
+  // class's members go.
+  absl::Status s = Shutdown();
+  if (!s.ok()) HPS_LOG(WARNING) << "shutdown: " << s.message();
+}
+
+void PsGpuStore::StopStaging() {
+  if (node_) node_->Shutdown();
   if (stager_) stager_->Shutdown();
+}
+
+void PsGpuStore::OnBroken(const absl::Status& status) {
+  if (node_) node_->Abort(status);
 }
 
 absl::StatusOr<Handle> PsGpuStore::BroadcastAsync(absl::string_view name, TensorView tensor,
                                                   int root_rank, int priority) {
-  return stager_->BroadcastAsync(name, tensor, root_rank, priority);
+  if (!node_ || tensor.device != Device::kGPU) {
+    return stager_->BroadcastAsync(name, tensor, root_rank, priority);
+  }
+  if (node_->Unfinished(name)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "broadcast of '", name, "': a push_pull of it is still in flight on the node's GPU "
+        "reduction (HYBRIDPS_GPU_LOCAL_REDUCE=nccl); wait for it first"));
+  }
+  ASSIGN_OR_RETURN(Handle h, stager_->BroadcastAsync(name, tensor, root_rank, priority));
+  absl::MutexLock lock(&mu_);
+  broadcasts_.insert_or_assign(std::string(name), h);
+  return h;
 }
 
 absl::StatusOr<Handle> PsGpuStore::PushPullAsync(absl::string_view name, TensorView in,
                                                  TensorView out, int priority) {
-  return stager_->PushPullAsync(name, in, out, priority);
+  const bool on_gpus = in.device == Device::kGPU && out.device == Device::kGPU &&
+                       in.device_id == out.device_id && in.count == out.count &&
+                       in.dtype == out.dtype && in.count > 0;
+  if (!node_ || !on_gpus) return stager_->PushPullAsync(name, in, out, priority);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = broadcasts_.find(name);
+    if (it != broadcasts_.end()) {
+      if (!it->second.Done()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "push_pull of '", name, "': a broadcast of it is still in flight; wait for it "
+            "first (HYBRIDPS_GPU_LOCAL_REDUCE=nccl)"));
+      }
+      broadcasts_.erase(it);
+    }
+  }
+  return node_->PushPullAsync(name, in, out, priority);
 }
 
 absl::Status PsGpuStore::Shutdown() {
-  if (stager_) stager_->Shutdown();
+  StopStaging();
   return PsStore::Shutdown();
 }
 

@@ -1,14 +1,19 @@
 // "dist_hybrid" with GPU tensors: the parameter-server store with host staging in front
 // (worker/gpu_staging.h). KVStore::Create("dist_hybrid") makes one in CUDA builds. CPU
 // tensors go to PsStore unchanged; a GPU tensor is copied into a pinned host buffer,
-// push_pulled (or broadcast) by PsStore as a CPU tensor, and copied back.
+// push_pulled (or broadcast) by PsStore as a CPU tensor, and copied back. With
+// HYBRIDPS_GPU_LOCAL_REDUCE=nccl on nodes of several local ranks, GPU push_pulls are
+// summed on the node's GPUs first (worker/node_gpu_reduce.h); a push_pull and a broadcast
+// of one GPU tensor must then not be in flight together (the second one is refused).
 #ifndef HYBRIDPS_WORKER_PS_GPU_H_
 #define HYBRIDPS_WORKER_PS_GPU_H_
 
 #include <memory>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "worker/gpu_staging.h"
+#include "worker/node_gpu_reduce.h"
 #include "worker/ps_store.h"
 
 namespace hybridps {
@@ -19,7 +24,7 @@ class PsGpuStore : public PsStore {
   static absl::StatusOr<std::unique_ptr<PsGpuStore>> Create(
       std::shared_ptr<Context> ctx, const Options& options,
       std::unique_ptr<DeviceCopier> copier);
-  // Finishes the staged operations before PsStore's destructor leaves the job.
+  // Finishes the staged operations and leaves the job.
   ~PsGpuStore() override;
 
   absl::StatusOr<Handle> BroadcastAsync(absl::string_view name, TensorView tensor,
@@ -34,7 +39,14 @@ class PsGpuStore : public PsStore {
   PsGpuStore(std::shared_ptr<Context> ctx, const Options& options)
       : PsStore(std::move(ctx), options) {}
 
+  void OnBroken(const absl::Status& status) override;
+  void StopStaging();
+
   std::unique_ptr<GpuStager> stager_;
+  // HYBRIDPS_GPU_LOCAL_REDUCE=nccl: the node's GPU reduction.
+  std::unique_ptr<NodeGpuReducer> node_;  // set before operations start; read-only after
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Handle> broadcasts_ ABSL_GUARDED_BY(mu_);  // GPU ones
 };
 
 }  // namespace hybridps

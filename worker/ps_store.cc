@@ -33,6 +33,7 @@ struct PsStore::Op {
   bool activated = false;
   bool completed = false;
   bool local = false;       // reduced across the node's local ranks first
+  bool node_sum = false;    // `in` holds the node's sum already (PushPullNodeSumAsync)
   bool in_failing = false;  // listed in PsStore::failing_
   bool burst = false;       // submitted within burst_gather of the previous operation
   int local_pending = 0;    // partitions the local reducer still works on (it may touch
@@ -127,6 +128,11 @@ absl::StatusOr<Handle> PsStore::BroadcastAsync(absl::string_view name, TensorVie
 
 absl::StatusOr<Handle> PsStore::PushPullAsync(absl::string_view name, TensorView in,
                                               TensorView out, int priority) {
+  return SubmitPushPull(name, in, out, priority, /*node_sum=*/false);
+}
+
+absl::StatusOr<Handle> PsStore::SubmitPushPull(absl::string_view name, TensorView in,
+                                               TensorView out, int priority, bool node_sum) {
   if (name.empty()) return absl::InvalidArgumentError("a tensor name must not be empty");
   RETURN_IF_ERROR(CheckCpuTensor(name, in, "the input"));
   RETURN_IF_ERROR(CheckCpuTensor(name, out, "the output"));
@@ -141,7 +147,24 @@ absl::StatusOr<Handle> PsStore::PushPullAsync(absl::string_view name, TensorView
   op->in = in;
   op->out = out;
   op->priority = priority;
+  op->node_sum = node_sum;
   return Submit(std::move(op));
+}
+
+std::vector<NodePart> PsStore::NodePartsOf(absl::string_view name, size_t count,
+                                           DType dtype) const {
+  const uint64_t key = TensorKey(name);
+  std::vector<NodePart> parts;
+  for (const Partition& p : Place(key, count, dtype)) {
+    parts.push_back(NodePart{p.offset, p.count,
+                             NodePusherOf(key, p.index, layout_.local_size)});
+  }
+  return parts;
+}
+
+absl::StatusOr<Handle> PsStore::PushPullNodeSumAsync(absl::string_view name, TensorView in,
+                                                     TensorView out, int priority) {
+  return SubmitPushPull(name, in, out, priority, /*node_sum=*/true);
 }
 
 absl::StatusOr<Handle> PsStore::Submit(std::shared_ptr<Op> op) {
@@ -322,10 +345,12 @@ void PsStore::Activate(Op* op) {
   // later round and the server abandons the stale ones instead of mixing their data in.
   const uint64_t round = rounds_[op->key]++;
   op->rounds.assign(op->parts.size(), round);
-  if (local_) return SubmitLocal(op);
+  if (local_ && !op->node_sum) return SubmitLocal(op);
   const bool hold = holding_since_ != absl::InfiniteFuture();
   for (const Partition& p : op->parts) {
     PartTask t{op->priority, op->seq, p.index, active_.at(op->seq), false, nullptr, ""};
+    t.skip = op->node_sum &&
+             NodePusherOf(op->key, p.index, layout_.local_size) != layout_.local_rank;
     if (hold) {
       held_.push_back(std::move(t));
     } else {
@@ -398,7 +423,7 @@ void PsStore::Dispatch() {
     }
     PartTask t = ready_.top();
     Op* op = t.op.get();
-    if ((op->completed || !op->status.ok()) && t.fail.empty()) {
+    if (t.skip || ((op->completed || !op->status.ok()) && t.fail.empty())) {
       ready_.pop();
       if (!t.local) FinishPart(op, absl::OkStatus());  // else the reducer reports it
       continue;
@@ -649,6 +674,7 @@ void PsStore::Break(const absl::Status& status) {
     broken_at_ = absl::Now();
     HPS_LOG(ERROR) << "the store can no longer be used: " << status.message();
     if (local_) local_->Abort(status);
+    OnBroken(status);
   }
   // Close the data sockets without linger: ZeroMQ drops what it still queues for the
   // servers and releases our zero-copy payloads, so failed operations can complete.

@@ -29,6 +29,7 @@
 #include "common/transport.h"
 #include "worker/kvstore.h"
 #include "worker/local_reduce.h"
+#include "worker/node_gpu_reduce.h"
 
 namespace hybridps {
 
@@ -60,6 +61,16 @@ class PsStore : public KVStore {
   absl::Status SaveOptimizerStates(const std::string& path) override;
   absl::Status LoadOptimizerStates(const std::string& path) override;
 
+  // Nodes of several local ranks (worker/node_gpu_reduce.h): how a push_pull of `count`
+  // `dtype` elements of `name` is split, and which local rank pushes each partition.
+  std::vector<NodePart> NodePartsOf(absl::string_view name, size_t count, DType dtype) const;
+  // A push_pull whose input already holds the node's sum in the partitions this local
+  // rank pushes (NodePartsOf): pushes those, with no local reduction, and writes their
+  // result into `out`; the other partitions of `out` are left as they are. Every local
+  // rank of the node calls it for the same operation.
+  absl::StatusOr<Handle> PushPullNodeSumAsync(absl::string_view name, TensorView in,
+                                              TensorView out, int priority);
+
   // Partitions per server dispatched so far (tests check placement and one push per node).
   std::vector<uint64_t> PushesPerServer() const;
   // The same per data connection: element l of server s's vector counts its lane l
@@ -87,6 +98,9 @@ class PsStore : public KVStore {
   PsStore(std::shared_ptr<Context> ctx, const Options& options)
       : ctx_(std::move(ctx)), options_(options) {}
   absl::Status Start();
+  // Called once, on the I/O thread, when the store breaks (a peer died, an operation timed
+  // out): PsGpuStore stops the node's GPU reduction with it.
+  virtual void OnBroken(const absl::Status& status) { (void)status; }
 
  private:
   struct PartTask {
@@ -99,6 +113,7 @@ class PsStore : public KVStore {
     bool local = false;
     const char* data = nullptr;
     std::string fail;
+    bool skip = false;  // another local rank pushes it (PushPullNodeSumAsync): done at once
     bool operator<(const PartTask& o) const {  // std::priority_queue: top = largest
       if (priority != o.priority) return priority < o.priority;
       if (seq != o.seq) return seq > o.seq;
@@ -130,6 +145,8 @@ class PsStore : public KVStore {
     std::function<void(absl::StatusOr<wire::Envelope>)> done;
   };
 
+  absl::StatusOr<Handle> SubmitPushPull(absl::string_view name, TensorView in, TensorView out,
+                                        int priority, bool node_sum);
   absl::StatusOr<Handle> Submit(std::shared_ptr<Op> op);
   void IoLoop();
   void TakeCommands();

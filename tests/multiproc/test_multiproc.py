@@ -742,3 +742,44 @@ def test_gpu_hybrid_nodes_of_local_ranks(job: JobEnv, tmp_path: Path,
     direct.append(j)
     assert_every_round_ok(j, workers=4, rounds=5)
     assert_nothing_left(job.marker)
+
+
+# ---- dist_hybrid, the node's GPUs reducing with NCCL (HYBRIDPS_GPU_LOCAL_REDUCE=nccl) -------
+# A node's local ranks are NCCL ranks: on a one-GPU machine --shared-gpu gives each process
+# its own NCCL_HOSTID, so that NCCL takes them for ranks of different hosts on one GPU.
+
+def nccl_nodes(local: int) -> Callable[[int], dict[str, str]]:
+    """Worker environment: nodes of `local` local ranks reducing with NCCL."""
+    def env(rank: int) -> dict[str, str]:
+        return {"HYBRIDPS_LOCAL_RANK": str(rank % local), "HYBRIDPS_LOCAL_SIZE": str(local),
+                "HYBRIDPS_NODE_ID": f"node{rank // local}", "HYBRIDPS_GPU_LOCAL_REDUCE": "nccl"}
+    return env
+
+
+@pytest.mark.parametrize("local", [2, 3])
+def test_gpu_hybrid_nccl_node_reduction(job: JobEnv, tmp_path: Path,
+                                        direct: list[DirectJob], local: int) -> None:
+    workers = 2 * local
+    j = DirectJob(job, tmp_path, workers=workers, servers=2,
+                  worker_args=[*nccl_gpu_args(local), "--rounds", "5"],
+                  worker_env=nccl_nodes(local))
+    direct.append(j)
+    assert_every_round_ok(j, workers=workers, rounds=5)
+    assert_nothing_left(job.marker)
+
+
+def test_gpu_hybrid_nccl_node_survivor_names_the_killed_local_rank(
+        job: JobEnv, tmp_path: Path, direct: list[DirectJob]) -> None:
+    j = DirectJob(job, tmp_path, workers=2, servers=1,
+                  worker_args=[*nccl_gpu_args(2), "--rounds", "200", "--sleep-ms", "20",
+                               "--die-rank", "1", "--die-round", "2", "--expect-failure"],
+                  worker_env=nccl_nodes(2))
+    direct.append(j)
+    assert j.wait("worker 1", RUN_TIMEOUT) == -signal.SIGKILL, j.text()
+    died = j.exited["worker 1"]
+    codes = j.wait_all(RUN_TIMEOUT)  # nothing stays stuck in NCCL or the node's rounds
+    assert codes["worker 0"] == 3, j.text()
+    assert j.exited["worker 0"] - died < DETECTION_BOUND, j.text()
+    errors = error_lines(j.lines("worker 0"))
+    assert errors and "worker 1" in errors[0], j.text()
+    assert_nothing_left(job.marker)

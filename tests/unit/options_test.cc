@@ -26,6 +26,7 @@ class OptionsTest : public ::testing::Test {
                           "HYBRIDPS_CALLER_ROUNDS", "HYBRIDPS_FUSION_MAX_TENSOR_BYTES",
                           "HYBRIDPS_EAGER_BYTES", "HYBRIDPS_TWO_SHOT_BYTES",
                           "HYBRIDPS_LOCAL_ALLREDUCE", "HYBRIDPS_HIERARCHICAL_ALLREDUCE",
+                          "HYBRIDPS_GPU_LOCAL_REDUCE",
                           "HYBRIDPS_LOCAL_RANK", "HYBRIDPS_LOCAL_SIZE", "HYBRIDPS_DEPLOYMENT",
                           "HYBRIDPS_EXTRA_SERVERS", "OMPI_COMM_WORLD_RANK",
                           "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -277,6 +278,20 @@ TEST_F(OptionsTest, DeploymentAndExtraServers) {
   o = OptionsFromEnvironment();
   ASSERT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find("everywhere"), absl::string_view::npos);
+}
+
+TEST_F(OptionsTest, GpuLocalReduce) {
+  auto o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->gpu_local_reduce, "host");
+  setenv("HYBRIDPS_GPU_LOCAL_REDUCE", "nccl", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->gpu_local_reduce, "nccl");
+  setenv("HYBRIDPS_GPU_LOCAL_REDUCE", "NVLink", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("gpu_local_reduce=NVLink"), absl::string_view::npos);
 }
 
 }  // namespace

@@ -1,0 +1,408 @@
+// dist_hybrid's node GPU reduction (worker/node_gpu_reduce.h, HYBRIDPS_GPU_LOCAL_REDUCE=
+// nccl) on machines without a GPU: the rounds that order the node's collectives, the
+// push of the node's sum by one local rank per partition, the servers' count of one push
+// per node, shape mismatches, missing ranks and failing collectives. The GPU is the
+// host-memory stand-in of host_copier.h, and NCCL a stand-in over the node's shared
+// memory (HostCollectives below) that leaves a non-root rank's reduce output as garbage,
+// as NCCL does, so that a missing broadcast shows. NCCL itself runs in tests/gpu.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/partition.h"
+#include "common/status.h"
+#include "tests/cluster/host_copier.h"
+#include "tests/cluster/local_cluster.h"
+#include "tests/cluster/tensor_fill.h"
+#include "worker/node_gpu_reduce.h"
+#include "worker/ps_store.h"
+
+namespace hybridps::testing {
+namespace {
+
+// NodeCollectives over a shared-memory segment of the node's own.
+class HostCollectives : public NodeCollectives {
+ public:
+  struct Faults {
+    int fail_reduce = -1;  // the n-th Reduce (0-based) fails at this rank
+  };
+  HostCollectives(ShmAllreduce* exchange, std::string name, Faults faults)
+      : local_rank_(exchange->local_rank()), local_size_(exchange->local_size()),
+        name_(std::move(name)), faults_(faults) {}
+
+  absl::Status Open(int device, absl::Time deadline) override {
+    device_ = device;
+    auto s = ShmAllreduce::Open(name_, local_rank_, local_size_, 64 << 10, deadline);
+    if (!s.ok()) return s.status();
+    shm_ = std::move(*s);
+    return absl::OkStatus();
+  }
+  absl::Status Reduce(DType dtype, const void* in, void* out,
+                      const std::vector<NodePart>& parts, absl::Time deadline) override {
+    if (reduces_++ == faults_.fail_reduce) {
+      return absl::InternalError("ncclReduce failed: unhandled cuda error (NCCL error 1)");
+    }
+    const size_t es = DTypeSize(dtype);
+    for (const NodePart& p : parts) {
+      std::vector<char> sum(p.count * es + 1);
+      RETURN_IF_ERROR(shm_->Allreduce(dtype, static_cast<const char*>(in) + p.offset * es,
+                                      sum.data(), p.count, deadline - absl::Now()));
+      char* dst = static_cast<char*>(out) + p.offset * es;
+      if (p.pusher == local_rank_) {
+        std::memcpy(dst, sum.data(), p.count * es);
+      } else {
+        std::memset(dst, 0x7b, p.count * es);  // undefined at non-roots
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Broadcast(DType dtype, void* data, const std::vector<NodePart>& parts,
+                         absl::Time deadline) override {
+    const size_t es = DTypeSize(dtype);
+    for (const NodePart& p : parts) {
+      RETURN_IF_ERROR(shm_->Broadcast(dtype, static_cast<char*>(data) + p.offset * es,
+                                      p.count, p.pusher, deadline - absl::Now()));
+    }
+    return absl::OkStatus();
+  }
+  void Abort() override {
+    if (shm_) shm_->Abort(absl::AbortedError("aborted"));
+  }
+  int device() const { return device_; }
+
+ private:
+  int local_rank_, local_size_;
+  std::string name_;
+  Faults faults_;
+  int reduces_ = 0;
+  int device_ = -1;
+  std::unique_ptr<ShmAllreduce> shm_;
+};
+
+// An in-process cluster whose workers each have the node reduction in front of their
+// store, with the stand-ins.
+class NodeCluster {
+ public:
+  NodeCluster(const ClusterConfig& config, std::vector<HostCollectives::Faults> faults = {}) {
+    auto cl = LocalCluster::Start(config);
+    EXPECT_TRUE(cl.ok()) << cl.status();
+    if (!cl.ok()) return;
+    cluster = std::move(*cl);
+    const int n = cluster->num_workers();
+    reducers.resize(n);
+    for (int w = 0; w < n; ++w) shared.push_back(std::make_shared<HostCopier::Shared>());
+    std::vector<std::thread> threads;
+    for (int w = 0; w < n; ++w) {
+      threads.emplace_back([&, w] {
+        PsStore* ps = dynamic_cast<PsStore*>(cluster->worker(w));
+        Options o = cluster->options();
+        o.op_timeout = config.op_timeout;
+        o.heartbeat_timeout = config.heartbeat_timeout;
+        const HostCollectives::Faults f =
+            w < static_cast<int>(faults.size()) ? faults[w] : HostCollectives::Faults{};
+        const std::string shm = absl::StrCat("/hps-t-nc-", getpid(), "-", ps->layout().job_id,
+                                             "-n", ps->layout().node);
+        // Worker-dependent copy times, so that the ranks' pushes end in other orders.
+        auto copier = std::make_unique<HostCopier>(
+            shared[w], 2, absl::Microseconds(50 * (w + 1)), HostCopier::Faults{});
+        auto r = NodeGpuReducer::Create(
+            o, ps->layout(), std::move(copier),
+            [ps](absl::string_view name, TensorView in, TensorView out, int prio) {
+              return ps->PushPullNodeSumAsync(name, in, out, prio);
+            },
+            [ps](absl::string_view name, size_t count, DType dtype) {
+              return ps->NodePartsOf(name, count, dtype);
+            },
+            [shm, f](ShmAllreduce* ex) -> std::unique_ptr<NodeCollectives> {
+              return std::make_unique<HostCollectives>(ex, shm, f);
+            });
+        EXPECT_TRUE(r.ok()) << r.status();
+        if (r.ok()) reducers[w] = std::move(*r);
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+  ~NodeCluster() {
+    // The reducers first (every local rank leaves together), then the stores.
+    std::vector<std::thread> threads;
+    for (auto& r : reducers) {
+      threads.emplace_back([&r] {
+        if (r) r->Shutdown();
+      });
+    }
+    for (auto& t : threads) t.join();
+    reducers.clear();
+  }
+  void Run(const std::function<void(int, NodeGpuReducer*, HostCopier::Shared*)>& fn) {
+    cluster->RunOnWorkers(
+        [&](int rank, KVStore*) { fn(rank, reducers[rank].get(), shared[rank].get()); });
+  }
+  PsStore* store(int w) { return dynamic_cast<PsStore*>(cluster->worker(w)); }
+
+  std::unique_ptr<LocalCluster> cluster;
+  std::vector<std::shared_ptr<HostCopier::Shared>> shared;
+  std::vector<std::unique_ptr<NodeGpuReducer>> reducers;
+};
+
+struct Shape {
+  int nodes, local, servers;
+};
+
+class NodeGpuReduceTest : public ::testing::TestWithParam<Shape> {};
+
+// Exact sums over every worker, in every dtype and over sizes that split into several
+// partitions, leave some local ranks nothing to push, or are smaller than the node; the
+// workers issue the tensors in different orders; one push per node and partition.
+TEST_P(NodeGpuReduceTest, SumsOverEveryWorkerWithOnePushPerNodeAndPartition) {
+  const Shape shape = GetParam();
+  ClusterConfig c;
+  c.workers = shape.nodes * shape.local;
+  c.local_size = shape.local;
+  c.servers = shape.servers;
+  c.partition_bytes = 16 << 10;
+  NodeCluster nc(c);
+  ASSERT_NE(nc.cluster, nullptr);
+  struct T {
+    std::string name;
+    DType dtype;
+    size_t count;
+  };
+  const std::vector<T> tensors = {
+      {"big", DType::kFloat32, 40000},   {"half", DType::kFloat16, 9001},
+      {"bf", DType::kBFloat16, 5000},    {"i64", DType::kInt64, 3},
+      {"one", DType::kFloat64, 1},       {"u8", DType::kUInt8, 777},
+      {"i32", DType::kInt32, 20000}};
+  constexpr int kRounds = 3;
+  const int n = c.workers;
+  nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
+    ASSERT_NE(r, nullptr);
+    std::vector<std::unique_ptr<FakeGpuTensor>> in, out;
+    for (const T& t : tensors) {
+      in.push_back(std::make_unique<FakeGpuTensor>(sh, t.dtype, t.count, 1));
+      out.push_back(std::make_unique<FakeGpuTensor>(sh, t.dtype, t.count, 1));
+    }
+    for (int round = 0; round < kRounds; ++round) {
+      std::vector<Handle> handles(tensors.size(), Handle(nullptr));
+      for (size_t k = 0; k < tensors.size(); ++k) {
+        // Odd ranks issue in reverse; every second tensor in place.
+        const size_t i = rank % 2 == 1 ? tensors.size() - 1 - k : k;
+        in[i]->buf.Fill(rank, round, static_cast<int>(i));
+        FakeGpuTensor* o = i % 2 == 0 ? in[i].get() : out[i].get();
+        auto h = r->PushPullAsync(tensors[i].name, in[i]->view(), o->view(), 0);
+        ASSERT_TRUE(h.ok()) << h.status();
+        handles[i] = *h;
+      }
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        absl::Status s = handles[i].Wait();
+        ASSERT_TRUE(s.ok()) << s;
+        const FakeGpuTensor* o = i % 2 == 0 ? in[i].get() : out[i].get();
+        for (size_t e = 0; e < tensors[i].count; ++e) {
+          double want = 0;
+          for (int w = 0; w < n; ++w) want += Value(e, w, round, static_cast<int>(i));
+          if (tensors[i].dtype == DType::kUInt8) want = static_cast<uint8_t>(want);
+          ASSERT_EQ(o->buf.at(e), want) << tensors[i].name << "[" << e << "] round " << round
+                                        << " rank " << rank;
+        }
+      }
+    }
+  });
+  uint64_t parts = 0;
+  for (const T& t : tensors) {
+    parts += PartitionTensor(TensorKey(t.name), t.count, t.dtype, c.partition_bytes,
+                             c.servers).size();
+  }
+  for (int node = 0; node < shape.nodes; ++node) {
+    uint64_t node_pushes = 0;
+    for (int lr = 0; lr < shape.local; ++lr) {
+      auto v = nc.store(node * shape.local + lr)->PushesPerServer();
+      node_pushes += std::accumulate(v.begin(), v.end(), uint64_t{0});
+    }
+    EXPECT_EQ(node_pushes, kRounds * parts) << "node " << node;
+  }
+  uint64_t seen = 0;
+  for (int s = 0; s < c.servers; ++s) {
+    seen += nc.cluster->server(s)->stats().data_requests.load();
+  }
+  EXPECT_EQ(seen, static_cast<uint64_t>(shape.nodes) * kRounds * parts);
+  for (int w = 0; w < n; ++w) {
+    const auto st = nc.reducers[w]->stats();
+    EXPECT_EQ(st.reduces, kRounds * tensors.size());
+    EXPECT_EQ(st.broadcasts, kRounds * tensors.size());
+    // Each rank copies only the partitions it pushes, both ways, with one staging buffer
+    // per tensor for all rounds.
+    uint64_t mine = 0;
+    for (const T& t : tensors) {
+      for (const NodePart& p : nc.store(w)->NodePartsOf(t.name, t.count, t.dtype)) {
+        if (p.pusher == w % shape.local && p.count > 0) ++mine;
+      }
+    }
+    EXPECT_EQ(st.copies, 2 * kRounds * mine) << "worker " << w;
+    EXPECT_EQ(st.host_allocations, tensors.size()) << "worker " << w;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, NodeGpuReduceTest,
+                         ::testing::Values(Shape{1, 2, 1}, Shape{2, 2, 2}, Shape{1, 3, 2},
+                                           Shape{2, 4, 1}),
+                         [](const ::testing::TestParamInfo<Shape>& info) {
+                           return absl::StrCat("n", info.param.nodes, "_l", info.param.local,
+                                               "_s", info.param.servers);
+                         });
+
+// A local rank with another count fails the operation on every rank of its node (and the
+// other node's ranks, whose servers round never completes, at the deadline); the node
+// goes on with the next operation.
+TEST(NodeGpuReduceFaultTest, ShapeMismatchFailsEveryLocalRankNamingTheShapes) {
+  ClusterConfig c;
+  c.workers = 2;
+  c.local_size = 2;
+  NodeCluster nc(c);
+  ASSERT_NE(nc.cluster, nullptr);
+  nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
+    ASSERT_NE(r, nullptr);
+    FakeGpuTensor bad(sh, DType::kFloat32, rank == 0 ? 100 : 101);
+    auto h = r->PushPullAsync("w", bad.view(), bad.view(), 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    absl::Status s = h->Wait();
+    EXPECT_FALSE(s.ok());
+    EXPECT_TRUE(absl::StrContains(s.message(), "100 float32")) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "101 float32")) << s;
+    FakeGpuTensor good(sh, DType::kFloat32, 1000);
+    good.buf.Fill(rank, 0, 0);
+    h = r->PushPullAsync("w", good.view(), good.view(), 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    s = h->Wait();
+    ASSERT_TRUE(s.ok()) << s;
+    for (size_t e = 0; e < 1000; ++e) {
+      ASSERT_EQ(good.buf.at(e), Value(e, 0, 0, 0) + Value(e, 1, 0, 0)) << e;
+    }
+  });
+}
+
+// A tensor on another GPU, or host memory labelled GPU, is refused at submission, naming
+// the tensor; nothing reaches the node.
+TEST(NodeGpuReduceFaultTest, DeviceRulesAreCheckedAtSubmission) {
+  ClusterConfig c;
+  c.workers = 2;
+  c.local_size = 2;
+  NodeCluster nc(c);
+  ASSERT_NE(nc.cluster, nullptr);
+  nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
+    ASSERT_NE(r, nullptr);
+    FakeGpuTensor t0(sh, DType::kFloat32, 64, 0), t1(sh, DType::kFloat32, 64, 1);
+    t0.buf.Fill(rank, 0, 0);
+    auto h = r->PushPullAsync("first", t0.view(), t0.view(), 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Wait().ok());
+    auto bad = r->PushPullAsync("other-gpu", t1.view(), t1.view(), 0);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_TRUE(absl::StrContains(bad.status().message(), "'other-gpu'")) << bad.status();
+    EXPECT_TRUE(absl::StrContains(bad.status().message(), "on GPU 0")) << bad.status();
+    Buffer host(DType::kFloat32, 64);
+    TensorView fake = host.view();
+    fake.device = Device::kGPU;
+    bad = r->PushPullAsync("host-memory", fake, fake, 0);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_TRUE(absl::StrContains(bad.status().message(), "'host-memory': the input"))
+        << bad.status();
+  });
+  EXPECT_EQ(nc.reducers[0]->stats().reduces, 1u);
+}
+
+// A local rank that never submits is named at the deadline, on the rank waiting for it.
+TEST(NodeGpuReduceFaultTest, MissingLocalRankIsNamedAtTheDeadline) {
+  ClusterConfig c;
+  c.workers = 2;
+  c.local_size = 2;
+  c.op_timeout = absl::Seconds(2);
+  NodeCluster nc(c);
+  ASSERT_NE(nc.cluster, nullptr);
+  nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
+    ASSERT_NE(r, nullptr);
+    if (rank != 0) return;
+    FakeGpuTensor t(sh, DType::kFloat32, 10);
+    const absl::Time start = absl::Now();
+    auto h = r->PushPullAsync("lonely", t.view(), t.view(), 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    absl::Status s = h->Wait();
+    EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "local rank 1 (worker 1)")) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "'lonely'")) << s;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(6));
+  });
+}
+
+// A collective failing at one local rank fails its operation there at once, and at the
+// node's other rank within the heartbeat timeout (it stops joining the rounds), naming it.
+TEST(NodeGpuReduceFaultTest, FailedCollectiveFailsTheWholeNodeInTime) {
+  ClusterConfig c;
+  c.workers = 2;
+  c.local_size = 2;
+  c.heartbeat_timeout = absl::Seconds(2);
+  NodeCluster nc(c, {HostCollectives::Faults{}, HostCollectives::Faults{1}});
+  ASSERT_NE(nc.cluster, nullptr);
+  nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
+    ASSERT_NE(r, nullptr);
+    FakeGpuTensor t(sh, DType::kFloat32, 5000);
+    t.buf.Fill(rank, 0, 1);
+    auto h = r->PushPullAsync("a", t.view(), t.view(), 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Wait().ok());
+    const absl::Time start = absl::Now();
+    h = r->PushPullAsync("b", t.view(), t.view(), 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    absl::Status s = h->Wait();
+    EXPECT_FALSE(s.ok());
+    if (rank == 1) {
+      EXPECT_TRUE(absl::StrContains(s.message(), "ncclReduce failed")) << s;
+    }
+    EXPECT_TRUE(absl::StrContains(s.message(), "'b'")) << s;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(8));
+    // Later operations fail at once.
+    auto later = r->PushPullAsync("c", t.view(), t.view(), 0);
+    EXPECT_FALSE(later.ok() && later->Wait().ok());
+  });
+}
+
+// Abort (the store broke: the scheduler named a dead peer) ends the node's rounds at once,
+// here (with the cause) and at the other local ranks (naming the rank that stopped; their
+// own stores hear the cause from the scheduler too), long before any deadline.
+TEST(NodeGpuReduceFaultTest, AbortEndsTheNodesWaitsAtOnce) {
+  ClusterConfig c;
+  c.workers = 2;
+  c.local_size = 2;
+  c.heartbeat_timeout = absl::Seconds(20);
+  c.op_timeout = absl::Seconds(30);
+  NodeCluster nc(c);
+  ASSERT_NE(nc.cluster, nullptr);
+  nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
+    ASSERT_NE(r, nullptr);
+    FakeGpuTensor t(sh, DType::kFloat32, 10);
+    const absl::Time start = absl::Now();
+    if (rank == 0) {
+      absl::SleepFor(absl::Milliseconds(200));
+      r->Abort(absl::UnavailableError("worker 7 (host h, pid 1) died"));
+    }
+    auto h = r->PushPullAsync("x", t.view(), t.view(), 0);
+    absl::Status s = h.ok() ? h->Wait() : h.status();
+    EXPECT_FALSE(s.ok());
+    EXPECT_TRUE(absl::StrContains(
+        s.message(), rank == 0 ? "worker 7 (host h, pid 1) died" : "local rank 0 of this node"))
+        << s;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  });
+}
+
+}  // namespace
+}  // namespace hybridps::testing

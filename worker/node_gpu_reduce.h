@@ -1,0 +1,209 @@
+// dist_hybrid's GPU push_pulls on nodes of several local ranks, reduced on the GPUs first
+// (HYBRIDPS_GPU_LOCAL_REDUCE=nccl): the node's GPUs sum each partition with NCCL into
+// the local rank that pushes it for the node, only that rank stages the node's sum to the
+// host and pushes it, and after the pull it broadcasts the result to the node's other
+// GPUs with NCCL. No host memory holds a per-rank copy and no CPU sums the node's data,
+// as on the default path (GPU to host, then worker/local_reduce.h's shared-memory sums).
+//
+// One operation, at every local rank:
+//   1. the node agrees that every local rank has submitted it (below);
+//   2. one NCCL group: per partition, ncclReduce(in -> out) rooted at its pusher
+//      (PsStore::NodePartsOf, spread over the local ranks by key and partition);
+//   3. the partitions this rank pushes are copied from `out` into a pinned host buffer
+//      (cached per tensor name), push_pulled by PsStore::PushPullNodeSumAsync (no other
+//      local rank pushes them) and the servers' result copied back into `out`: each GPU
+//      moves only its share of the tensor over PCIe, 1/local_size of it;
+//   4. when every local rank has finished step 3, one NCCL group: per partition,
+//      ncclBroadcast(out) from its pusher; the handle completes.
+// NCCL requires every rank to make its calls in the same order, while the users' threads
+// submit in their own order and the servers answer each rank at its own pace. So steps 2
+// and 4 run only as the node agrees, in rounds: each local rank lists, per tensor name,
+// its oldest operation and whether that one is new or has finished step 3, the lists are
+// gathered through a small shared-memory segment (ShmAllreduce::Allgather), and
+// negotiation::Decide (the same as dist_allreduce's) orders what every rank has listed,
+// identically at every rank. Mismatched shapes fail on every rank with an error naming
+// the ranks and their shapes.
+//
+// Threading: one thread ("hps-node-gpu") runs the rounds and makes every NCCL call.
+// Rounds run at once when there is new work, every cycle_time while work is pending
+// anywhere on the node, and every idle tick otherwise (so a rank with no work still joins
+// the rounds of those waiting for it). Every wait has a deadline: an operation not done by
+// op_timeout, or a round a local rank does not join within heartbeat_timeout, fails every
+// pending operation with an error naming the tensor or the local ranks, aborts the NCCL
+// communicator, and the reducer stays broken (every later operation fails).
+#ifndef HYBRIDPS_WORKER_NODE_GPU_REDUCE_H_
+#define HYBRIDPS_WORKER_NODE_GPU_REDUCE_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/dtype.h"
+#include "common/options.h"
+#include "worker/gpu_staging.h"
+#include "worker/handle.h"
+#include "worker/local_reduce.h"
+#include "worker/shm_allreduce.h"
+
+namespace hybridps {
+
+// A partition of a tensor as the node splits it: elements [offset, offset + count), pushed
+// for the node by local rank `pusher`.
+struct NodePart {
+  uint64_t offset = 0;
+  uint64_t count = 0;
+  int pusher = 0;
+};
+
+// The collectives among a node's local ranks, on device memory: NCCL in CUDA builds
+// (NewNcclNodeCollectives); tests use a host-memory stand-in. Called from one thread; each
+// call returns when its work has completed on this rank (or failed).
+class NodeCollectives {
+ public:
+  virtual ~NodeCollectives() = default;
+  // Joins the node's communicator on `device`. Collective (every local rank, once, before
+  // the other calls).
+  virtual absl::Status Open(int device, absl::Time deadline) = 0;
+  // Per part: the sum over the local ranks of `in`'s elements into `out` at the part's
+  // pusher; the other ranks' `out` there is undefined afterwards. One group.
+  virtual absl::Status Reduce(DType dtype, const void* in, void* out,
+                              const std::vector<NodePart>& parts, absl::Time deadline) = 0;
+  // Per part: the pusher's `data` there into every local rank's. One group.
+  virtual absl::Status Broadcast(DType dtype, void* data, const std::vector<NodePart>& parts,
+                                 absl::Time deadline) = 0;
+  // Ends whatever runs (any thread); every later call fails.
+  virtual void Abort() = 0;
+};
+
+#if HYBRIDPS_WITH_NCCL
+// NCCL among the node's local ranks: local rank 0 makes the communicator's id and the
+// others get it through `exchange` (which must outlive the result).
+std::unique_ptr<NodeCollectives> NewNcclNodeCollectives(ShmAllreduce* exchange);
+#endif
+
+class NodeGpuReducer {
+ public:
+  // Step 3's push_pull of the node's sum, on host memory (see the file comment).
+  using PushNodeSum = std::function<absl::StatusOr<Handle>(
+      absl::string_view name, TensorView in, TensorView out, int priority)>;
+  using PartsOf = std::function<std::vector<NodePart>(absl::string_view name, size_t count,
+                                                      DType dtype)>;
+  using MakeCollectives = std::function<std::unique_ptr<NodeCollectives>(ShmAllreduce*)>;
+
+  // Opens the node's negotiation segment (every local rank must, within
+  // options.start_timeout) and starts the thread.
+  // `copier`: step 3's copies (NewCudaCopier() in CUDA builds).
+  static absl::StatusOr<std::unique_ptr<NodeGpuReducer>> Create(
+      const Options& options, const NodeLayout& layout, std::unique_ptr<DeviceCopier> copier,
+      PushNodeSum push_node_sum, PartsOf parts_of, const MakeCollectives& make_collectives);
+  // Shutdown().
+  ~NodeGpuReducer();
+  NodeGpuReducer(const NodeGpuReducer&) = delete;
+  NodeGpuReducer& operator=(const NodeGpuReducer&) = delete;
+
+  // A GPU push_pull (same count and dtype; checked by the caller). `out` may alias `in`.
+  // Both must be memory of the device of this worker's first GPU tensor (else
+  // InvalidArgument naming the tensor).
+  absl::StatusOr<Handle> PushPullAsync(absl::string_view name, TensorView in, TensorView out,
+                                       int priority);
+  // Finishes the operations it holds (bounded by their deadlines), takes part in the
+  // node's rounds until every local rank is leaving (bounded too), stops the thread.
+  void Shutdown();
+
+  // Stops the node's collectives and rounds (any thread): the loop thread then fails every
+  // operation with `status`, and so do the node's other local ranks.
+  void Abort(const absl::Status& status);
+  // Whether an operation on `name` was submitted and has not completed yet.
+  bool Unfinished(absl::string_view name);
+
+  struct Stats {
+    uint64_t rounds = 0;     // negotiation rounds
+    uint64_t reduces = 0;    // step 2 groups
+    uint64_t broadcasts = 0;  // step 4 groups
+    uint64_t copies = 0;     // step 3's copies (both ways)
+    uint64_t host_allocations = 0;  // staging buffers allocated
+  };
+  Stats stats();
+
+ private:
+  struct Op;
+  using OpPtr = std::shared_ptr<Op>;
+
+  NodeGpuReducer(const Options& options, const NodeLayout& layout,
+                 std::unique_ptr<DeviceCopier> copier);
+  void Loop();
+  // One round; false when the loop must stop (every rank left, or broken).
+  bool Round();
+  void Run(const OpPtr& op, bool second_step);
+  // Step 3's copies of this rank's partitions between `out` and the op's staging buffer;
+  // returns when they have completed.
+  absl::Status Copy(const OpPtr& op, DeviceCopier::Direction direction);
+  void Finish(const OpPtr& op, const absl::Status& status);
+  void Completed(const OpPtr& op, const absl::Status& status);  // counts and completes
+  // Fails every operation with `status`; with `abort`, also breaks the reducer and ends
+  // the node's collectives and rounds (here and, through the segment, at the other ranks).
+  void FailAll(const absl::Status& status, bool abort);
+  void Break(const absl::Status& status) { FailAll(status, /*abort=*/true); }
+  absl::Status broken();
+  std::string Who(const std::vector<int>& local_ranks) const;
+
+  // Wakes the loop thread; shared with step 3's completion callbacks, which may run after
+  // the reducer is gone.
+  struct Bell {
+    absl::Mutex mu;
+    bool rung ABSL_GUARDED_BY(mu) = false;
+    void Ring() {
+      absl::MutexLock lock(&mu);
+      rung = true;
+    }
+    void Wait(absl::Time until) {
+      absl::MutexLock lock(&mu);
+      mu.AwaitWithDeadline(absl::Condition(&rung), until);
+      rung = false;
+    }
+  };
+
+  Options options_;
+  NodeLayout layout_;
+  std::unique_ptr<DeviceCopier> copier_;
+  StagingCache cache_;  // the loop thread only
+  PushNodeSum push_node_sum_;
+  PartsOf parts_of_;
+  std::unique_ptr<ShmAllreduce> exchange_;
+  std::unique_ptr<NodeCollectives> collectives_;
+  int device_ = -1;  // the communicator's (the loop thread only)
+  absl::Duration idle_tick_;
+
+  // The loop thread only: per name, operations in issue order (the first one is listed).
+  std::map<std::string, std::deque<OpPtr>> by_name_;
+  absl::Time last_round_ = absl::InfinitePast();
+  // From the last round: per name, the local ranks that have not listed it.
+  std::map<std::string, std::vector<int>> missing_;
+  std::shared_ptr<Bell> bell_ = std::make_shared<Bell>();
+
+  absl::Mutex mu_;
+  std::vector<OpPtr> incoming_ ABSL_GUARDED_BY(mu_);
+  int submit_device_ ABSL_GUARDED_BY(mu_) = -1;  // the first GPU tensor's
+  std::map<std::string, uint32_t> occurrences_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int, std::less<>> unfinished_ ABSL_GUARDED_BY(mu_);
+  size_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+  bool pending_ ABSL_GUARDED_BY(mu_) = false;  // the last round left work listed somewhere
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+  absl::Mutex join_mu_;
+  std::thread thread_;
+};
+
+}  // namespace hybridps
+
+#endif  // HYBRIDPS_WORKER_NODE_GPU_REDUCE_H_

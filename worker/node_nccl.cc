@@ -1,0 +1,86 @@
+// NodeCollectives on NCCL (worker/node_gpu_reduce.h): one communicator among a node's
+// local ranks, made on the reducer's thread; its waits poll with deadlines and stop when
+// Abort() was called (NcclComm then aborts the communicator).
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status.h"
+#include "worker/nccl_comm.h"
+#include "worker/node_gpu_reduce.h"
+
+namespace hybridps {
+namespace {
+
+class NcclNodeCollectives : public NodeCollectives {
+ public:
+  explicit NcclNodeCollectives(ShmAllreduce* exchange) : exchange_(exchange) {}
+
+  absl::Status Open(int device, absl::Time deadline) override {
+    std::string id;
+    if (exchange_->local_rank() == 0) {
+      ASSIGN_OR_RETURN(id, NewNcclId());
+    }
+    ASSIGN_OR_RETURN(auto ids, exchange_->Allgather(id, deadline - absl::Now()));
+    ASSIGN_OR_RETURN(comm_, NcclComm::Create(exchange_->local_rank(), exchange_->local_size(),
+                                             device, ids[0], deadline, Interrupt()));
+    return absl::OkStatus();
+  }
+  absl::Status Reduce(DType dtype, const void* in, void* out,
+                      const std::vector<NodePart>& parts, absl::Time deadline) override {
+    return Run(Calls(/*broadcast=*/false, dtype, in, out, parts), deadline);
+  }
+  absl::Status Broadcast(DType dtype, void* data, const std::vector<NodePart>& parts,
+                         absl::Time deadline) override {
+    return Run(Calls(/*broadcast=*/true, dtype, data, data, parts), deadline);
+  }
+  void Abort() override { aborted_.store(true); }
+
+ private:
+  NcclComm::Interrupt Interrupt() {
+    return [this]() -> absl::Status {
+      if (aborted_.load()) return absl::AbortedError("the node's GPU reduction was stopped");
+      return absl::OkStatus();
+    };
+  }
+  // Per non-empty part: ncclReduce(in -> out) or ncclBroadcast(out), rooted at its pusher.
+  static std::vector<NcclComm::Call> Calls(bool broadcast, DType dtype, const void* in,
+                                           void* out, const std::vector<NodePart>& parts) {
+    std::vector<NcclComm::Call> calls;
+    const size_t es = DTypeSize(dtype);
+    for (const NodePart& p : parts) {
+      if (p.count == 0) continue;
+      NcclComm::Call c;
+      c.broadcast = broadcast;
+      c.reduce = !broadcast;
+      c.dtype = dtype;
+      c.in = static_cast<const char*>(in) + p.offset * es;
+      c.out = static_cast<char*>(out) + p.offset * es;
+      c.count = p.count;
+      c.root = p.pusher;
+      calls.push_back(c);
+    }
+    return calls;
+  }
+  absl::Status Run(const std::vector<NcclComm::Call>& calls, absl::Time deadline) {
+    if (comm_ == nullptr) return absl::FailedPreconditionError("no NCCL communicator");
+    if (calls.empty()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(uint64_t ticket, comm_->Enqueue(calls, deadline, Interrupt()));
+    return comm_->WaitFor(ticket, deadline, Interrupt());
+  }
+
+  ShmAllreduce* exchange_;
+  std::unique_ptr<NcclComm> comm_;
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace
+
+std::unique_ptr<NodeCollectives> NewNcclNodeCollectives(ShmAllreduce* exchange) {
+  return std::make_unique<NcclNodeCollectives>(exchange);
+}
+
+}  // namespace hybridps
