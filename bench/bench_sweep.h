@@ -46,6 +46,7 @@ struct Flags {
   double idle_seconds = 3;
   std::string csv;  // rank 0 writes the figures there too
   bool gpu = false;  // issue 5's GPU staging benchmark instead of the sweep
+  bool shared_gpu = false;  // several NCCL ranks on one GPU (a distinct NCCL_HOSTID each)
 };
 
 struct Timing {

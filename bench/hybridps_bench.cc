@@ -29,7 +29,11 @@
 //       --min-bytes 1M --max-bytes 256M --iters 10 --warmup 2      (one command line)
 //
 // Run on an H100 (bench/RESULTS.md). The code: gpu_staging_bench.cc; the flags, patterns
-// and one size's measurement that both use: bench_sweep.h.
+// and one size's measurement that both use: bench_sweep.h. With -np N (a node of N local
+// ranks) it measures the node's GPU reduction, host (default) or HYBRIDPS_GPU_LOCAL_REDUCE=
+// nccl; --shared-gpu 1 lets N NCCL ranks share one GPU (a distinct NCCL_HOSTID per process:
+// NCCL then connects them over its socket transport, so this checks the path and its
+// PCIe/staging cost, not NVLink speed).
 #include <dirent.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -107,7 +111,7 @@ constexpr char kUsage[] =
     "  [--factor 2] [--iters 20] [--warmup 5] [--small-max-bytes 64K] [--small-iters 1000]\n"
     "  [--dtype float32|float64|float16|bfloat16|int32|int64|uint8] [--tensors 1]\n"
     "  [--inplace 0|1] [--barrier 0|1] [--reference 0|1] [--idle-seconds 3] [--csv FILE]\n"
-    "  [--gpu 0|1]\n"
+    "  [--gpu 0|1] [--shared-gpu 0|1]\n"
     "Run it under hybridrun: scripts/hybridrun -np N --servers M -- hybridps-bench ...\n";
 
 // "4096", "4K", "64M", "1G", "4KiB" -> bytes (binary multiples).
@@ -207,6 +211,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     } else if (name == "--gpu") {
       ASSIGN_OR_RETURN(int v, ParseInt(name, value, 0));
       f.gpu = v != 0;
+    } else if (name == "--shared-gpu") {
+      ASSIGN_OR_RETURN(int v, ParseInt(name, value, 0));
+      f.shared_gpu = v != 0;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", name));
     }
@@ -473,6 +480,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hybridps-bench: %s\n%s", std::string(flags.status().message()).c_str(),
                  hybridps::kUsage);
     return 2;
+  }
+  if (flags->shared_gpu) {  // before anything can initialise NCCL
+    const std::string host = absl::StrCat("hybridps-bench-pid-", getpid());
+    setenv("NCCL_HOSTID", host.c_str(), 1);
+    setenv("NCCL_SOCKET_IFNAME", "lo", 0);
   }
   auto options = hybridps::OptionsFromEnvironment();
   if (!options.ok()) {

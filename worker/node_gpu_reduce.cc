@@ -292,7 +292,21 @@ bool NodeGpuReducer::Round() {
     absl::MutexLock lock(&mu_);
     pending_ = plan.pending;
   }
-  return !(leaving && static_cast<int>(plan.leaving.size()) == layout_.local_size);
+  if (plan.leaving.empty()) return true;
+  // This rank's work is done and the others know it: it goes. When another rank left,
+  // nothing can run on the node any more (its collectives need every local rank): what is
+  // pending and what comes fails, naming it, as on the CPU path.
+  if (leaving) return false;
+  const absl::Status left = absl::FailedPreconditionError(
+      absl::StrCat(Who(plan.leaving), " of this node left the job (shut down its store); no "
+                   "GPU push_pull of the node can run without ",
+                   plan.leaving.size() == 1 ? "it" : "them"));
+  {
+    absl::MutexLock lock(&mu_);
+    if (broken_.ok()) broken_ = left;
+  }
+  FailAll(left, /*abort=*/false);
+  return false;
 }
 
 absl::Status NodeGpuReducer::broken() {

@@ -115,8 +115,9 @@ class NodeGpuReducer {
   // InvalidArgument naming the tensor).
   absl::StatusOr<Handle> PushPullAsync(absl::string_view name, TensorView in, TensorView out,
                                        int priority);
-  // Finishes the operations it holds (bounded by their deadlines), takes part in the
-  // node's rounds until every local rank is leaving (bounded too), stops the thread.
+  // Finishes the operations it holds (bounded by their deadlines), tells the node's other
+  // local ranks it leaves (their pending and later GPU push_pulls then fail, naming it),
+  // stops the thread.
   void Shutdown();
 
   // Stops the node's collectives and rounds (any thread): the loop thread then fails every

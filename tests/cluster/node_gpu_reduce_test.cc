@@ -375,6 +375,39 @@ TEST(NodeGpuReduceFaultTest, FailedCollectiveFailsTheWholeNodeInTime) {
   });
 }
 
+// A local rank that shuts down leaves at once, once its own work is done; the node's
+// other ranks then fail what needs it, naming it, instead of waiting for a deadline.
+TEST(NodeGpuReduceFaultTest, ALocalRankThatLeavesIsNamedAtOnce) {
+  ClusterConfig c;
+  c.workers = 2;
+  c.local_size = 2;
+  c.op_timeout = absl::Seconds(30);
+  c.heartbeat_timeout = absl::Seconds(20);
+  NodeCluster nc(c);
+  ASSERT_NE(nc.cluster, nullptr);
+  nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
+    ASSERT_NE(r, nullptr);
+    FakeGpuTensor t(sh, DType::kFloat32, 100);
+    t.buf.Fill(rank, 0, 0);
+    auto h = r->PushPullAsync("together", t.view(), t.view(), 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Wait().ok());
+    const absl::Time start = absl::Now();
+    if (rank == 0) {
+      r->Shutdown();
+      EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+      return;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+    h = r->PushPullAsync("alone", t.view(), t.view(), 0);
+    absl::Status s = h.ok() ? h->Wait() : h.status();
+    EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "local rank 0 (worker 0) of this node left"))
+        << s;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  });
+}
+
 // Abort (the store broke: the scheduler named a dead peer) ends the node's rounds at once,
 // here (with the cause) and at the other local ranks (naming the rank that stopped; their
 // own stores hear the cause from the scheduler too), long before any deadline.
