@@ -155,6 +155,17 @@ class NodeCluster {
   std::vector<std::unique_ptr<NodeGpuReducer>> reducers;
 };
 
+// One node of two local ranks, one server.
+ClusterConfig OneNodeOfTwo(absl::Duration op_timeout = absl::Seconds(30),
+                           absl::Duration heartbeat_timeout = absl::Seconds(20)) {
+  ClusterConfig c;
+  c.workers = 2;
+  c.local_size = 2;
+  c.op_timeout = op_timeout;
+  c.heartbeat_timeout = heartbeat_timeout;
+  return c;
+}
+
 struct Shape {
   int nodes, local, servers;
 };
@@ -264,10 +275,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, NodeGpuReduceTest,
 // other node's ranks, whose servers round never completes, at the deadline); the node
 // goes on with the next operation.
 TEST(NodeGpuReduceFaultTest, ShapeMismatchFailsEveryLocalRankNamingTheShapes) {
-  ClusterConfig c;
-  c.workers = 2;
-  c.local_size = 2;
-  NodeCluster nc(c);
+  NodeCluster nc(OneNodeOfTwo());
   ASSERT_NE(nc.cluster, nullptr);
   nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
     ASSERT_NE(r, nullptr);
@@ -293,10 +301,7 @@ TEST(NodeGpuReduceFaultTest, ShapeMismatchFailsEveryLocalRankNamingTheShapes) {
 // A tensor on another GPU, or host memory labelled GPU, is refused at submission, naming
 // the tensor; nothing reaches the node.
 TEST(NodeGpuReduceFaultTest, DeviceRulesAreCheckedAtSubmission) {
-  ClusterConfig c;
-  c.workers = 2;
-  c.local_size = 2;
-  NodeCluster nc(c);
+  NodeCluster nc(OneNodeOfTwo());
   ASSERT_NE(nc.cluster, nullptr);
   nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
     ASSERT_NE(r, nullptr);
@@ -322,11 +327,7 @@ TEST(NodeGpuReduceFaultTest, DeviceRulesAreCheckedAtSubmission) {
 
 // A local rank that never submits is named at the deadline, on the rank waiting for it.
 TEST(NodeGpuReduceFaultTest, MissingLocalRankIsNamedAtTheDeadline) {
-  ClusterConfig c;
-  c.workers = 2;
-  c.local_size = 2;
-  c.op_timeout = absl::Seconds(2);
-  NodeCluster nc(c);
+  NodeCluster nc(OneNodeOfTwo(absl::Seconds(2)));
   ASSERT_NE(nc.cluster, nullptr);
   nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
     ASSERT_NE(r, nullptr);
@@ -346,11 +347,8 @@ TEST(NodeGpuReduceFaultTest, MissingLocalRankIsNamedAtTheDeadline) {
 // A collective failing at one local rank fails its operation there at once, and at the
 // node's other rank within the heartbeat timeout (it stops joining the rounds), naming it.
 TEST(NodeGpuReduceFaultTest, FailedCollectiveFailsTheWholeNodeInTime) {
-  ClusterConfig c;
-  c.workers = 2;
-  c.local_size = 2;
-  c.heartbeat_timeout = absl::Seconds(2);
-  NodeCluster nc(c, {HostCollectives::Faults{}, HostCollectives::Faults{1}});
+  NodeCluster nc(OneNodeOfTwo(absl::Seconds(30), absl::Seconds(2)),
+                 {HostCollectives::Faults{}, HostCollectives::Faults{1}});
   ASSERT_NE(nc.cluster, nullptr);
   nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
     ASSERT_NE(r, nullptr);
@@ -378,12 +376,7 @@ TEST(NodeGpuReduceFaultTest, FailedCollectiveFailsTheWholeNodeInTime) {
 // A local rank that shuts down leaves at once, once its own work is done; the node's
 // other ranks then fail what needs it, naming it, instead of waiting for a deadline.
 TEST(NodeGpuReduceFaultTest, ALocalRankThatLeavesIsNamedAtOnce) {
-  ClusterConfig c;
-  c.workers = 2;
-  c.local_size = 2;
-  c.op_timeout = absl::Seconds(30);
-  c.heartbeat_timeout = absl::Seconds(20);
-  NodeCluster nc(c);
+  NodeCluster nc(OneNodeOfTwo());
   ASSERT_NE(nc.cluster, nullptr);
   nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
     ASSERT_NE(r, nullptr);
@@ -412,12 +405,7 @@ TEST(NodeGpuReduceFaultTest, ALocalRankThatLeavesIsNamedAtOnce) {
 // here (with the cause) and at the other local ranks (naming the rank that stopped; their
 // own stores hear the cause from the scheduler too), long before any deadline.
 TEST(NodeGpuReduceFaultTest, AbortEndsTheNodesWaitsAtOnce) {
-  ClusterConfig c;
-  c.workers = 2;
-  c.local_size = 2;
-  c.heartbeat_timeout = absl::Seconds(20);
-  c.op_timeout = absl::Seconds(30);
-  NodeCluster nc(c);
+  NodeCluster nc(OneNodeOfTwo());
   ASSERT_NE(nc.cluster, nullptr);
   nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
     ASSERT_NE(r, nullptr);
