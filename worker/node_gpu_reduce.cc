@@ -256,11 +256,14 @@ bool NodeGpuReducer::Round() {
     const std::string& n = mine.entries[m.entry].name;
     missing_[n[0] == kPushedMark ? n.substr(1) : n] = m.ranks;
   }
+  // The round's steps 2 and 4 each run as one NCCL group, in plan order (the same on every
+  // rank): the operations finishing first, then the new ones.
+  std::vector<OpPtr> firsts, seconds;
   for (const ng::Action& a : plan.actions) {
     for (size_t idx : a.entries) {
       const OpPtr& op = listed[idx];
       if (a.type == ng::Action::Type::kAllreduce && a.entries.size() == 1) {
-        Run(op, op->reduced);
+        (op->reduced ? seconds : firsts).push_back(op);
         continue;
       }
       if (a.type != ng::Action::Type::kFail) {
@@ -286,8 +289,10 @@ bool NodeGpuReducer::Round() {
                      : absl::UnavailableError(absl::StrCat(
                            "its push to the servers failed at ", Who(failed), " of this node")));
     }
-    if (!broken().ok()) return false;
   }
+  if (!seconds.empty()) RunSecond(seconds);
+  if (!firsts.empty() && broken().ok()) RunFirst(firsts);
+  if (!broken().ok()) return false;
   {
     absl::MutexLock lock(&mu_);
     pending_ = plan.pending;
@@ -314,28 +319,54 @@ absl::Status NodeGpuReducer::broken() {
   return broken_;
 }
 
-void NodeGpuReducer::Run(const OpPtr& op, bool second_step) {
+namespace {
+// "push_pull of 'a' (…)", or "push_pulls of 'a' (…) and 3 others" for a group.
+template <typename OpPtrs>
+std::string DescribeGroup(const OpPtrs& ops) {
+  if (ops.size() == 1) return ops[0]->Describe();
+  return absl::StrCat(ops[0]->Describe(), " and ", ops.size() - 1, " other",
+                      ops.size() == 2 ? "" : "s", " in one NCCL group");
+}
+}  // namespace
+
+void NodeGpuReducer::RunSecond(const std::vector<OpPtr>& ops) {
   auto fail = [&](absl::string_view what, const absl::Status& s) {
-    Break(absl::Status(s.code(), absl::StrCat(op->Describe(), ": ", what, ": ", s.message())));
+    Break(absl::Status(s.code(),
+                       absl::StrCat(DescribeGroup(ops), ": ", what, ": ", s.message())));
   };
-  if (second_step) {
-    if (op->push_status.ok()) {
-      absl::Status s = Copy(op, DeviceCopier::Direction::kToDevice);
-      if (!s.ok()) return fail("copying the result back to the GPU", s);
-    }
+  std::vector<uint64_t> tickets;
+  absl::Time deadline = absl::InfiniteFuture();
+  for (const OpPtr& op : ops) {
+    deadline = std::min(deadline, op->deadline);
+    if (!op->push_status.ok()) continue;  // (the node agreed it is fine everywhere)
+    absl::Status s = StartCopies(op, DeviceCopier::Direction::kToDevice, &tickets);
+    if (!s.ok()) return fail("copying the result back to the GPU", s);
+  }
+  absl::Status s = WaitCopies(tickets, deadline);
+  if (!s.ok()) return fail("copying the result back to the GPU", s);
+  std::vector<NodeTensor> tensors;
+  for (const OpPtr& op : ops) {
     cache_.Release(op->name, op->staging);
     op->staging = {};
-    absl::Status s = collectives_->Broadcast(op->out.dtype, op->out.data, op->parts,
-                                             op->deadline);
-    if (!s.ok()) return fail("broadcasting the result to the node's GPUs", s);
-    {
-      absl::MutexLock lock(&mu_);
-      ++stats_.broadcasts;
-    }
-    return Finish(op, absl::OkStatus());
+    tensors.push_back(NodeTensor{op->out.dtype, op->out.data, op->out.data, &op->parts});
   }
+  s = collectives_->Broadcast(tensors, deadline);
+  if (!s.ok()) return fail("broadcasting the result to the node's GPUs", s);
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.broadcasts += ops.size();
+    ++stats_.groups;
+  }
+  for (const OpPtr& op : ops) Finish(op, absl::OkStatus());
+}
+
+void NodeGpuReducer::RunFirst(const std::vector<OpPtr>& ops) {
+  auto fail = [&](absl::string_view what, const absl::Status& s) {
+    Break(absl::Status(s.code(),
+                       absl::StrCat(DescribeGroup(ops), ": ", what, ": ", s.message())));
+  };
   if (device_ < 0) {
-    device_ = op->in.device_id;
+    device_ = ops[0]->in.device_id;
     absl::Status s = copier_->Bind(device_);
     if (s.ok()) s = collectives_->Open(device_, absl::Now() + options_.start_timeout);
     if (!s.ok()) {
@@ -344,59 +375,75 @@ void NodeGpuReducer::Run(const OpPtr& op, bool second_step) {
                                  " could not be set up: ", s.message())));
     }
   }
-  absl::Status s = collectives_->Reduce(op->in.dtype, op->in.data, op->out.data, op->parts,
-                                        op->deadline);
+  std::vector<NodeTensor> tensors;
+  absl::Time deadline = absl::InfiniteFuture();
+  for (const OpPtr& op : ops) {
+    deadline = std::min(deadline, op->deadline);
+    tensors.push_back(NodeTensor{op->in.dtype, op->in.data, op->out.data, &op->parts});
+  }
+  absl::Status s = collectives_->Reduce(tensors, deadline);
   if (!s.ok()) return fail("summing on the node's GPUs", s);
   {
     absl::MutexLock lock(&mu_);
-    ++stats_.reduces;
+    stats_.reduces += ops.size();
+    ++stats_.groups;
   }
-  const size_t bytes = op->out.bytes();
-  auto staging = cache_.Acquire(op->name, bytes);
-  if (!staging.ok()) return fail("allocating pinned host memory", staging.status());
-  op->staging = *staging;
-  s = Copy(op, DeviceCopier::Direction::kToHost);
+  std::vector<uint64_t> tickets;
+  for (const OpPtr& op : ops) {
+    auto staging = cache_.Acquire(op->name, op->out.bytes());
+    if (!staging.ok()) return fail("allocating pinned host memory", staging.status());
+    op->staging = *staging;
+    s = StartCopies(op, DeviceCopier::Direction::kToHost, &tickets);
+    if (!s.ok()) return fail("copying to the host", s);
+  }
+  s = WaitCopies(tickets, deadline);
   if (!s.ok()) return fail("copying to the host", s);
-  op->reduced = true;
-  TensorView host{op->staging.data, op->out.count, op->out.dtype};
-  auto h = push_node_sum_(op->name, host, host, op->priority);
-  if (!h.ok()) {
-    op->push_status = h.status();
-    op->pushed.store(true, std::memory_order_release);
-    return;
+  for (const OpPtr& op : ops) {
+    op->reduced = true;
+    TensorView host{op->staging.data, op->out.count, op->out.dtype};
+    auto h = push_node_sum_(op->name, host, host, op->priority);
+    if (!h.ok()) {
+      op->push_status = h.status();
+      op->pushed.store(true, std::memory_order_release);
+      continue;
+    }
+    h->OnComplete([bell = bell_, op](const absl::Status& status) {
+      op->push_status = status;
+      op->pushed.store(true, std::memory_order_release);
+      bell->Ring();
+    });
   }
-  h->OnComplete([bell = bell_, op](const absl::Status& status) {
-    op->push_status = status;
-    op->pushed.store(true, std::memory_order_release);
-    bell->Ring();
-  });
 }
 
-absl::Status NodeGpuReducer::Copy(const OpPtr& op, DeviceCopier::Direction direction) {
+absl::Status NodeGpuReducer::StartCopies(const OpPtr& op, DeviceCopier::Direction direction,
+                                         std::vector<uint64_t>* tickets) {
   const size_t es = DTypeSize(op->out.dtype);
-  std::vector<uint64_t> tickets;
+  const bool to_host = direction == DeviceCopier::Direction::kToHost;
   for (const NodePart& p : op->parts) {
     if (p.pusher != layout_.local_rank || p.count == 0) continue;
     char* dev = static_cast<char*>(op->out.data) + p.offset * es;
     char* host = static_cast<char*>(op->staging.data) + p.offset * es;
-    const bool to_host = direction == DeviceCopier::Direction::kToHost;
     ASSIGN_OR_RETURN(uint64_t t, copier_->Start(direction, to_host ? host : dev,
                                                 to_host ? dev : host, p.count * es));
-    tickets.push_back(t);
+    tickets->push_back(t);
   }
+  absl::MutexLock lock(&mu_);
+  stats_.host_allocations = cache_.allocations();
+  return absl::OkStatus();
+}
+
+absl::Status NodeGpuReducer::WaitCopies(const std::vector<uint64_t>& tickets,
+                                        absl::Time deadline) {
   {
     absl::MutexLock lock(&mu_);
     stats_.copies += tickets.size();
-    stats_.host_allocations = cache_.allocations();
   }
-  // Copies of one direction complete in order: the last one's completion is all of them.
-  // Each is still polled, so that every ticket is spent.
   absl::Duration pause = absl::Microseconds(5);
   for (uint64_t t : tickets) {
     while (true) {
       ASSIGN_OR_RETURN(bool done, copier_->Poll(t));
       if (done) break;
-      if (absl::Now() > op->deadline) {
+      if (absl::Now() > deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
             "the copy did not finish within ", absl::FormatDuration(options_.op_timeout)));
       }

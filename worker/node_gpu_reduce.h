@@ -21,8 +21,8 @@
 // its oldest operation and whether that one is new or has finished step 3, the lists are
 // gathered through a small shared-memory segment (ShmAllreduce::Allgather), and
 // negotiation::Decide (the same as dist_allreduce's) orders what every rank has listed,
-// identically at every rank. Mismatched shapes fail on every rank with an error naming
-// the ranks and their shapes.
+// identically at every rank; what a round agrees on runs as one NCCL group per step.
+// Mismatched shapes fail on every rank with an error naming the ranks and their shapes.
 //
 // Threading: one thread ("hps-node-gpu") runs the rounds and makes every NCCL call.
 // Rounds run at once when there is new work, every cycle_time while work is pending
@@ -64,6 +64,14 @@ struct NodePart {
   int pusher = 0;
 };
 
+// One tensor of a group of node collectives: `parts` of `in` (Reduce) or `out`.
+struct NodeTensor {
+  DType dtype = DType::kFloat32;
+  const void* in = nullptr;
+  void* out = nullptr;
+  const std::vector<NodePart>* parts = nullptr;
+};
+
 // The collectives among a node's local ranks, on device memory: NCCL in CUDA builds
 // (NewNcclNodeCollectives); tests use a host-memory stand-in. Called from one thread; each
 // call returns when its work has completed on this rank (or failed).
@@ -73,12 +81,11 @@ class NodeCollectives {
   // Joins the node's communicator on `device`. Collective (every local rank, once, before
   // the other calls).
   virtual absl::Status Open(int device, absl::Time deadline) = 0;
-  // Per part: the sum over the local ranks of `in`'s elements into `out` at the part's
-  // pusher; the other ranks' `out` there is undefined afterwards. One group.
-  virtual absl::Status Reduce(DType dtype, const void* in, void* out,
-                              const std::vector<NodePart>& parts, absl::Time deadline) = 0;
-  // Per part: the pusher's `data` there into every local rank's. One group.
-  virtual absl::Status Broadcast(DType dtype, void* data, const std::vector<NodePart>& parts,
+  // One group: per tensor and part, the sum over the local ranks of `in`'s elements into
+  // `out` at the part's pusher; the other ranks' `out` there is undefined afterwards.
+  virtual absl::Status Reduce(const std::vector<NodeTensor>& tensors, absl::Time deadline) = 0;
+  // One group: per tensor and part, the pusher's `out` there into every local rank's.
+  virtual absl::Status Broadcast(const std::vector<NodeTensor>& tensors,
                                  absl::Time deadline) = 0;
   // Ends whatever runs (any thread); every later call fails.
   virtual void Abort() = 0;
@@ -127,9 +134,10 @@ class NodeGpuReducer {
   bool Unfinished(absl::string_view name);
 
   struct Stats {
-    uint64_t rounds = 0;     // negotiation rounds
-    uint64_t reduces = 0;    // step 2 groups
-    uint64_t broadcasts = 0;  // step 4 groups
+    uint64_t rounds = 0;      // negotiation rounds
+    uint64_t reduces = 0;     // operations through step 2
+    uint64_t broadcasts = 0;  // operations through step 4
+    uint64_t groups = 0;      // NCCL groups (each step 2 or 4 of one round's operations)
     uint64_t copies = 0;     // step 3's copies (both ways)
     uint64_t host_allocations = 0;  // staging buffers allocated
   };
@@ -144,10 +152,15 @@ class NodeGpuReducer {
   void Loop();
   // One round; false when the loop must stop (every rank left, or broken).
   bool Round();
-  void Run(const OpPtr& op, bool second_step);
-  // Step 3's copies of this rank's partitions between `out` and the op's staging buffer;
-  // returns when they have completed.
-  absl::Status Copy(const OpPtr& op, DeviceCopier::Direction direction);
+  // Steps 2 and 3 of operations the node agreed on in one round (one NCCL group for all).
+  void RunFirst(const std::vector<OpPtr>& ops);
+  // Step 4 of operations whose step 3 every local rank has finished (one group).
+  void RunSecond(const std::vector<OpPtr>& ops);
+  // Starts step 3's copies of this rank's partitions between `out` and op's staging buffer.
+  absl::Status StartCopies(const OpPtr& op, DeviceCopier::Direction direction,
+                           std::vector<uint64_t>* tickets);
+  // Waits for `tickets` (every ticket is spent), at most until `deadline`.
+  absl::Status WaitCopies(const std::vector<uint64_t>& tickets, absl::Time deadline);
   void Finish(const OpPtr& op, const absl::Status& status);
   void Completed(const OpPtr& op, const absl::Status& status);  // counts and completes
   // Fails every operation with `status`; with `abort`, also breaks the reducer and ends

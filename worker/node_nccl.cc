@@ -29,13 +29,12 @@ class NcclNodeCollectives : public NodeCollectives {
                                              device, ids[0], deadline, Interrupt()));
     return absl::OkStatus();
   }
-  absl::Status Reduce(DType dtype, const void* in, void* out,
-                      const std::vector<NodePart>& parts, absl::Time deadline) override {
-    return Run(Calls(/*broadcast=*/false, dtype, in, out, parts), deadline);
+  absl::Status Reduce(const std::vector<NodeTensor>& tensors, absl::Time deadline) override {
+    return Run(Calls(/*broadcast=*/false, tensors), deadline);
   }
-  absl::Status Broadcast(DType dtype, void* data, const std::vector<NodePart>& parts,
+  absl::Status Broadcast(const std::vector<NodeTensor>& tensors,
                          absl::Time deadline) override {
-    return Run(Calls(/*broadcast=*/true, dtype, data, data, parts), deadline);
+    return Run(Calls(/*broadcast=*/true, tensors), deadline);
   }
   void Abort() override { aborted_.store(true); }
 
@@ -46,22 +45,25 @@ class NcclNodeCollectives : public NodeCollectives {
       return absl::OkStatus();
     };
   }
-  // Per non-empty part: ncclReduce(in -> out) or ncclBroadcast(out), rooted at its pusher.
-  static std::vector<NcclComm::Call> Calls(bool broadcast, DType dtype, const void* in,
-                                           void* out, const std::vector<NodePart>& parts) {
+  // Per tensor and non-empty part: ncclReduce(in -> out) or ncclBroadcast(out, in place),
+  // rooted at the part's pusher.
+  static std::vector<NcclComm::Call> Calls(bool broadcast,
+                                           const std::vector<NodeTensor>& tensors) {
     std::vector<NcclComm::Call> calls;
-    const size_t es = DTypeSize(dtype);
-    for (const NodePart& p : parts) {
-      if (p.count == 0) continue;
-      NcclComm::Call c;
-      c.broadcast = broadcast;
-      c.reduce = !broadcast;
-      c.dtype = dtype;
-      c.in = static_cast<const char*>(in) + p.offset * es;
-      c.out = static_cast<char*>(out) + p.offset * es;
-      c.count = p.count;
-      c.root = p.pusher;
-      calls.push_back(c);
+    for (const NodeTensor& t : tensors) {
+      const size_t es = DTypeSize(t.dtype);
+      for (const NodePart& p : *t.parts) {
+        if (p.count == 0) continue;
+        NcclComm::Call c;
+        c.broadcast = broadcast;
+        c.reduce = !broadcast;
+        c.dtype = t.dtype;
+        c.in = static_cast<const char*>(broadcast ? t.out : t.in) + p.offset * es;
+        c.out = static_cast<char*>(t.out) + p.offset * es;
+        c.count = p.count;
+        c.root = p.pusher;
+        calls.push_back(c);
+      }
     }
     return calls;
   }
