@@ -161,8 +161,9 @@ void NodeGpuReducer::Loop() {
     }
     bell_->Wait(at);
     if (absl::Now() > stop_by) {
-      return Break(absl::DeadlineExceededError(
-          "the store was shut down while the node's other local ranks went on working"));
+      return Break(absl::DeadlineExceededError(absl::StrCat(
+          "the store was shut down and its GPU push_pulls did not finish within ",
+          absl::FormatDuration(options_.op_timeout))));
     }
     if (!Round()) break;
   }

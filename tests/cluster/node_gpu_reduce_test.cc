@@ -331,6 +331,43 @@ TEST(NodeGpuReduceFaultTest, DeviceRulesAreCheckedAtSubmission) {
   EXPECT_EQ(nc.reducers[0]->stats().reduces, 1u);
 }
 
+// When the servers fail a round (here: the two nodes pushed different sizes), the rank
+// that pushed gets the servers' error and its node peers an error naming it; the node
+// goes on with the next operation.
+TEST(NodeGpuReduceFaultTest, AFailedPushFailsTheOperationOnEveryLocalRank) {
+  ClusterConfig c = OneNodeOfTwo();
+  c.workers = 4;
+  NodeCluster nc(c);
+  ASSERT_NE(nc.cluster, nullptr);
+  const int pusher = nc.store(0)->NodePartsOf("w", 100, DType::kFloat32)[0].pusher;
+  nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
+    ASSERT_NE(r, nullptr);
+    FakeGpuTensor bad(sh, DType::kFloat32, rank < 2 ? 100 : 101);
+    auto h = r->PushPullAsync("w", bad.view(), bad.view(), 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    absl::Status s = h->Wait();
+    EXPECT_FALSE(s.ok());
+    if (rank % 2 == pusher) {
+      EXPECT_TRUE(absl::StrContains(s.message(), "mismatched")) << s;
+    } else {
+      EXPECT_TRUE(absl::StrContains(
+          s.message(), absl::StrCat("its push to the servers failed at local rank ", pusher)))
+          << s;
+    }
+    FakeGpuTensor good(sh, DType::kFloat32, 1000);
+    good.buf.Fill(rank, 0, 0);
+    h = r->PushPullAsync("v", good.view(), good.view(), 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    s = h->Wait();
+    ASSERT_TRUE(s.ok()) << s;
+    for (size_t e = 0; e < 1000; ++e) {
+      double want = 0;
+      for (int w = 0; w < 4; ++w) want += Value(e, w, 0, 0);
+      ASSERT_EQ(good.buf.at(e), want) << e;
+    }
+  });
+}
+
 // A local rank that never submits is named at the deadline, on the rank waiting for it.
 TEST(NodeGpuReduceFaultTest, MissingLocalRankIsNamedAtTheDeadline) {
   NodeCluster nc(OneNodeOfTwo(absl::Seconds(2)));
