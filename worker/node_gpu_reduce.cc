@@ -71,7 +71,7 @@ absl::StatusOr<std::unique_ptr<NodeGpuReducer>> NodeGpuReducer::Create(
                                      exchange.status().message()));
   }
   r->exchange_ = std::move(*exchange);
-  r->collectives_ = make_collectives(r->exchange_.get());
+  r->collectives_ = make_collectives(r->exchange_.get(), r->layout_);
   r->thread_ = std::thread([p = r.get()] {
     pthread_setname_np(pthread_self(), "hps-node-gpu");
     p->Loop();

@@ -94,7 +94,8 @@ class NodeCollectives {
 #if HYBRIDPS_WITH_NCCL
 // NCCL among the node's local ranks: local rank 0 makes the communicator's id and the
 // others get it through `exchange` (which must outlive the result).
-std::unique_ptr<NodeCollectives> NewNcclNodeCollectives(ShmAllreduce* exchange);
+std::unique_ptr<NodeCollectives> NewNcclNodeCollectives(ShmAllreduce* exchange,
+                                                        const NodeLayout& layout);
 #endif
 
 class NodeGpuReducer {
@@ -104,7 +105,10 @@ class NodeGpuReducer {
       absl::string_view name, TensorView in, TensorView out, int priority)>;
   using PartsOf = std::function<std::vector<NodePart>(absl::string_view name, size_t count,
                                                       DType dtype)>;
-  using MakeCollectives = std::function<std::unique_ptr<NodeCollectives>(ShmAllreduce*)>;
+  // The node's collectives; `exchange`: the node's segment (for NCCL's id), which
+  // outlives them.
+  using MakeCollectives = std::function<std::unique_ptr<NodeCollectives>(
+      ShmAllreduce* exchange, const NodeLayout& layout)>;
 
   // Opens the node's negotiation segment (every local rank must, within
   // options.start_timeout) and starts the thread.

@@ -81,7 +81,8 @@ class NcclNodeCollectives : public NodeCollectives {
 
 }  // namespace
 
-std::unique_ptr<NodeCollectives> NewNcclNodeCollectives(ShmAllreduce* exchange) {
+std::unique_ptr<NodeCollectives> NewNcclNodeCollectives(ShmAllreduce* exchange,
+                                                        const NodeLayout& /*layout*/) {
   return std::make_unique<NcclNodeCollectives>(exchange);
 }
 

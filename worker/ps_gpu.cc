@@ -6,6 +6,32 @@
 
 namespace hybridps {
 
+namespace {
+ABSL_CONST_INIT absl::Mutex node_parts_mu(absl::kConstInit);
+PsGpuStore::NodeGpuParts* node_parts_for_testing ABSL_GUARDED_BY(node_parts_mu) = nullptr;
+
+// The node reduction's copier and collectives: a test's stand-ins, else CUDA and NCCL.
+absl::StatusOr<PsGpuStore::NodeGpuParts> NodeGpuPartsToUse() {
+  {
+    absl::MutexLock lock(&node_parts_mu);
+    if (node_parts_for_testing != nullptr) return *node_parts_for_testing;
+  }
+#if HYBRIDPS_WITH_NCCL
+  return PsGpuStore::NodeGpuParts{NewCudaCopier, NewNcclNodeCollectives};
+#else
+  return absl::UnimplementedError(
+      "HYBRIDPS_GPU_LOCAL_REDUCE=nccl needs a build with NCCL; this one has none");
+#endif
+}
+}  // namespace
+
+void PsGpuStore::SetNodeGpuPartsForTesting(NodeGpuParts parts) {
+  absl::MutexLock lock(&node_parts_mu);
+  delete node_parts_for_testing;
+  node_parts_for_testing =
+      parts.copier && parts.collectives ? new NodeGpuParts(std::move(parts)) : nullptr;
+}
+
 absl::StatusOr<std::unique_ptr<PsGpuStore>> PsGpuStore::Create(
     std::shared_ptr<Context> ctx, const Options& options,
     std::unique_ptr<DeviceCopier> copier) {
@@ -26,22 +52,18 @@ absl::StatusOr<std::unique_ptr<PsGpuStore>> PsGpuStore::Create(
                                            s->num_workers(), options.op_timeout,
                                            /*waiting_threads_help=*/options.caller_rounds != 0);
   if (options.gpu_local_reduce == "nccl" && s->layout().local_size > 1) {
-#if HYBRIDPS_WITH_NCCL
+    ASSIGN_OR_RETURN(NodeGpuParts parts, NodeGpuPartsToUse());
     ASSIGN_OR_RETURN(
         s->node_,
         NodeGpuReducer::Create(
-            options, s->layout(), NewCudaCopier(),
+            options, s->layout(), parts.copier(),
             [self](absl::string_view name, TensorView in, TensorView out, int priority) {
               return self->PushPullNodeSumAsync(name, in, out, priority);
             },
             [self](absl::string_view name, size_t count, DType dtype) {
               return self->NodePartsOf(name, count, dtype);
             },
-            NewNcclNodeCollectives));
-#else
-    return absl::UnimplementedError(
-        "HYBRIDPS_GPU_LOCAL_REDUCE=nccl needs a build with NCCL; this one has none");
-#endif
+            parts.collectives));
   }
   return s;
 }
@@ -62,20 +84,25 @@ void PsGpuStore::OnBroken(const absl::Status& status) {
   if (node_) node_->Abort(status);
 }
 
-absl::StatusOr<Handle> PsGpuStore::BroadcastAsync(absl::string_view name, TensorView tensor,
-                                                  int root_rank, int priority) {
-  if (!node_ || tensor.device != Device::kGPU) {
-    return stager_->BroadcastAsync(name, tensor, root_rank, priority);
-  }
+absl::StatusOr<Handle> PsGpuStore::Staged(absl::string_view name, absl::string_view what,
+                                          const std::function<absl::StatusOr<Handle>()>& submit) {
+  if (!node_) return submit();
   if (node_->Unfinished(name)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "broadcast of '", name, "': a push_pull of it is still in flight on the node's GPU "
+        what, " of '", name, "': a GPU push_pull of it is still in flight on the node's GPU "
         "reduction (HYBRIDPS_GPU_LOCAL_REDUCE=nccl); wait for it first"));
   }
-  ASSIGN_OR_RETURN(Handle h, stager_->BroadcastAsync(name, tensor, root_rank, priority));
+  ASSIGN_OR_RETURN(Handle h, submit());
   absl::MutexLock lock(&mu_);
-  broadcasts_.insert_or_assign(std::string(name), h);
+  staged_.insert_or_assign(std::string(name), h);
   return h;
+}
+
+absl::StatusOr<Handle> PsGpuStore::BroadcastAsync(absl::string_view name, TensorView tensor,
+                                                  int root_rank, int priority) {
+  return Staged(name, "broadcast", [&] {
+    return stager_->BroadcastAsync(name, tensor, root_rank, priority);
+  });
 }
 
 absl::StatusOr<Handle> PsGpuStore::PushPullAsync(absl::string_view name, TensorView in,
@@ -83,17 +110,22 @@ absl::StatusOr<Handle> PsGpuStore::PushPullAsync(absl::string_view name, TensorV
   const bool on_gpus = in.device == Device::kGPU && out.device == Device::kGPU &&
                        in.device_id == out.device_id && in.count == out.count &&
                        in.dtype == out.dtype && in.count > 0;
-  if (!node_ || !on_gpus) return stager_->PushPullAsync(name, in, out, priority);
+  if (!node_ || !on_gpus) {
+    return Staged(name, "push_pull", [&] {
+      return stager_->PushPullAsync(name, in, out, priority);
+    });
+  }
   {
     absl::MutexLock lock(&mu_);
-    auto it = broadcasts_.find(name);
-    if (it != broadcasts_.end()) {
+    auto it = staged_.find(name);
+    if (it != staged_.end()) {
       if (!it->second.Done()) {
         return absl::FailedPreconditionError(absl::StrCat(
-            "push_pull of '", name, "': a broadcast of it is still in flight; wait for it "
-            "first (HYBRIDPS_GPU_LOCAL_REDUCE=nccl)"));
+            "push_pull of '", name, "': an operation of it on the host path (a broadcast, "
+            "or a CPU tensor) is still in flight; wait for it first "
+            "(HYBRIDPS_GPU_LOCAL_REDUCE=nccl)"));
       }
-      broadcasts_.erase(it);
+      staged_.erase(it);
     }
   }
   return node_->PushPullAsync(name, in, out, priority);

@@ -26,6 +26,9 @@
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
 #include "worker/node_gpu_reduce.h"
+#if HYBRIDPS_WITH_CUDA
+#include "worker/ps_gpu.h"
+#endif
 #include "worker/ps_store.h"
 
 namespace hybridps::testing {
@@ -93,6 +96,14 @@ class HostCollectives : public NodeCollectives {
   std::unique_ptr<ShmAllreduce> shm_;
 };
 
+std::unique_ptr<NodeCollectives> MakeHostCollectives(ShmAllreduce* exchange,
+                                                    const NodeLayout& layout,
+                                                    HostCollectives::Faults faults = {}) {
+  return std::make_unique<HostCollectives>(
+      exchange, absl::StrCat("/hps-t-nc-", getpid(), "-", layout.job_id, "-n", layout.node),
+      faults);
+}
+
 // An in-process cluster whose workers each have the node reduction in front of their
 // store, with the stand-ins.
 class NodeCluster {
@@ -114,8 +125,6 @@ class NodeCluster {
         o.heartbeat_timeout = config.heartbeat_timeout;
         const HostCollectives::Faults f =
             w < static_cast<int>(faults.size()) ? faults[w] : HostCollectives::Faults{};
-        const std::string shm = absl::StrCat("/hps-t-nc-", getpid(), "-", ps->layout().job_id,
-                                             "-n", ps->layout().node);
         // Worker-dependent copy times, so that the ranks' pushes end in other orders.
         auto copier = std::make_unique<HostCopier>(
             shared[w], 2, absl::Microseconds(50 * (w + 1)), HostCopier::Faults{});
@@ -127,8 +136,8 @@ class NodeCluster {
             [ps](absl::string_view name, size_t count, DType dtype) {
               return ps->NodePartsOf(name, count, dtype);
             },
-            [shm, f](ShmAllreduce* ex) -> std::unique_ptr<NodeCollectives> {
-              return std::make_unique<HostCollectives>(ex, shm, f);
+            [f](ShmAllreduce* ex, const NodeLayout& layout) {
+              return MakeHostCollectives(ex, layout, f);
             });
         EXPECT_TRUE(r.ok()) << r.status();
         if (r.ok()) reducers[w] = std::move(*r);
@@ -467,6 +476,79 @@ TEST(NodeGpuReduceFaultTest, AbortEndsTheNodesWaitsAtOnce) {
     EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   });
 }
+
+#if HYBRIDPS_WITH_CUDA
+// The store itself (PsGpuStore, what KVStore::Create("dist_hybrid") makes in CUDA builds)
+// with HYBRIDPS_GPU_LOCAL_REDUCE=nccl and the stand-ins: GPU push_pulls go through the
+// node's reduction, CPU ones through the host path, and the two may not overlap on one
+// name (refused, naming it).
+TEST(NodeGpuReduceStoreTest, GpuPushPullsTakeTheNodePathAndPathsDoNotOverlapOnAName) {
+  auto shared = std::make_shared<HostCopier::Shared>();
+  PsGpuStore::SetNodeGpuPartsForTesting(
+      {[shared] {
+         return std::make_unique<HostCopier>(shared, 2, absl::Microseconds(20),
+                                             HostCopier::Faults{});
+       },
+       [](ShmAllreduce* ex, const NodeLayout& layout) { return MakeHostCollectives(ex, layout); }});
+  ClusterConfig c = OneNodeOfTwo();
+  c.workers = 4;
+  c.servers = 2;
+  c.worker_options = [](int, Options* o) { o->gpu_local_reduce = "nccl"; };
+  auto cluster = LocalCluster::Start(c);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
+    auto* store = dynamic_cast<PsGpuStore*>(kv);
+    ASSERT_NE(store, nullptr);
+    FakeGpuTensor g(shared.get(), DType::kFloat32, 30000);
+    Buffer cpu(DType::kFloat32, 30000);
+    for (int round = 0; round < 2; ++round) {
+      g.buf.Fill(rank, round, 1);
+      cpu.Fill(rank, round, 2);
+      absl::Status s = kv->PushPull("g", g.view(), g.view());
+      ASSERT_TRUE(s.ok()) << s;
+      s = kv->PushPull("c", cpu.view(), cpu.view());
+      ASSERT_TRUE(s.ok()) << s;
+      for (size_t e = 0; e < 30000; e += 7) {
+        double wg = 0, wc = 0;
+        for (int w = 0; w < 4; ++w) {
+          wg += Value(e, w, round, 1);
+          wc += Value(e, w, round, 2);
+        }
+        ASSERT_EQ(g.buf.at(e), wg) << e;
+        ASSERT_EQ(cpu.at(e), wc) << e;
+      }
+    }
+    EXPECT_EQ(store->staging_stats().gpu_ops, 0u);  // nothing went through host staging
+    // Overlap on one name, both ways: local rank 1 of each node comes 300 ms late, so
+    // local rank 0's first operation is still in flight when it issues the second.
+    const bool early = rank % 2 == 0;
+    if (!early) absl::SleepFor(absl::Milliseconds(300));
+    auto h = kv->PushPullAsync("x", g.view(), g.view());
+    ASSERT_TRUE(h.ok()) << h.status();
+    if (early) {
+      auto refused = kv->PushPullAsync("x", cpu.view(), cpu.view());
+      ASSERT_FALSE(refused.ok());
+      EXPECT_TRUE(absl::IsFailedPrecondition(refused.status())) << refused.status();
+      EXPECT_TRUE(absl::StrContains(refused.status().message(), "'x': a GPU push_pull"))
+          << refused.status();
+    }
+    ASSERT_TRUE(h->Wait().ok());
+    if (!early) absl::SleepFor(absl::Milliseconds(300));
+    h = kv->PushPullAsync("y", cpu.view(), cpu.view());
+    ASSERT_TRUE(h.ok()) << h.status();
+    if (early) {
+      auto refused = kv->PushPullAsync("y", g.view(), g.view());
+      ASSERT_FALSE(refused.ok());
+      EXPECT_TRUE(absl::StrContains(refused.status().message(), "'y': an operation of it on "
+                                                                "the host path"))
+          << refused.status();
+    }
+    ASSERT_TRUE(h->Wait().ok());
+  });
+  cluster->reset();
+  PsGpuStore::SetNodeGpuPartsForTesting({});
+}
+#endif
 
 }  // namespace
 }  // namespace hybridps::testing
