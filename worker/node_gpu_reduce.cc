@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "worker/negotiation.h"
+#include "worker/ps_store.h"
 
 namespace hybridps {
 
@@ -23,6 +25,58 @@ constexpr char kPushedMark = '\x01';
 // A round's message stays well under ShmAllreduce::kExchangeBytes; what does not fit is
 // listed in a later round.
 constexpr size_t kListBudget = ShmAllreduce::kExchangeBytes / 2;
+// A round's message: the negotiation's list, then the errors of the pushes that failed
+// at this rank (by listed name), so that the node's other ranks can report them.
+void PutU32(std::string* out, uint32_t v) { out->append(reinterpret_cast<const char*>(&v), 4); }
+
+bool GetU32(absl::string_view* in, uint32_t* v) {
+  if (in->size() < 4) return false;
+  std::memcpy(v, in->data(), 4);
+  in->remove_prefix(4);
+  return true;
+}
+
+bool GetBytes(absl::string_view* in, absl::string_view* v) {
+  uint32_t n = 0;
+  if (!GetU32(in, &n) || in->size() < n) return false;
+  *v = in->substr(0, n);
+  in->remove_prefix(n);
+  return true;
+}
+
+std::string PackRound(absl::string_view list,
+                      const std::vector<std::pair<std::string, absl::Status>>& errors) {
+  std::string out;
+  PutU32(&out, static_cast<uint32_t>(list.size()));
+  out.append(list.data(), list.size());
+  PutU32(&out, static_cast<uint32_t>(errors.size()));
+  for (const auto& [name, status] : errors) {
+    const absl::string_view text = status.message().substr(0, 1000);
+    PutU32(&out, static_cast<uint32_t>(name.size()));
+    out.append(name);
+    PutU32(&out, static_cast<uint32_t>(status.code()));
+    PutU32(&out, static_cast<uint32_t>(text.size()));
+    out.append(text.data(), text.size());
+  }
+  return out;
+}
+
+// The list's bytes and the errors; false when malformed.
+bool UnpackRound(absl::string_view in, absl::string_view* list,
+                 std::map<std::string, absl::Status>* errors) {
+  uint32_t n = 0;
+  if (!GetBytes(&in, list) || !GetU32(&in, &n)) return false;
+  for (uint32_t i = 0; i < n; ++i) {
+    absl::string_view name, text;
+    uint32_t code = 0;
+    if (!GetBytes(&in, &name) || !GetU32(&in, &code) || !GetBytes(&in, &text) ||
+        code == 0 || code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+      return false;
+    }
+    (*errors)[std::string(name)] = absl::Status(static_cast<absl::StatusCode>(code), text);
+  }
+  return in.empty();
+}
 }  // namespace
 
 struct NodeGpuReducer::Op {
@@ -54,10 +108,9 @@ NodeGpuReducer::NodeGpuReducer(const Options& options, const NodeLayout& layout,
 
 absl::StatusOr<std::unique_ptr<NodeGpuReducer>> NodeGpuReducer::Create(
     const Options& options, const NodeLayout& layout, std::unique_ptr<DeviceCopier> copier,
-    PushNodeSum push_node_sum, PartsOf parts_of, const MakeCollectives& make_collectives) {
+    PsStore* store, const MakeCollectives& make_collectives) {
   std::unique_ptr<NodeGpuReducer> r(new NodeGpuReducer(options, layout, std::move(copier)));
-  r->push_node_sum_ = std::move(push_node_sum);
-  r->parts_of_ = std::move(parts_of);
+  r->store_ = store;
   r->idle_tick_ = std::clamp(options.heartbeat_timeout / 20, absl::Milliseconds(1),
                              absl::Milliseconds(10));
   const std::string name = absl::StrCat("/hps-ng-", layout.job_id, "-n", layout.node, "-",
@@ -112,7 +165,7 @@ absl::StatusOr<Handle> NodeGpuReducer::PushPullAsync(absl::string_view name, Ten
   op->in = in;
   op->out = out;
   op->priority = priority;
-  op->parts = parts_of_(name, in.count, in.dtype);
+  op->parts = store_->NodePartsOf(name, in.count, in.dtype);
   op->submitted = absl::Now();
   op->deadline = op->submitted + options_.op_timeout;
   Handle h(op->handle);
@@ -199,6 +252,7 @@ bool NodeGpuReducer::Round() {
   ng::RankList mine;
   mine.leaving = leaving;
   std::vector<OpPtr> listed;
+  std::vector<std::pair<std::string, absl::Status>> my_errors;
   size_t budget = kListBudget;
   for (auto& [name, q] : by_name_) {
     const OpPtr& op = q.front();
@@ -208,11 +262,12 @@ bool NodeGpuReducer::Round() {
       if (!op->pushed.load(std::memory_order_acquire)) continue;  // step 3 still runs
       // A push that failed here is listed as a broadcast, so that the node's ranks
       // disagree and all fail the operation (below).
+      e.name = absl::StrCat(std::string(1, kPushedMark), name);
       if (!op->push_status.ok()) {
         e.kind = ng::OpKind::kBroadcast;
         e.root = layout_.local_rank;
+        my_errors.emplace_back(e.name, op->push_status);
       }
-      e.name = absl::StrCat(std::string(1, kPushedMark), name);
     } else {
       e.name = name;
     }
@@ -227,9 +282,9 @@ bool NodeGpuReducer::Round() {
     mine.entries.push_back(std::move(e));
     listed.push_back(op);
   }
-  std::string msg;
-  ng::Serialize(mine, layout_.local_rank, &msg);
-  auto views = exchange_->Allgather(msg, options_.heartbeat_timeout);
+  std::string list;
+  ng::Serialize(mine, layout_.local_rank, &list);
+  auto views = exchange_->Allgather(PackRound(list, my_errors), options_.heartbeat_timeout);
   last_round_ = absl::Now();
   if (!views.ok()) {
     Break(absl::Status(views.status().code(),
@@ -238,8 +293,11 @@ bool NodeGpuReducer::Round() {
     return false;
   }
   std::vector<ng::RankList> lists;
+  std::vector<std::map<std::string, absl::Status>> errors(layout_.local_size);
   for (int lr = 0; lr < layout_.local_size; ++lr) {
-    auto l = ng::Parse((*views)[lr], lr);
+    absl::string_view bytes;
+    absl::StatusOr<ng::RankList> l = absl::InvalidArgumentError("malformed message");
+    if (UnpackRound((*views)[lr], &bytes, &errors[lr])) l = ng::Parse(bytes, lr);
     if (!l.ok()) {
       Break(absl::InternalError(absl::StrCat("the node's GPU reduction got a bad list from ",
                                              Who({lr}), ": ", l.status().message())));
@@ -273,22 +331,44 @@ bool NodeGpuReducer::Round() {
         return false;
       }
       if (!op->reduced) {
-        Finish(op, a.error);
-        continue;
-      }
-      // Step 3 failed at some local rank: say which.
-      std::vector<int> failed;
-      for (int lr = 0; lr < layout_.local_size; ++lr) {
-        for (const ng::Entry& e : lists[lr].entries) {
-          if (e.name == mine.entries[idx].name && e.kind == ng::OpKind::kBroadcast) {
-            failed.push_back(lr);
+        // The local ranks disagree: every rank fails its servers' rounds, so that the
+        // other nodes' workers hear of it at once too.
+        const absl::Status why(a.error.code(),
+                               absl::StrCat("the node's local ranks disagree: ",
+                                            a.error.message()));
+        // Split as the shape with the most partitions any local rank sent, so that every
+        // partition the other nodes push is failed, once (by its pusher).
+        const std::string& key = mine.entries[idx].name;
+        uint64_t count = op->in.count;
+        DType dtype = op->in.dtype;
+        size_t most = 0;
+        for (const ng::RankList& l : lists) {
+          for (const ng::Entry& e : l.entries) {
+            if (e.name != key) continue;
+            const size_t n = store_->NodePartsOf(key, e.count, e.dtype).size();
+            if (n > most) {
+              most = n;
+              count = e.count;
+              dtype = e.dtype;
+            }
           }
         }
+        (void)store_->FailNodeRoundAsync(op->name, count, dtype, why.message());
+        Finish(op, why);
+        continue;
       }
-      Finish(op, !op->push_status.ok()
-                     ? op->push_status
-                     : absl::UnavailableError(absl::StrCat(
-                           "its push to the servers failed at ", Who(failed), " of this node")));
+      // Step 3 failed at some local rank: its error, and where.
+      absl::Status why = op->push_status;
+      for (int lr = 0; lr < layout_.local_size && why.ok(); ++lr) {
+        auto it = errors[lr].find(mine.entries[idx].name);
+        if (it != errors[lr].end()) {
+          why = absl::Status(it->second.code(),
+                             absl::StrCat(it->second.message(), " (the push of ", Who({lr}),
+                                          " of this node)"));
+        }
+      }
+      if (why.ok()) why = absl::InternalError("a push failed at another local rank");
+      Finish(op, why);
     }
   }
   if (!seconds.empty()) RunSecond(seconds);
@@ -402,7 +482,7 @@ void NodeGpuReducer::RunFirst(const std::vector<OpPtr>& ops) {
   for (const OpPtr& op : ops) {
     op->reduced = true;
     TensorView host{op->staging.data, op->out.count, op->out.dtype};
-    auto h = push_node_sum_(op->name, host, host, op->priority);
+    auto h = store_->PushPullNodeSumAsync(op->name, host, host, op->priority);
     if (!h.ok()) {
       op->push_status = h.status();
       op->pushed.store(true, std::memory_order_release);

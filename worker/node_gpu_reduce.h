@@ -56,6 +56,8 @@
 
 namespace hybridps {
 
+class PsStore;
+
 // A partition of a tensor as the node splits it: elements [offset, offset + count), pushed
 // for the node by local rank `pusher`.
 struct NodePart {
@@ -100,11 +102,6 @@ std::unique_ptr<NodeCollectives> NewNcclNodeCollectives(ShmAllreduce* exchange,
 
 class NodeGpuReducer {
  public:
-  // Step 3's push_pull of the node's sum, on host memory (see the file comment).
-  using PushNodeSum = std::function<absl::StatusOr<Handle>(
-      absl::string_view name, TensorView in, TensorView out, int priority)>;
-  using PartsOf = std::function<std::vector<NodePart>(absl::string_view name, size_t count,
-                                                      DType dtype)>;
   // The node's collectives; `exchange`: the node's segment (for NCCL's id), which
   // outlives them.
   using MakeCollectives = std::function<std::unique_ptr<NodeCollectives>(
@@ -112,10 +109,12 @@ class NodeGpuReducer {
 
   // Opens the node's negotiation segment (every local rank must, within
   // options.start_timeout) and starts the thread.
-  // `copier`: step 3's copies (NewCudaCopier() in CUDA builds).
+  // `copier`: step 3's copies (NewCudaCopier() in CUDA builds); `store`: this worker's
+  // parameter-server store (step 3's push_pull, the partitions and their pushers), which
+  // must outlive the reducer.
   static absl::StatusOr<std::unique_ptr<NodeGpuReducer>> Create(
       const Options& options, const NodeLayout& layout, std::unique_ptr<DeviceCopier> copier,
-      PushNodeSum push_node_sum, PartsOf parts_of, const MakeCollectives& make_collectives);
+      PsStore* store, const MakeCollectives& make_collectives);
   // Shutdown().
   ~NodeGpuReducer();
   NodeGpuReducer(const NodeGpuReducer&) = delete;
@@ -194,8 +193,7 @@ class NodeGpuReducer {
   NodeLayout layout_;
   std::unique_ptr<DeviceCopier> copier_;
   StagingCache cache_;  // the loop thread only
-  PushNodeSum push_node_sum_;
-  PartsOf parts_of_;
+  PsStore* store_ = nullptr;
   std::unique_ptr<ShmAllreduce> exchange_;
   std::unique_ptr<NodeCollectives> collectives_;
   int device_ = -1;  // the communicator's (the loop thread only)

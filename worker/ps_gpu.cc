@@ -56,14 +56,7 @@ absl::StatusOr<std::unique_ptr<PsGpuStore>> PsGpuStore::Create(
     ASSIGN_OR_RETURN(
         s->node_,
         NodeGpuReducer::Create(
-            options, s->layout(), parts.copier(),
-            [self](absl::string_view name, TensorView in, TensorView out, int priority) {
-              return self->PushPullNodeSumAsync(name, in, out, priority);
-            },
-            [self](absl::string_view name, size_t count, DType dtype) {
-              return self->NodePartsOf(name, count, dtype);
-            },
-            parts.collectives));
+            options, s->layout(), parts.copier(), self, parts.collectives));
   }
   return s;
 }

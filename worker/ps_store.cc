@@ -34,6 +34,7 @@ struct PsStore::Op {
   bool completed = false;
   bool local = false;       // reduced across the node's local ranks first
   bool node_sum = false;    // `in` holds the node's sum already (PushPullNodeSumAsync)
+  std::string node_fail;    // FailNodeRoundAsync: every partition fails its server round
   bool in_failing = false;  // listed in PsStore::failing_
   bool burst = false;       // submitted within burst_gather of the previous operation
   int local_pending = 0;    // partitions the local reducer still works on (it may touch
@@ -165,6 +166,17 @@ std::vector<NodePart> PsStore::NodePartsOf(absl::string_view name, size_t count,
 absl::StatusOr<Handle> PsStore::PushPullNodeSumAsync(absl::string_view name, TensorView in,
                                                      TensorView out, int priority) {
   return SubmitPushPull(name, in, out, priority, /*node_sum=*/true);
+}
+
+absl::StatusOr<Handle> PsStore::FailNodeRoundAsync(absl::string_view name, size_t count,
+                                                   DType dtype, absl::string_view why) {
+  auto op = std::make_shared<Op>();
+  op->name = std::string(name);
+  op->kind = wire::OP_PUSHPULL;
+  op->in = op->out = TensorView{nullptr, count, dtype};
+  op->node_sum = true;
+  op->node_fail = why.empty() ? std::string("the node's local ranks disagree") : std::string(why);
+  return Submit(std::move(op));
 }
 
 absl::StatusOr<Handle> PsStore::Submit(std::shared_ptr<Op> op) {
@@ -351,6 +363,7 @@ void PsStore::Activate(Op* op) {
     PartTask t{op->priority, op->seq, p.index, active_.at(op->seq), false, nullptr, ""};
     t.skip = op->node_sum &&
              NodePusherOf(op->key, p.index, layout_.local_size) != layout_.local_rank;
+    t.fail = op->node_fail;
     if (hold) {
       held_.push_back(std::move(t));
     } else {
@@ -502,7 +515,10 @@ void PsStore::Dispatch() {
       }
       continue;
     }
-    if (!t.fail.empty()) continue;  // its answer is the failure every node gets
+    if (!t.fail.empty()) {  // its answer is the failure every node gets
+      if (!t.local) FinishPart(op, absl::AbortedError(t.fail));
+      continue;
+    }
     pushes_per_lane_[lane].fetch_add(1, std::memory_order_relaxed);
     const size_t pushed = pushes_data ? bytes : 0;
     if (pushed > 0) {

@@ -70,6 +70,13 @@ class PsStore : public KVStore {
   // rank of the node calls it for the same operation.
   absl::StatusOr<Handle> PushPullNodeSumAsync(absl::string_view name, TensorView in,
                                               TensorView out, int priority);
+  // The node's local ranks disagreed on a push_pull: fails the servers' round of the
+  // partitions this local rank pushes, split as `count` `dtype` elements would be (every
+  // local rank calls it with the same), so that the other nodes' workers get the error
+  // `why` at once instead of waiting for the deadline. The handle completes once the
+  // requests are sent.
+  absl::StatusOr<Handle> FailNodeRoundAsync(absl::string_view name, size_t count, DType dtype,
+                                            absl::string_view why);
 
   // Partitions per server dispatched so far (tests check placement and one push per node).
   std::vector<uint64_t> PushesPerServer() const;

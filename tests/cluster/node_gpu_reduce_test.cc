@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "common/partition.h"
 #include "common/status.h"
+#include "tests/cluster/host_collectives.h"
 #include "tests/cluster/host_copier.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
@@ -33,76 +34,6 @@
 
 namespace hybridps::testing {
 namespace {
-
-// NodeCollectives over a shared-memory segment of the node's own.
-class HostCollectives : public NodeCollectives {
- public:
-  struct Faults {
-    int fail_reduce = -1;  // the n-th Reduce (0-based) fails at this rank
-  };
-  HostCollectives(ShmAllreduce* exchange, std::string name, Faults faults)
-      : local_rank_(exchange->local_rank()), local_size_(exchange->local_size()),
-        name_(std::move(name)), faults_(faults) {}
-
-  absl::Status Open(int device, absl::Time deadline) override {
-    device_ = device;
-    auto s = ShmAllreduce::Open(name_, local_rank_, local_size_, 64 << 10, deadline);
-    if (!s.ok()) return s.status();
-    shm_ = std::move(*s);
-    return absl::OkStatus();
-  }
-  absl::Status Reduce(const std::vector<NodeTensor>& tensors, absl::Time deadline) override {
-    if (reduces_++ == faults_.fail_reduce) {
-      return absl::InternalError("ncclReduce failed: unhandled cuda error (NCCL error 1)");
-    }
-    for (const NodeTensor& t : tensors) {
-      const size_t es = DTypeSize(t.dtype);
-      for (const NodePart& p : *t.parts) {
-        std::vector<char> sum(p.count * es + 1);
-        RETURN_IF_ERROR(shm_->Allreduce(t.dtype, static_cast<const char*>(t.in) + p.offset * es,
-                                        sum.data(), p.count, deadline - absl::Now()));
-        char* dst = static_cast<char*>(t.out) + p.offset * es;
-        if (p.pusher == local_rank_) {
-          std::memcpy(dst, sum.data(), p.count * es);
-        } else {
-          std::memset(dst, 0x7b, p.count * es);  // undefined at non-roots
-        }
-      }
-    }
-    return absl::OkStatus();
-  }
-  absl::Status Broadcast(const std::vector<NodeTensor>& tensors,
-                         absl::Time deadline) override {
-    for (const NodeTensor& t : tensors) {
-      const size_t es = DTypeSize(t.dtype);
-      for (const NodePart& p : *t.parts) {
-        RETURN_IF_ERROR(shm_->Broadcast(t.dtype, static_cast<char*>(t.out) + p.offset * es,
-                                        p.count, p.pusher, deadline - absl::Now()));
-      }
-    }
-    return absl::OkStatus();
-  }
-  void Abort() override {
-    if (shm_) shm_->Abort(absl::AbortedError("aborted"));
-  }
-  int device() const { return device_; }
-
- private:
-  int local_rank_, local_size_;
-  std::string name_;
-  Faults faults_;
-  int reduces_ = 0;
-  int device_ = -1;
-  std::unique_ptr<ShmAllreduce> shm_;
-};
-
-std::unique_ptr<NodeCollectives> MakeHostCollectives(ShmAllreduce* exchange,
-                                                    const NodeLayout& layout,
-                                                    HostCollectives::Faults faults = {}) {
-  return std::make_unique<HostCollectives>(
-      exchange, absl::StrCat("/hps-t-nc-", getpid(), "-", layout.job_id, "-n", layout.node),
-      faults);
-}
 
 // An in-process cluster whose workers each have the node reduction in front of their
 // store, with the stand-ins.
@@ -129,13 +60,7 @@ class NodeCluster {
         auto copier = std::make_unique<HostCopier>(
             shared[w], 2, absl::Microseconds(50 * (w + 1)), HostCopier::Faults{});
         auto r = NodeGpuReducer::Create(
-            o, ps->layout(), std::move(copier),
-            [ps](absl::string_view name, TensorView in, TensorView out, int prio) {
-              return ps->PushPullNodeSumAsync(name, in, out, prio);
-            },
-            [ps](absl::string_view name, size_t count, DType dtype) {
-              return ps->NodePartsOf(name, count, dtype);
-            },
+            o, ps->layout(), std::move(copier), ps,
             [f](ShmAllreduce* ex, const NodeLayout& layout) {
               return MakeHostCollectives(ex, layout, f);
             });
@@ -286,29 +211,42 @@ INSTANTIATE_TEST_SUITE_P(Shapes, NodeGpuReduceTest,
                                                "_s", info.param.servers);
                          });
 
-// A local rank with another count fails the operation on every rank of its node (and the
-// other node's ranks, whose servers round never completes, at the deadline); the node
-// goes on with the next operation.
-TEST(NodeGpuReduceFaultTest, ShapeMismatchFailsEveryLocalRankNamingTheShapes) {
-  NodeCluster nc(OneNodeOfTwo());
+// Local ranks with different counts fail the operation on every rank of their node,
+// naming both shapes, and fail the servers' rounds so that the other node's workers get
+// the error at once, not at the deadline; the job goes on with the next operation.
+TEST(NodeGpuReduceFaultTest, ShapeMismatchFailsEveryRankAtOnceNamingTheShapes) {
+  ClusterConfig c = OneNodeOfTwo();
+  c.workers = 4;
+  NodeCluster nc(c);
   ASSERT_NE(nc.cluster, nullptr);
   nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
     ASSERT_NE(r, nullptr);
     FakeGpuTensor bad(sh, DType::kFloat32, rank == 0 ? 100 : 101);
+    const absl::Time start = absl::Now();
     auto h = r->PushPullAsync("w", bad.view(), bad.view(), 0);
     ASSERT_TRUE(h.ok()) << h.status();
     absl::Status s = h->Wait();
-    EXPECT_FALSE(s.ok());
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
     EXPECT_TRUE(absl::StrContains(s.message(), "100 float32")) << s;
     EXPECT_TRUE(absl::StrContains(s.message(), "101 float32")) << s;
+    if (rank >= 2) {
+      EXPECT_TRUE(absl::StrContains(s.message(), "disagree")) << s;
+    }
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << s;
+  });
+  // Once every rank has its error (a node that moved on at once would make the servers
+  // abandon the round another node has not reached yet).
+  nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
     FakeGpuTensor good(sh, DType::kFloat32, 1000);
     good.buf.Fill(rank, 0, 0);
-    h = r->PushPullAsync("w", good.view(), good.view(), 0);
+    auto h = r->PushPullAsync("w", good.view(), good.view(), 0);
     ASSERT_TRUE(h.ok()) << h.status();
-    s = h->Wait();
+    absl::Status s = h->Wait();
     ASSERT_TRUE(s.ok()) << s;
     for (size_t e = 0; e < 1000; ++e) {
-      ASSERT_EQ(good.buf.at(e), Value(e, 0, 0, 0) + Value(e, 1, 0, 0)) << e;
+      double want = 0;
+      for (int w = 0; w < 4; ++w) want += Value(e, w, 0, 0);
+      ASSERT_EQ(good.buf.at(e), want) << e;
     }
   });
 }
@@ -341,8 +279,8 @@ TEST(NodeGpuReduceFaultTest, DeviceRulesAreCheckedAtSubmission) {
 }
 
 // When the servers fail a round (here: the two nodes pushed different sizes), the rank
-// that pushed gets the servers' error and its node peers an error naming it; the node
-// goes on with the next operation.
+// that pushed gets the servers' error and its node peers the same error, saying whose
+// push it was; the node goes on with the next operation.
 TEST(NodeGpuReduceFaultTest, AFailedPushFailsTheOperationOnEveryLocalRank) {
   ClusterConfig c = OneNodeOfTwo();
   c.workers = 4;
@@ -356,18 +294,21 @@ TEST(NodeGpuReduceFaultTest, AFailedPushFailsTheOperationOnEveryLocalRank) {
     ASSERT_TRUE(h.ok()) << h.status();
     absl::Status s = h->Wait();
     EXPECT_FALSE(s.ok());
-    if (rank % 2 == pusher) {
-      EXPECT_TRUE(absl::StrContains(s.message(), "mismatched")) << s;
-    } else {
-      EXPECT_TRUE(absl::StrContains(
-          s.message(), absl::StrCat("its push to the servers failed at local rank ", pusher)))
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "mismatched")) << s;
+    if (rank % 2 != pusher) {
+      EXPECT_TRUE(absl::StrContains(s.message(),
+                                    absl::StrCat("(the push of local rank ", pusher, " (worker ",
+                                                 rank - rank % 2 + pusher, ") of this node)")))
           << s;
     }
+  });
+  nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
     FakeGpuTensor good(sh, DType::kFloat32, 1000);
     good.buf.Fill(rank, 0, 0);
-    h = r->PushPullAsync("v", good.view(), good.view(), 0);
+    auto h = r->PushPullAsync("v", good.view(), good.view(), 0);
     ASSERT_TRUE(h.ok()) << h.status();
-    s = h->Wait();
+    absl::Status s = h->Wait();
     ASSERT_TRUE(s.ok()) << s;
     for (size_t e = 0; e < 1000; ++e) {
       double want = 0;
