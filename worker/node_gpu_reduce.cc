@@ -170,7 +170,10 @@ absl::StatusOr<Handle> NodeGpuReducer::PushPullAsync(absl::string_view name, Ten
   op->deadline = op->submitted + options_.op_timeout;
   Handle h(op->handle);
   absl::MutexLock lock(&mu_);
-  if (!broken_.ok()) return broken_;
+  if (!broken_.ok()) {  // named like the operations it failed
+    return absl::Status(broken_.code(),
+                        absl::StrCat(op->Describe(), " failed: ", broken_.message()));
+  }
   if (stopping_) {
     return absl::FailedPreconditionError(
         absl::StrCat(op->Describe(), ": the store was shut down"));

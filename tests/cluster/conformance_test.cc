@@ -23,10 +23,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/dtype.h"
+#include "tests/cluster/host_collectives.h"
 #include "tests/cluster/host_copier.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
 #include "worker/gpu_staging.h"
+#include "worker/node_gpu_reduce.h"
+#include "worker/ps_store.h"
 #if HYBRIDPS_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -45,6 +48,9 @@ struct Param {
   // Settings other than the defaults, and a word for the test's name.
   std::string variant = {};
   std::function<void(ClusterConfig*)> tweak = nullptr;
+  // staged, nodes of several local ranks: push_pulls through the node's GPU reduction
+  // (HYBRIDPS_GPU_LOCAL_REDUCE=nccl) on stand-ins for CUDA and NCCL.
+  bool node_gpu = false;
 };
 
 std::string Name(const ::testing::TestParamInfo<Param>& info) {
@@ -54,6 +60,7 @@ std::string Name(const ::testing::TestParamInfo<Param>& info) {
   if (p.backend != "dist_allreduce") absl::StrAppend(&name, "_s", p.servers);
   if (p.local > 1) absl::StrAppend(&name, "_l", p.local);
   if (p.staged) absl::StrAppend(&name, p.helpers ? "_staged" : "_staged_nohelp");
+  if (p.node_gpu) absl::StrAppend(&name, "_node_nccl");
   if (!p.variant.empty()) absl::StrAppend(&name, "_", p.variant);
   return name;
 }
@@ -69,7 +76,9 @@ constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat1
 
 // A worker's store seen through dist_hybrid's GPU staging layer (worker/gpu_staging.h)
 // with the host stand-in for the GPU: every tensor handed in is taken as memory of GPU 0,
-// copied to a staging buffer, reduced by the worker's store and copied back.
+// copied to a staging buffer, reduced by the worker's store and copied back. With a node
+// reducer (AttachNode), push_pulls take the node's GPU reduction instead, routed as
+// PsGpuStore routes them.
 class StagedStore : public KVStore {
  public:
   StagedStore(KVStore* inner, absl::Duration timeout, bool helpers)
@@ -80,7 +89,22 @@ class StagedStore : public KVStore {
                                      HostCopier::Faults{}),
         BackendOf(inner), inner->num_workers(), timeout, helpers);
   }
-  ~StagedStore() override { stager_->Shutdown(); }
+  ~StagedStore() override { Shutdown().IgnoreError(); }
+
+  // The node's GPU reduction over this worker's store (collective: every local rank of
+  // the node at once).
+  absl::Status AttachNode(const Options& options) {
+    auto* ps = dynamic_cast<PsStore*>(inner_);
+    if (ps == nullptr) return absl::InvalidArgumentError("not a dist_hybrid store");
+    ASSIGN_OR_RETURN(node_, NodeGpuReducer::Create(
+                                options, ps->layout(),
+                                std::make_unique<HostCopier>(shared_, 1, absl::Microseconds(20),
+                                                             HostCopier::Faults{}),
+                                ps, [](ShmAllreduce* ex, const NodeLayout& layout) {
+                                  return MakeHostCollectives(ex, layout);
+                                }));
+    return absl::OkStatus();
+  }
 
   absl::string_view type() const override { return inner_->type(); }
   int rank() const override { return inner_->rank(); }
@@ -93,6 +117,10 @@ class StagedStore : public KVStore {
   }
   absl::StatusOr<Handle> PushPullAsync(absl::string_view name, TensorView in, TensorView out,
                                        int priority) override {
+    if (node_ && in.count > 0 && in.count == out.count && in.dtype == out.dtype &&
+        in.data != nullptr && out.data != nullptr) {
+      return node_->PushPullAsync(name, OnGpu(in), OnGpu(out), priority);
+    }
     return stager_->PushPullAsync(name, OnGpu(in), OnGpu(out), priority);
   }
   absl::Status Barrier() override { return inner_->Barrier(); }
@@ -100,6 +128,7 @@ class StagedStore : public KVStore {
     return inner_->IsCapable(capability);
   }
   absl::Status Shutdown() override {
+    if (node_) node_->Shutdown();
     stager_->Shutdown();
     return absl::OkStatus();  // the cluster shuts the worker's store down
   }
@@ -118,6 +147,7 @@ class StagedStore : public KVStore {
   KVStore* inner_;
   std::shared_ptr<HostCopier::Shared> shared_;
   std::unique_ptr<GpuStager> stager_;
+  std::unique_ptr<NodeGpuReducer> node_;
 };
 
 // A cluster and, for staged parameters, the staging stores in front of its workers
@@ -165,6 +195,15 @@ class ConformanceTest : public ::testing::TestWithParam<Param> {
     for (int w = 0; GetParam().staged && w < job->cluster->num_workers(); ++w) {
       job->staged.push_back(std::make_unique<StagedStore>(job->cluster->worker(w), c.op_timeout,
                                                           GetParam().helpers));
+    }
+    if (GetParam().node_gpu) {
+      Options o = job->cluster->options();
+      o.op_timeout = c.op_timeout;
+      o.heartbeat_timeout = c.heartbeat_timeout;
+      job->RunOnWorkers([&](int rank, KVStore*) {
+        absl::Status s = job->staged[rank]->AttachNode(o);
+        EXPECT_TRUE(s.ok()) << s;
+      });
     }
     return job;
   }
@@ -313,7 +352,9 @@ TEST_P(ConformanceTest, BroadcastFromEveryRootInEveryDType) {
         }
       }
     }
-    // A broadcast and a push_pull on one name keep their order.
+    // A broadcast and a push_pull on one name keep their order (the node's GPU reduction
+    // refuses them in flight together instead: node_gpu_reduce_test.cc).
+    if (GetParam().node_gpu) return;
     Buffer x(DType::kFloat32, 100);
     x.Fill(rank, 0, 3);
     auto hb = kv->BroadcastAsync("mixed", x.view(), n() - 1);
@@ -598,6 +639,10 @@ std::vector<Param> Params() {
         std::tuple{"ipc", 6, 2, 3}}) {
     p.push_back({"dist_hybrid", transport, workers, servers, local, /*staged=*/true});
   }
+  // Push_pulls through the node's GPU reduction (HYBRIDPS_GPU_LOCAL_REDUCE=nccl), on
+  // stand-ins for CUDA and NCCL: nodes of 2 and of 3.
+  p.push_back({"dist_hybrid", "inproc", 4, 2, 2, /*staged=*/true, true, "", nullptr, true});
+  p.push_back({"dist_hybrid", "tcp", 6, 2, 3, /*staged=*/true, true, "", nullptr, true});
   // Only the stager's own thread runs the staging steps (HYBRIDPS_CALLER_ROUNDS=0).
   p.push_back({"dist_hybrid", "inproc", 3, 2, 1, /*staged=*/true, /*helpers=*/false});
   p.push_back({"dist_hybrid", "inproc", 4, 2, 2, /*staged=*/true, /*helpers=*/false});
