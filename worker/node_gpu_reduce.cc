@@ -287,7 +287,10 @@ bool NodeGpuReducer::Round() {
   }
   std::string list;
   ng::Serialize(mine, layout_.local_rank, &list);
-  auto views = exchange_->Allgather(PackRound(list, my_errors), options_.heartbeat_timeout);
+  // Twice the heartbeat timeout: a dead or hung local rank is named by the scheduler
+  // first (the store then aborts the rounds with that); this bound is for a rank whose
+  // process lives on but whose reducer thread stopped.
+  auto views = exchange_->Allgather(PackRound(list, my_errors), 2 * options_.heartbeat_timeout);
   last_round_ = absl::Now();
   if (!views.ok()) {
     Break(absl::Status(views.status().code(),
@@ -566,7 +569,7 @@ void NodeGpuReducer::Abort(const absl::Status& status) {
   // Both are safe from any thread; the loop thread's waits end with an error and it
   // breaks (naming what it was doing); the cause is logged here.
   HPS_LOG(WARNING) << "stopping the node's GPU reduction: " << status.message();
-  collectives_->Abort();
+  collectives_->Abort(status);
   exchange_->Abort(status);
   bell_->Ring();
 }
@@ -585,7 +588,7 @@ void NodeGpuReducer::FailAll(const absl::Status& status, bool abort) {
   }
   if (abort) {
     HPS_LOG(ERROR) << status.message();
-    collectives_->Abort();
+    collectives_->Abort(status);
     exchange_->Abort(status);
   }
   for (auto& [name, q] : by_name_) {

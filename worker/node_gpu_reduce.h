@@ -28,7 +28,8 @@
 // Rounds run at once when there is new work, every cycle_time while work is pending
 // anywhere on the node, and every idle tick otherwise (so a rank with no work still joins
 // the rounds of those waiting for it). Every wait has a deadline: an operation not done by
-// op_timeout, or a round a local rank does not join within heartbeat_timeout, fails every
+// op_timeout, or a round a local rank does not join within twice heartbeat_timeout (the
+// scheduler names a dead process first, and the store then aborts the rounds), fails every
 // pending operation with an error naming the tensor or the local ranks, aborts the NCCL
 // communicator, and the reducer stays broken (every later operation fails).
 #ifndef HYBRIDPS_WORKER_NODE_GPU_REDUCE_H_
@@ -89,8 +90,8 @@ class NodeCollectives {
   // One group: per tensor and part, the pusher's `out` there into every local rank's.
   virtual absl::Status Broadcast(const std::vector<NodeTensor>& tensors,
                                  absl::Time deadline) = 0;
-  // Ends whatever runs (any thread); every later call fails.
-  virtual void Abort() = 0;
+  // Ends whatever runs (any thread); it and every later call fail with `why`.
+  virtual void Abort(const absl::Status& why) = 0;
 };
 
 #if HYBRIDPS_WITH_NCCL

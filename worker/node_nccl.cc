@@ -1,12 +1,12 @@
 // NodeCollectives on NCCL (worker/node_gpu_reduce.h): one communicator among a node's
 // local ranks, made on the reducer's thread; its waits poll with deadlines and stop when
-// Abort() was called (NcclComm then aborts the communicator).
-#include <atomic>
+// Abort() was called, with its reason (NcclComm then aborts the communicator).
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "worker/nccl_comm.h"
@@ -36,13 +36,16 @@ class NcclNodeCollectives : public NodeCollectives {
                          absl::Time deadline) override {
     return Run(Calls(/*broadcast=*/true, tensors), deadline);
   }
-  void Abort() override { aborted_.store(true); }
+  void Abort(const absl::Status& why) override {
+    absl::MutexLock lock(&mu_);
+    if (why_.ok()) why_ = why.ok() ? absl::AbortedError("the node's GPU reduction stopped") : why;
+  }
 
  private:
   NcclComm::Interrupt Interrupt() {
     return [this]() -> absl::Status {
-      if (aborted_.load()) return absl::AbortedError("the node's GPU reduction was stopped");
-      return absl::OkStatus();
+      absl::MutexLock lock(&mu_);
+      return why_;
     };
   }
   // Per tensor and non-empty part: ncclReduce(in -> out) or ncclBroadcast(out, in place),
@@ -76,7 +79,8 @@ class NcclNodeCollectives : public NodeCollectives {
 
   ShmAllreduce* exchange_;
   std::unique_ptr<NcclComm> comm_;
-  std::atomic<bool> aborted_{false};
+  absl::Mutex mu_;
+  absl::Status why_ ABSL_GUARDED_BY(mu_);  // non-OK once aborted
 };
 
 }  // namespace

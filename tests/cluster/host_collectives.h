@@ -71,8 +71,8 @@ class HostCollectives : public NodeCollectives {
     }
     return absl::OkStatus();
   }
-  void Abort() override {
-    if (shm_) shm_->Abort(absl::AbortedError("aborted"));
+  void Abort(const absl::Status& why) override {
+    if (shm_) shm_->Abort(why);
   }
   int device() const { return device_; }
 
