@@ -593,12 +593,9 @@ void NodeGpuReducer::FailAll(const absl::Status& status, bool abort) {
   }
   for (auto& [name, q] : by_name_) {
     for (const OpPtr& op : q) {
-      // Step 3 may still write into `out` until it has ended (bounded by its deadline).
-      while (op->reduced && !op->pushed.load(std::memory_order_acquire) &&
-             absl::Now() < op->deadline + absl::Seconds(1)) {
-        absl::SleepFor(absl::Milliseconds(1));
-      }
-      // A copy of it may have been cut short: its memory is not reused.
+      // Its staging memory may still be written (a copy cut short, or step 3's push_pull,
+      // which ends by its own deadline): it is not reused. `out` is only written by this
+      // thread, so the handle can complete now.
       if (op->staging.data != nullptr) cache_.Abandon(op->staging);
       op->staging = {};
       Completed(op, status);
