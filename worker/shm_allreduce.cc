@@ -25,6 +25,7 @@ namespace {
 
 constexpr uint64_t kMagic = 0x6879627073617273ull;  // "hybpsars"
 constexpr int kMaxLocal = 256;
+constexpr size_t kReasonBytes = 512;  // of an abort's error, shared with the other ranks
 constexpr size_t kPage = 4096;
 // Spins before a barrier sleeps: a few microseconds, less than a futex round trip, and
 // short enough not to starve the rank it waits for on a machine with few cores.
@@ -58,6 +59,9 @@ struct ShmAllreduce::Header {
   uint64_t chunk_bytes;
   std::atomic<uint32_t> attached;
   std::atomic<uint32_t> aborted;  // 1 + the local rank that aborted; 0: none
+  // Why (the first kReasonBytes of the aborting rank's error), once reason_bytes is set.
+  std::atomic<uint32_t> reason_bytes;
+  char reason[kReasonBytes];
   alignas(64) std::atomic<uint32_t> gen;      // barrier generation (the futex word)
   alignas(64) std::atomic<uint32_t> arrived;  // ranks at the current barrier
   alignas(64) std::atomic<uint32_t> sleepers;  // ranks in (or about to enter) FUTEX_WAIT
@@ -227,7 +231,11 @@ void ShmAllreduce::Abort(const absl::Status& why) {
   }
   aborted_.store(true, std::memory_order_release);
   uint32_t none = 0;
-  header_->aborted.compare_exchange_strong(none, static_cast<uint32_t>(local_rank_ + 1));
+  if (header_->aborted.compare_exchange_strong(none, static_cast<uint32_t>(local_rank_ + 1))) {
+    const size_t n = std::min(why.message().size(), kReasonBytes);
+    std::memcpy(header_->reason, why.message().data(), n);
+    header_->reason_bytes.store(static_cast<uint32_t>(n), std::memory_order_release);
+  }
   // Wakes the sleepers; gen stays as it is, so a barrier that completed before still
   // reads as completed (its ranks may already act on its data). A rank about to sleep
   // sees the flag within one futex timeout (10 ms).
@@ -248,9 +256,11 @@ absl::Status ShmAllreduce::Barrier(absl::Time deadline, absl::string_view step) 
     }
     const uint32_t by = h->aborted.load(std::memory_order_acquire);
     if (by == 0) return absl::OkStatus();
+    const uint32_t n = h->reason_bytes.load(std::memory_order_acquire);
     return absl::UnavailableError(absl::StrCat(
-        "shared-memory allreduce: local rank ", by - 1,
-        " of this node stopped (its operation failed or its store broke)"));
+        "shared-memory allreduce: local rank ", by - 1, " of this node stopped",
+        n > 0 ? absl::StrCat(": ", absl::string_view(h->reason, n))
+              : std::string(" (its operation failed or its store broke)")));
   };
   if (absl::Status s = aborted(); !s.ok()) return s;
   const uint32_t g = h->gen.load(std::memory_order_acquire);

@@ -419,18 +419,24 @@ TEST(NodeGpuReduceFaultTest, AbortEndsTheNodesWaitsAtOnce) {
 }
 
 #if HYBRIDPS_WITH_CUDA
-// The store itself (PsGpuStore, what KVStore::Create("dist_hybrid") makes in CUDA builds)
-// with HYBRIDPS_GPU_LOCAL_REDUCE=nccl and the stand-ins: GPU push_pulls go through the
-// node's reduction, CPU ones through the host path, and the two may not overlap on one
-// name (refused, naming it).
-TEST(NodeGpuReduceStoreTest, GpuPushPullsTakeTheNodePathAndPathsDoNotOverlapOnAName) {
-  auto shared = std::make_shared<HostCopier::Shared>();
+// The stores created next build the node's reduction on the stand-ins (undone by
+// SetNodeGpuPartsForTesting({})).
+void StandInsForTheStore(std::shared_ptr<HostCopier::Shared> shared) {
   PsGpuStore::SetNodeGpuPartsForTesting(
       {[shared] {
          return std::make_unique<HostCopier>(shared, 2, absl::Microseconds(20),
                                              HostCopier::Faults{});
        },
        [](ShmAllreduce* ex, const NodeLayout& layout) { return MakeHostCollectives(ex, layout); }});
+}
+
+// The store itself (PsGpuStore, what KVStore::Create("dist_hybrid") makes in CUDA builds)
+// with HYBRIDPS_GPU_LOCAL_REDUCE=nccl and the stand-ins: GPU push_pulls go through the
+// node's reduction, CPU ones through the host path, and the two may not overlap on one
+// name (refused, naming it).
+TEST(NodeGpuReduceStoreTest, GpuPushPullsTakeTheNodePathAndPathsDoNotOverlapOnAName) {
+  auto shared = std::make_shared<HostCopier::Shared>();
+  StandInsForTheStore(shared);
   ClusterConfig c = OneNodeOfTwo();
   c.workers = 4;
   c.servers = 2;
@@ -485,6 +491,34 @@ TEST(NodeGpuReduceStoreTest, GpuPushPullsTakeTheNodePathAndPathsDoNotOverlapOnAN
           << refused.status();
     }
     ASSERT_TRUE(h->Wait().ok());
+  });
+  cluster->reset();
+  PsGpuStore::SetNodeGpuPartsForTesting({});
+}
+
+// When the store breaks (here: the scheduler names a dead server), it ends the node's
+// rounds at once: a GPU push_pull waiting in them for a local rank fails with the cause
+// within the heartbeat timeout, not at its deadline.
+TEST(NodeGpuReduceStoreTest, ADeadServerEndsTheNodesRoundsAtOnce) {
+  auto shared = std::make_shared<HostCopier::Shared>();
+  StandInsForTheStore(shared);
+  ClusterConfig c = OneNodeOfTwo(absl::Seconds(30), absl::Seconds(1));
+  c.worker_options = [](int, Options* o) { o->gpu_local_reduce = "nccl"; };
+  auto cluster = LocalCluster::Start(c);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
+    if (rank == 1) {  // never submits; kills the server instead
+      absl::SleepFor(absl::Milliseconds(200));
+      (*cluster)->KillServer(0);
+      return;
+    }
+    FakeGpuTensor g(shared.get(), DType::kFloat32, 1000);
+    const absl::Time start = absl::Now();
+    absl::Status s = kv->PushPull("z", g.view(), g.view());
+    EXPECT_FALSE(s.ok());
+    EXPECT_TRUE(absl::StrContains(s.message(), "server 0")) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "'z'")) << s;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << s;
   });
   cluster->reset();
   PsGpuStore::SetNodeGpuPartsForTesting({});
