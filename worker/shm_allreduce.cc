@@ -59,8 +59,10 @@ struct ShmAllreduce::Header {
   uint64_t chunk_bytes;
   std::atomic<uint32_t> attached;
   std::atomic<uint32_t> aborted;  // 1 + the local rank that aborted; 0: none
-  // Why (the first kReasonBytes of the aborting rank's error), once reason_bytes is set.
+  // Why (the aborting rank's error: its code and the first kReasonBytes of its message),
+  // once reason_bytes is set.
   std::atomic<uint32_t> reason_bytes;
+  uint32_t reason_code;
   char reason[kReasonBytes];
   alignas(64) std::atomic<uint32_t> gen;      // barrier generation (the futex word)
   alignas(64) std::atomic<uint32_t> arrived;  // ranks at the current barrier
@@ -234,6 +236,7 @@ void ShmAllreduce::Abort(const absl::Status& why) {
   if (header_->aborted.compare_exchange_strong(none, static_cast<uint32_t>(local_rank_ + 1))) {
     const size_t n = std::min(why.message().size(), kReasonBytes);
     std::memcpy(header_->reason, why.message().data(), n);
+    header_->reason_code = static_cast<uint32_t>(why.code());
     header_->reason_bytes.store(static_cast<uint32_t>(n), std::memory_order_release);
   }
   // Wakes the sleepers; gen stays as it is, so a barrier that completed before still
@@ -256,11 +259,16 @@ absl::Status ShmAllreduce::Barrier(absl::Time deadline, absl::string_view step) 
     }
     const uint32_t by = h->aborted.load(std::memory_order_acquire);
     if (by == 0) return absl::OkStatus();
+    // The aborting rank's code when it said why (a deadline stays a deadline), else
+    // Unavailable.
     const uint32_t n = h->reason_bytes.load(std::memory_order_acquire);
-    return absl::UnavailableError(absl::StrCat(
-        "shared-memory allreduce: local rank ", by - 1, " of this node stopped",
-        n > 0 ? absl::StrCat(": ", absl::string_view(h->reason, n))
-              : std::string(" (its operation failed or its store broke)")));
+    const bool said = n > 0 && h->reason_code > 0 &&
+                      h->reason_code <= static_cast<uint32_t>(absl::StatusCode::kUnauthenticated);
+    return absl::Status(
+        said ? static_cast<absl::StatusCode>(h->reason_code) : absl::StatusCode::kUnavailable,
+        absl::StrCat("shared-memory allreduce: local rank ", by - 1, " of this node stopped",
+                     said ? absl::StrCat(": ", absl::string_view(h->reason, n))
+                          : std::string(" (its operation failed or its store broke)")));
   };
   if (absl::Status s = aborted(); !s.ok()) return s;
   const uint32_t g = h->gen.load(std::memory_order_acquire);
