@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/byte_io.h"
 
 namespace hybridps::negotiation {
 namespace {
@@ -18,41 +19,14 @@ constexpr uint16_t kVersion = 3;  // 2: the device byte; 3: the payload's offset
 constexpr uint16_t kFlagLeaving = 1;
 constexpr size_t kEntryBytes = 48;
 
-template <typename T>
-void Put(std::string* out, T v) {
-  out->append(reinterpret_cast<const char*>(&v), sizeof v);
-}
-
 // Names and payloads are padded to 8 bytes, so payloads stay aligned in the message.
 size_t PadOf(size_t n) { return (8 - n % 8) % 8; }
 
-class Reader {
- public:
-  explicit Reader(absl::string_view bytes) : bytes_(bytes) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (bytes_.size() - pos_ < sizeof *v) return false;
-    std::memcpy(v, bytes_.data() + pos_, sizeof *v);
-    pos_ += sizeof *v;
-    return true;
-  }
-  bool Take(size_t n, absl::string_view* v) {
-    if (bytes_.size() - pos_ < n) return false;
-    *v = bytes_.substr(pos_, n);
-    pos_ += n;
-    return true;
-  }
-  // Skips the zero padding after a field of n bytes.
-  bool SkipPad(size_t n) {
-    absl::string_view pad;
-    return Take(PadOf(n), &pad) && pad.find_first_not_of('\0') == absl::string_view::npos;
-  }
-  size_t left() const { return bytes_.size() - pos_; }
-
- private:
-  absl::string_view bytes_;
-  size_t pos_ = 0;
-};
+// Skips the zero padding after a field of n bytes.
+bool SkipPad(ByteReader& in, size_t n) {
+  absl::string_view pad;
+  return in.Take(PadOf(n), &pad) && pad.find_first_not_of('\0') == absl::string_view::npos;
+}
 
 std::string RankNames(const std::vector<int>& ranks) {
   return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
@@ -153,7 +127,7 @@ absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
     return absl::DataLossError(
         absl::StrCat("malformed negotiation message from rank ", rank, ": ", why));
   };
-  Reader in(bytes);
+  ByteReader in(bytes);
   uint32_t magic = 0, num = 0;
   uint16_t version = 0, flags = 0;
   int32_t sender = -1;
@@ -195,7 +169,7 @@ absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
     e.gpu = gpu == 1;
     if (name_len == 0 || name_len > kMaxNameBytes) return bad("bad name length");
     absl::string_view name;
-    if (!in.Take(name_len, &name) || !in.SkipPad(name_len)) return bad("truncated name");
+    if (!in.Take(name_len, &name) || !SkipPad(in, name_len)) return bad("truncated name");
     e.name = std::string(name);
     const size_t es = DTypeSize(e.dtype);
     if (e.count > std::numeric_limits<uint64_t>::max() / es) return bad("count overflows");
@@ -210,7 +184,7 @@ absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
       return bad(absl::StrCat("payload of ", payload_len, " bytes at element ",
                               e.payload_offset, " for ", e.Shape()));
     }
-    if (!in.Take(payload_len, &e.payload) || (e.has_payload && !in.SkipPad(payload_len))) {
+    if (!in.Take(payload_len, &e.payload) || (e.has_payload && !SkipPad(in, payload_len))) {
       return bad("truncated payload");
     }
   }

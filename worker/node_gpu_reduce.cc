@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/byte_io.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "worker/negotiation.h"
@@ -27,55 +27,43 @@ constexpr char kPushedMark = '\x01';
 constexpr size_t kListBudget = ShmAllreduce::kExchangeBytes / 2;
 // A round's message: the negotiation's list, then the errors of the pushes that failed
 // at this rank (by listed name), so that the node's other ranks can report them.
-void PutU32(std::string* out, uint32_t v) { out->append(reinterpret_cast<const char*>(&v), 4); }
-
-bool GetU32(absl::string_view* in, uint32_t* v) {
-  if (in->size() < 4) return false;
-  std::memcpy(v, in->data(), 4);
-  in->remove_prefix(4);
-  return true;
-}
-
-bool GetBytes(absl::string_view* in, absl::string_view* v) {
-  uint32_t n = 0;
-  if (!GetU32(in, &n) || in->size() < n) return false;
-  *v = in->substr(0, n);
-  in->remove_prefix(n);
-  return true;
-}
-
 std::string PackRound(absl::string_view list,
                       const std::vector<std::pair<std::string, absl::Status>>& errors) {
   std::string out;
-  PutU32(&out, static_cast<uint32_t>(list.size()));
-  out.append(list.data(), list.size());
-  PutU32(&out, static_cast<uint32_t>(errors.size()));
+  auto put_bytes = [&out](absl::string_view b) {
+    Put(&out, static_cast<uint32_t>(b.size()));
+    out.append(b.data(), b.size());
+  };
+  put_bytes(list);
+  Put(&out, static_cast<uint32_t>(errors.size()));
   for (const auto& [name, status] : errors) {
-    const absl::string_view text = status.message().substr(0, 1000);
-    PutU32(&out, static_cast<uint32_t>(name.size()));
-    out.append(name);
-    PutU32(&out, static_cast<uint32_t>(status.code()));
-    PutU32(&out, static_cast<uint32_t>(text.size()));
-    out.append(text.data(), text.size());
+    put_bytes(name);
+    Put(&out, static_cast<uint32_t>(status.code()));
+    put_bytes(status.message().substr(0, 1000));
   }
   return out;
 }
 
 // The list's bytes and the errors; false when malformed.
-bool UnpackRound(absl::string_view in, absl::string_view* list,
+bool UnpackRound(absl::string_view bytes, absl::string_view* list,
                  std::map<std::string, absl::Status>* errors) {
+  ByteReader in(bytes);
+  auto get_bytes = [&in](absl::string_view* b) {
+    uint32_t n = 0;
+    return in.Get(&n) && in.Take(n, b);
+  };
   uint32_t n = 0;
-  if (!GetBytes(&in, list) || !GetU32(&in, &n)) return false;
+  if (!get_bytes(list) || !in.Get(&n)) return false;
   for (uint32_t i = 0; i < n; ++i) {
     absl::string_view name, text;
     uint32_t code = 0;
-    if (!GetBytes(&in, &name) || !GetU32(&in, &code) || !GetBytes(&in, &text) ||
-        code == 0 || code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+    if (!get_bytes(&name) || !in.Get(&code) || !get_bytes(&text) || code == 0 ||
+        code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
       return false;
     }
     (*errors)[std::string(name)] = absl::Status(static_cast<absl::StatusCode>(code), text);
   }
-  return in.empty();
+  return in.left() == 0;
 }
 }  // namespace
 
@@ -336,45 +324,12 @@ bool NodeGpuReducer::Round() {
                                                ": unexpected plan step for the node")));
         return false;
       }
-      if (!op->reduced) {
-        // The local ranks disagree: every rank fails its servers' rounds, so that the
-        // other nodes' workers hear of it at once too.
-        const absl::Status why(a.error.code(),
-                               absl::StrCat("the node's local ranks disagree: ",
-                                            a.error.message()));
-        // Split as the shape with the most partitions any local rank sent, so that every
-        // partition the other nodes push is failed, once (by its pusher).
-        const std::string& key = mine.entries[idx].name;
-        uint64_t count = op->in.count;
-        DType dtype = op->in.dtype;
-        size_t most = 0;
-        for (const ng::RankList& l : lists) {
-          for (const ng::Entry& e : l.entries) {
-            if (e.name != key) continue;
-            const size_t n = store_->NodePartsOf(key, e.count, e.dtype).size();
-            if (n > most) {
-              most = n;
-              count = e.count;
-              dtype = e.dtype;
-            }
-          }
-        }
-        (void)store_->FailNodeRoundAsync(op->name, count, dtype, why.message());
-        Finish(op, why);
-        continue;
+      const std::string& listed_name = mine.entries[idx].name;
+      if (op->reduced) {
+        Finish(op, FailedPush(op, listed_name, errors));
+      } else {
+        FailDisagreement(op, listed_name, lists, a.error);
       }
-      // Step 3 failed at some local rank: its error, and where.
-      absl::Status why = op->push_status;
-      for (int lr = 0; lr < layout_.local_size && why.ok(); ++lr) {
-        auto it = errors[lr].find(mine.entries[idx].name);
-        if (it != errors[lr].end()) {
-          why = absl::Status(it->second.code(),
-                             absl::StrCat(it->second.message(), " (the push of ", Who({lr}),
-                                          " of this node)"));
-        }
-      }
-      if (why.ok()) why = absl::InternalError("a push failed at another local rank");
-      Finish(op, why);
     }
   }
   if (!seconds.empty()) RunSecond(seconds);
@@ -399,6 +354,47 @@ bool NodeGpuReducer::Round() {
   }
   FailAll(left, /*abort=*/false);
   return false;
+}
+
+void NodeGpuReducer::FailDisagreement(const OpPtr& op, const std::string& listed_name,
+                                      const std::vector<negotiation::RankList>& lists,
+                                      const absl::Status& error) {
+  const absl::Status why(error.code(),
+                         absl::StrCat("the node's local ranks disagree: ", error.message()));
+  // Every rank fails its servers' rounds, so that the other nodes' workers hear of it at
+  // once too; split as the shape with the most partitions any local rank sent, so that
+  // every partition the other nodes push is failed, once (by its pusher).
+  uint64_t count = op->in.count;
+  DType dtype = op->in.dtype;
+  size_t most = 0;
+  for (const ng::RankList& l : lists) {
+    for (const ng::Entry& e : l.entries) {
+      if (e.name != listed_name) continue;
+      const size_t n = store_->NodePartsOf(listed_name, e.count, e.dtype).size();
+      if (n > most) {
+        most = n;
+        count = e.count;
+        dtype = e.dtype;
+      }
+    }
+  }
+  (void)store_->FailNodeRoundAsync(op->name, count, dtype, why.message());
+  Finish(op, why);
+}
+
+absl::Status NodeGpuReducer::FailedPush(
+    const OpPtr& op, const std::string& listed_name,
+    const std::vector<std::map<std::string, absl::Status>>& errors) const {
+  if (!op->push_status.ok()) return op->push_status;
+  for (int lr = 0; lr < layout_.local_size; ++lr) {
+    auto it = errors[lr].find(listed_name);
+    if (it != errors[lr].end()) {
+      return absl::Status(it->second.code(),
+                          absl::StrCat(it->second.message(), " (the push of ", Who({lr}),
+                                       " of this node)"));
+    }
+  }
+  return absl::InternalError("a push failed at another local rank");
 }
 
 absl::Status NodeGpuReducer::broken() {

@@ -53,6 +53,7 @@
 #include "worker/gpu_staging.h"
 #include "worker/handle.h"
 #include "worker/local_reduce.h"
+#include "worker/negotiation.h"
 #include "worker/shm_allreduce.h"
 
 namespace hybridps {
@@ -165,6 +166,15 @@ class NodeGpuReducer {
                            std::vector<uint64_t>* tickets);
   // Waits for `tickets` (every ticket is spent), at most until `deadline`.
   absl::Status WaitCopies(const std::vector<uint64_t>& tickets, absl::Time deadline);
+  // A new operation the node's ranks listed with different shapes (`error` names them):
+  // fails it here and the servers' rounds it would have pushed to.
+  void FailDisagreement(const OpPtr& op, const std::string& listed_name,
+                        const std::vector<negotiation::RankList>& lists,
+                        const absl::Status& error);
+  // The error of an operation whose step 3 failed at some local rank (`errors`: what each
+  // rank said this round, by listed name).
+  absl::Status FailedPush(const OpPtr& op, const std::string& listed_name,
+                          const std::vector<std::map<std::string, absl::Status>>& errors) const;
   void Finish(const OpPtr& op, const absl::Status& status);
   void Completed(const OpPtr& op, const absl::Status& status);  // counts and completes
   // Fails every operation with `status`; with `abort`, also breaks the reducer and ends

@@ -34,7 +34,7 @@ struct PsStore::Op {
   bool completed = false;
   bool local = false;       // reduced across the node's local ranks first
   bool node_sum = false;    // `in` holds the node's sum already (PushPullNodeSumAsync)
-  std::string node_fail;    // FailNodeRoundAsync: every partition fails its server round
+  std::string node_fail;    // FailNodeRoundAsync: its pushed partitions fail their rounds
   bool in_failing = false;  // listed in PsStore::failing_
   bool burst = false;       // submitted within burst_gather of the previous operation
   int local_pending = 0;    // partitions the local reducer still works on (it may touch

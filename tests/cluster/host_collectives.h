@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
 #include "worker/local_reduce.h"
@@ -38,6 +39,8 @@ class HostCollectives : public NodeCollectives {
     auto s = ShmAllreduce::Open(name_, local_rank_, local_size_, 64 << 10, deadline);
     if (!s.ok()) return s.status();
     shm_ = std::move(*s);
+    absl::MutexLock lock(&mu_);
+    opened_ = shm_.get();
     return absl::OkStatus();
   }
   absl::Status Reduce(const std::vector<NodeTensor>& tensors, absl::Time deadline) override {
@@ -72,7 +75,8 @@ class HostCollectives : public NodeCollectives {
     return absl::OkStatus();
   }
   void Abort(const absl::Status& why) override {
-    if (shm_) shm_->Abort(why);
+    absl::MutexLock lock(&mu_);  // any thread (the store's, when it breaks)
+    if (opened_ != nullptr) opened_->Abort(why);
   }
   int device() const { return device_; }
 
@@ -82,7 +86,9 @@ class HostCollectives : public NodeCollectives {
   Faults faults_;
   int reduces_ = 0;
   int device_ = -1;
-  std::unique_ptr<ShmAllreduce> shm_;
+  std::unique_ptr<ShmAllreduce> shm_;  // the reducer's thread
+  absl::Mutex mu_;
+  ShmAllreduce* opened_ ABSL_GUARDED_BY(mu_) = nullptr;  // shm_, for Abort
 };
 
 // The stand-in for a node: one segment per job and node (what MakeCollectives gets).

@@ -103,6 +103,24 @@ ClusterConfig OneNodeOfTwo(absl::Duration op_timeout = absl::Seconds(30),
   return c;
 }
 
+// After a failure: a push_pull of `name` on every worker of `nc` gives the exact sum.
+void ExpectTheNodeGoesOn(NodeCluster& nc, const std::string& name) {
+  const int n = nc.cluster->num_workers();
+  nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
+    FakeGpuTensor good(sh, DType::kFloat32, 1000);
+    good.buf.Fill(rank, 0, 0);
+    auto h = r->PushPullAsync(name, good.view(), good.view(), 0);
+    ASSERT_TRUE(h.ok()) << h.status();
+    absl::Status s = h->Wait();
+    ASSERT_TRUE(s.ok()) << s;
+    for (size_t e = 0; e < 1000; ++e) {
+      double want = 0;
+      for (int w = 0; w < n; ++w) want += Value(e, w, 0, 0);
+      ASSERT_EQ(good.buf.at(e), want) << e;
+    }
+  });
+}
+
 struct Shape {
   int nodes, local, servers;
 };
@@ -236,19 +254,7 @@ TEST(NodeGpuReduceFaultTest, ShapeMismatchFailsEveryRankAtOnceNamingTheShapes) {
   });
   // Once every rank has its error (a node that moved on at once would make the servers
   // abandon the round another node has not reached yet).
-  nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
-    FakeGpuTensor good(sh, DType::kFloat32, 1000);
-    good.buf.Fill(rank, 0, 0);
-    auto h = r->PushPullAsync("w", good.view(), good.view(), 0);
-    ASSERT_TRUE(h.ok()) << h.status();
-    absl::Status s = h->Wait();
-    ASSERT_TRUE(s.ok()) << s;
-    for (size_t e = 0; e < 1000; ++e) {
-      double want = 0;
-      for (int w = 0; w < 4; ++w) want += Value(e, w, 0, 0);
-      ASSERT_EQ(good.buf.at(e), want) << e;
-    }
-  });
+  ExpectTheNodeGoesOn(nc, "w");
 }
 
 // A tensor on another GPU, or host memory labelled GPU, is refused at submission, naming
@@ -303,19 +309,7 @@ TEST(NodeGpuReduceFaultTest, AFailedPushFailsTheOperationOnEveryLocalRank) {
           << s;
     }
   });
-  nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
-    FakeGpuTensor good(sh, DType::kFloat32, 1000);
-    good.buf.Fill(rank, 0, 0);
-    auto h = r->PushPullAsync("v", good.view(), good.view(), 0);
-    ASSERT_TRUE(h.ok()) << h.status();
-    absl::Status s = h->Wait();
-    ASSERT_TRUE(s.ok()) << s;
-    for (size_t e = 0; e < 1000; ++e) {
-      double want = 0;
-      for (int w = 0; w < 4; ++w) want += Value(e, w, 0, 0);
-      ASSERT_EQ(good.buf.at(e), want) << e;
-    }
-  });
+  ExpectTheNodeGoesOn(nc, "v");
 }
 
 // A local rank that never submits is named at the deadline, on the rank waiting for it.
