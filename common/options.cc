@@ -89,6 +89,7 @@ absl::Status Options::Validate() const {
   if (gpu_local_reduce != "host" && gpu_local_reduce != "nccl") {
     return bad("gpu_local_reduce", gpu_local_reduce);
   }
+  if (mxnet_merge != "device" && mxnet_merge != "host") return bad("mxnet_merge", mxnet_merge);
   if (deployment != "colocated" && deployment != "dedicated" && deployment != "mixed") {
     return bad("deployment", deployment);
   }
@@ -242,6 +243,7 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   }
   if (auto v = Get("HYBRIDPS_DEPLOYMENT")) o.deployment = *v;
   if (auto v = Get("HYBRIDPS_GPU_LOCAL_REDUCE")) o.gpu_local_reduce = *v;
+  if (auto v = Get("HYBRIDPS_MXNET_MERGE")) o.mxnet_merge = *v;
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_EXTRA_SERVERS", &o.extra_servers));
   if (auto v = Get("HYBRIDPS_NODE_ID")) o.node_id = *v;
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_SLOTS", &o.local_slots));

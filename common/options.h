@@ -174,6 +174,12 @@ struct Options {
   // with NCCL into the rank that pushes it, and broadcast the result back
   // (worker/node_gpu_reduce.h; builds with NCCL). Every local rank must set it alike.
   std::string gpu_local_reduce = "host";
+  // HYBRIDPS_MXNET_MERGE (the MXNet plugin, a pushpull of one array per device, every one
+  // of them off the host, i.e. GPUs): "device" (default): the arrays are summed on one of
+  // their devices (chosen per key, spread by bytes as MXNet's CommDevice does), and only
+  // that sum goes to the host; "host": each array is copied to the host and summed there
+  // (as MXNet's dist_sync does).
+  std::string mxnet_merge = "device";
   // HYBRIDPS_HIERARCHICAL_ALLREDUCE (dist_allreduce, CPU tensors, jobs over several nodes
   // with local_allreduce on): 1: each node sums in shared memory, its local rank 0
   // allreduces the node's sum with the other nodes' over Gloo, and the node's ranks copy

@@ -48,6 +48,7 @@ struct Global {
   std::shared_ptr<KVStore> store ABSL_GUARDED_BY(mu);
   std::string type ABSL_GUARDED_BY(mu);
   bool shut_down ABSL_GUARDED_BY(mu) = false;
+  std::string merge ABSL_GUARDED_BY(mu);  // Options::mxnet_merge of the job's environment
 };
 Global& G() {
   static Global* g = new Global();  // never destroyed: Python's atexit shuts the store down
@@ -140,6 +141,7 @@ class PyStore {
     ThrowIfError(store.status());
     g.store = std::shared_ptr<KVStore>(std::move(*store));
     g.type = type;
+    g.merge = options->mxnet_merge;
     return PyStore(g.store);
   }
 
@@ -167,6 +169,12 @@ class PyStore {
   int local_rank() const { return store_->local_rank(); }
   int local_size() const { return store_->local_size(); }
   bool optimizer_capable() const { return store_->IsCapable(Capability::kOptimizer); }
+  // Where a pushpull of several device arrays sums them (HYBRIDPS_MXNET_MERGE).
+  std::string merge() const {
+    Global& g = G();
+    absl::MutexLock lock(&g.mu);
+    return g.merge;
+  }
 
   void Barrier() {
     CallReleased([this] { return store_->Barrier(); });
@@ -275,6 +283,7 @@ PYBIND11_MODULE(_hybridps_core, m) {
       .def_property_readonly("local_rank", &PyStore::local_rank)
       .def_property_readonly("local_size", &PyStore::local_size)
       .def_property_readonly("optimizer_capable", &PyStore::optimizer_capable)
+      .def_property_readonly("merge", &PyStore::merge)
       .def("barrier", &PyStore::Barrier)
       .def("set_optimizer", &PyStore::SetOptimizer, py::arg("rule"), py::arg("params"),
            py::arg("schedule"), py::arg("multi_precision"), py::arg("multipliers"))

@@ -101,10 +101,13 @@ class staged_as_gpu:
         plugin._HOST_DEVICE_TYPES = self.saved
 
 
-def devices(kv, staged):
+def devices(kv, staged, merge="device"):
     """pushpull and broadcast with one array per device, out of place and in place, over
-    three rounds (the staging arrays are reused); the expected sums are in the test."""
+    three rounds (the staging arrays are reused); the expected sums are in the test.
+    `merge`: where the plugin sums the devices' arrays when they are staged (the store's
+    HYBRIDPS_MXNET_MERGE, set here on the object)."""
     r, n = kv.rank, kv.num_workers
+    kv._merge_on_device = merge == "device"
     base = np.arange(15, dtype=np.float32).reshape(3, 5)
     got = {"rounds": [], "inplace": [], "one": [], "bcast": []}
     with staged_as_gpu(staged):
@@ -125,7 +128,12 @@ def devices(kv, staged):
         kv.broadcast("dev_bcast", w[1], out=w, root_rank=n - 1)
         got["bcast"] = [a.asnumpy().tolist() for a in w]
         got["staging"] = sorted({str(a.context) for a in kv._staging.values()})
-    report("devices_staged" if staged else "devices", rank=r, n=n, **got)
+        # Where the devices' arrays were summed, per tensor; the host arrays of "dev".
+        got["merged_on"] = {n.split("/", 1)[1]: str(c) for n, c in kv._merge_ctx.items()}
+        got["dev_host_slots"] = sorted(str(slot) for name, slot in kv._staging
+                                       if name.endswith("/dev"))
+    scenario = "devices_staged" if staged else "devices"
+    report(scenario if merge == "device" else f"{scenario}_{merge}", rank=r, n=n, **got)
 
 
 def devices_trainer(kv, staged):
@@ -156,8 +164,10 @@ def devices_trainer(kv, staged):
         moved = [float(np.abs(a - w).max())
                  for a, w in zip(weights(small_net()), weights(net, DEVICES[1]))]
         staging = sorted({str(a.context) for a in kv._staging.values()})
+        merged_on = sorted({str(c) for c in kv._merge_ctx.values()})
     report("devices_trainer_staged" if staged else "devices_trainer", rank=r,
            max_abs_diff=max(diffs), min_moved=min(moved), staging=staging,
+           merged_on=merged_on,
            update_on_kvstore=bool(tr._update_on_kvstore))
 
 
@@ -326,6 +336,8 @@ def main():
             horovod_api()
         elif scenario in ("devices", "devices_staged"):
             devices(mx.kv.create(STORE), scenario == "devices_staged")
+        elif scenario == "devices_staged_host":
+            devices(mx.kv.create(STORE), True, "host")
         elif scenario in ("devices_trainer", "devices_trainer_staged"):
             devices_trainer(mx.kv.create(STORE), scenario == "devices_trainer_staged")
         elif scenario == "mismatch":

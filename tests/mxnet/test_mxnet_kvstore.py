@@ -66,7 +66,8 @@ def job(request, tmp_path_factory):
     state_dir = tmp_path_factory.mktemp(f"states-{request.param}")
     # Plain sums first: once a Trainer runs the optimizer on dist_hybrid's servers, every
     # push_pull of the job is an update.
-    scenarios = ["horovod", "mismatch", "devices", "devices_staged", "save", "sync_sgd",
+    scenarios = ["horovod", "mismatch", "devices", "devices_staged", "devices_staged_host",
+                 "save", "sync_sgd",
                  "devices_trainer", "devices_trainer_staged", "digits", "overlap",
                  "plain_sum"]
     proc, results = run_job(request.param, scenarios, state_dir)
@@ -92,7 +93,7 @@ def test_sync_sgd_matches_one_process_with_twice_the_batch(job):
         assert r["max_abs_diff"] <= TOLERANCE, (store, r)
 
 
-@pytest.mark.parametrize("scenario", ["devices", "devices_staged"])
+@pytest.mark.parametrize("scenario", ["devices", "devices_staged", "devices_staged_host"])
 def test_one_array_per_device(job, scenario):
     """Sums over the devices and the workers, exact: device d of worker w holds
     base * (w + 1) * (k + 1) + d in round k."""
@@ -109,7 +110,17 @@ def test_one_array_per_device(job, scenario):
         assert r["one"] == [(base * workers).tolist()] * 2, r
         assert r["bcast"] == [np.full((3, 5), 10.0 * (n - 1) + 1).tolist()] * 2, r
         # Staged: through the store's pinned host arrays; else none made.
-        assert r["staging"] == (["cpu_pinned(0)"] if scenario == "devices_staged" else []), r
+        staged = scenario != "devices"
+        assert r["staging"] == (["cpu_pinned(0)"] if staged else []), r
+        if scenario == "devices_staged":
+            # Summed on one of the devices, the keys spread over both (the second key
+            # goes to the device with fewer bytes); only the sum is staged.
+            assert r["merged_on"] == {"dev": "cpu(0)", "dev_inplace": "cpu(1)"}, r
+            assert r["dev_host_slots"] == ["sum"], r
+        else:
+            # Host arrays only are on the host: nothing to merge; or every array staged.
+            assert r["merged_on"] == {}, r
+            assert r["dev_host_slots"] == (["0", "1", "sum"] if staged else []), r
 
 
 @pytest.mark.parametrize("scenario", ["devices_trainer", "devices_trainer_staged"])
@@ -120,6 +131,9 @@ def test_trainer_over_two_devices_matches_one_process(job, scenario):
         assert r["min_moved"] > 1e-3, "the weights did not move: nothing was tested"
         assert r["max_abs_diff"] <= TOLERANCE, (store, r)
         assert r["staging"] == (["cpu_pinned(0)"] if scenario.endswith("_staged") else []), r
+        # Staged: the devices' gradients summed on the devices (both carry keys).
+        assert r["merged_on"] == (["cpu(0)", "cpu(1)"] if scenario.endswith("_staged")
+                                  else []), r
 
 
 def test_digits_reaches_95_percent(job):

@@ -26,7 +26,7 @@ class OptionsTest : public ::testing::Test {
                           "HYBRIDPS_CALLER_ROUNDS", "HYBRIDPS_FUSION_MAX_TENSOR_BYTES",
                           "HYBRIDPS_EAGER_BYTES", "HYBRIDPS_TWO_SHOT_BYTES",
                           "HYBRIDPS_LOCAL_ALLREDUCE", "HYBRIDPS_HIERARCHICAL_ALLREDUCE",
-                          "HYBRIDPS_GPU_LOCAL_REDUCE",
+                          "HYBRIDPS_GPU_LOCAL_REDUCE", "HYBRIDPS_MXNET_MERGE",
                           "HYBRIDPS_LOCAL_RANK", "HYBRIDPS_LOCAL_SIZE", "HYBRIDPS_DEPLOYMENT",
                           "HYBRIDPS_EXTRA_SERVERS", "OMPI_COMM_WORLD_RANK",
                           "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -292,6 +292,20 @@ TEST_F(OptionsTest, GpuLocalReduce) {
   o = OptionsFromEnvironment();
   ASSERT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find("gpu_local_reduce=NVLink"), absl::string_view::npos);
+}
+
+TEST_F(OptionsTest, MxnetMerge) {
+  auto o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->mxnet_merge, "device");
+  setenv("HYBRIDPS_MXNET_MERGE", "host", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->mxnet_merge, "host");
+  setenv("HYBRIDPS_MXNET_MERGE", "gpu", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("mxnet_merge=gpu"), absl::string_view::npos);
 }
 
 }  // namespace

@@ -5,11 +5,17 @@ when the arrays' earlier writers (the backward pass) are done, runs while the ne
 operations compute, and the arrays' next readers wait for it. Errors surface at the next
 read of an output array (MXNetError naming the tensor).
 
-Arrays off the host (GPUs) go through pinned host arrays of the store, as MXNet's own
-dist_sync does with its CPU merge buffers: each is copied to the host, the copies and the
-host arrays of the key are summed there, push_pulled (or broadcast), and the result is
-copied back to every output array. MXNet's engine orders all of it, so it too returns at
-once. The buffers are made on a key's first use and reused.
+Arrays off the host (GPUs) go through pinned host arrays of the store. A pushpull of
+several arrays, all of them off the host (one per GPU), is summed on one of their devices
+first, as MXNet's dist_device_sync does (HYBRIDPS_MXNET_MERGE=device, the default): the
+others are copied to that device (chosen per key, spreading the keys' bytes over the
+devices as MXNet's CommDevice does), summed there, and only the sum is copied to the host,
+push_pulled, copied back to that device and from there to the other outputs. Otherwise
+(HYBRIDPS_MXNET_MERGE=host, or some arrays on the host), as MXNet's dist_sync does with its
+CPU merge buffers: each array is copied to the host, the copies and the host arrays of the
+key are summed there, push_pulled (or broadcast), and the result is copied back to every
+output array. MXNet's engine orders all of it, so it too returns at once. The buffers are
+made on a key's first use and reused.
 """
 import atexit
 import threading
@@ -106,6 +112,12 @@ class _HybridKVStore(KVStoreBase):
         self._updater = None
         self._sent = {}
         self._staging = {}  # (tensor name, slot) -> this store's pinned host array
+        # Device merges (see the module's docstring): per tensor name, the context that sums
+        # its arrays; per context, the bytes of the names it sums; the buffers there.
+        self._merge_on_device = self._store.merge == "device"
+        self._merge_ctx = {}
+        self._merge_bytes = {}
+        self._merge_bufs = {}  # (tensor name, slot) -> array on the name's merge device
 
     # ---- properties ------------------------------------------------------------------
     @property
@@ -145,6 +157,36 @@ class _HybridKVStore(KVStoreBase):
                 ctx.device_id if ctx.device_type == "gpu" else 0))
             self._staging[(name, slot)] = buf
         return buf
+
+    def _merge_array(self, name, slot, like):
+        """The store's array `slot` of tensor `name` on `like`'s device, shaped like it."""
+        buf = self._merge_bufs.get((name, slot))
+        if (buf is None or buf.shape != like.shape or buf.dtype != like.dtype
+                or buf.context != like.context):
+            buf = mx.nd.empty(like.shape, dtype=like.dtype, ctx=like.context)
+            self._merge_bufs[(name, slot)] = buf
+        return buf
+
+    def _merge_index(self, name, arrays):
+        """Which of `arrays` sits on the device that sums tensor `name`: chosen on the
+        name's first use, the device of `arrays` that sums the fewest bytes so far."""
+        ctx = self._merge_ctx.get(name)
+        ctxs = [a.context for a in arrays]
+        if ctx not in ctxs:
+            load = [self._merge_bytes.get(c, 0) for c in ctxs]
+            ctx = ctxs[load.index(min(load))]
+            self._merge_ctx[name] = ctx
+            nbytes = int(np.prod(arrays[0].shape)) * np.dtype(arrays[0].dtype).itemsize
+            self._merge_bytes[ctx] = self._merge_bytes.get(ctx, 0) + nbytes
+        return ctxs.index(ctx)
+
+    def _merge_on_one_device(self, name, arrays):
+        """The sum of `arrays` (several, all off the host) in the store's array on one of
+        their devices: the others are copied there first."""
+        j = self._merge_index(name, arrays)
+        parts = [a if i == j else a.copyto(self._merge_array(name, i, arrays[j]))
+                 for i, a in enumerate(arrays)]
+        return mx.nd.add_n(*parts, out=self._merge_array(name, "sum", arrays[j]))
 
     def _on_host_list(self, name, arrays):
         """`arrays` with those off the host replaced by copies in the store's host arrays;
@@ -209,7 +251,13 @@ class _HybridKVStore(KVStoreBase):
         shape, dtype = values[0].shape, values[0].dtype
         _check(key, values, "value", shape, dtype)
         _check(key, outs, "out", shape, dtype)
-        host, staged = self._on_host_list(name, values)
+        merged = None  # the devices' sum on one of them (device merge)
+        if (self._merge_on_device and len(values) > 1
+                and not any(_on_host(v) for v in values)):
+            merged = self._merge_on_one_device(name, values)
+            host, staged = [merged.copyto(self._host_array(name, "sum", merged))], True
+        else:
+            host, staged = self._on_host_list(name, values)
         if len(host) == 1:
             src = host[0]
         elif staged:  # summed into the store's host array, not a new one each step
@@ -223,9 +271,12 @@ class _HybridKVStore(KVStoreBase):
         if dst is None:
             dst = src if staged or len(host) > 1 else self._host_array(name, "out", src)
         self._push("push_pull", name, None if _same(src, dst) else src, dst, priority)
+        if merged is not None and not all(_on_host(o) for o in outs):
+            # One copy to the merge device; the devices' outputs are copied from there.
+            dst.copyto(merged)
         for o in outs:
             if not _same(o, dst):
-                dst.copyto(o)
+                (dst if merged is None or _on_host(o) else merged).copyto(o)
 
     def barrier(self):
         """Returns when every worker called barrier (waits for this worker's arrays)."""
