@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 
 namespace hybridps {
 namespace {
@@ -280,32 +281,33 @@ TEST_F(OptionsTest, DeploymentAndExtraServers) {
   EXPECT_NE(o.status().message().find("everywhere"), absl::string_view::npos);
 }
 
-TEST_F(OptionsTest, GpuLocalReduce) {
+// A string option of a few choices: `def` unless set, `other` when set to it, and a value
+// that is neither refused with "<field>=<value>".
+void CheckChoice(const char* env, std::string Options::*field, const char* def,
+                 const char* other, const char* bad, const char* name) {
+  SCOPED_TRACE(env);
   auto o = OptionsFromEnvironment();
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->gpu_local_reduce, "host");
-  setenv("HYBRIDPS_GPU_LOCAL_REDUCE", "nccl", 1);
+  EXPECT_EQ((*o).*field, def);
+  setenv(env, other, 1);
   o = OptionsFromEnvironment();
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->gpu_local_reduce, "nccl");
-  setenv("HYBRIDPS_GPU_LOCAL_REDUCE", "NVLink", 1);
+  EXPECT_EQ((*o).*field, other);
+  setenv(env, bad, 1);
   o = OptionsFromEnvironment();
   ASSERT_FALSE(o.ok());
-  EXPECT_NE(o.status().message().find("gpu_local_reduce=NVLink"), absl::string_view::npos);
+  EXPECT_NE(o.status().message().find(absl::StrCat(name, "=", bad)), absl::string_view::npos)
+      << o.status();
+}
+
+TEST_F(OptionsTest, GpuLocalReduce) {
+  CheckChoice("HYBRIDPS_GPU_LOCAL_REDUCE", &Options::gpu_local_reduce, "host", "nccl", "NVLink",
+              "gpu_local_reduce");
 }
 
 TEST_F(OptionsTest, MxnetMerge) {
-  auto o = OptionsFromEnvironment();
-  ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->mxnet_merge, "device");
-  setenv("HYBRIDPS_MXNET_MERGE", "host", 1);
-  o = OptionsFromEnvironment();
-  ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->mxnet_merge, "host");
-  setenv("HYBRIDPS_MXNET_MERGE", "gpu", 1);
-  o = OptionsFromEnvironment();
-  ASSERT_FALSE(o.ok());
-  EXPECT_NE(o.status().message().find("mxnet_merge=gpu"), absl::string_view::npos);
+  CheckChoice("HYBRIDPS_MXNET_MERGE", &Options::mxnet_merge, "device", "host", "gpu",
+              "mxnet_merge");
 }
 
 }  // namespace
