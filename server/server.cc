@@ -22,7 +22,8 @@ std::string DataBindEndpoint(const Options& o) {
     return absl::StrCat("inproc://hybridps-server-", getpid(), "-", counter++);
   }
   if (o.transport == "ipc") {
-    return absl::StrCat("ipc:///tmp/hybridps-server-", getpid(), "-", counter++);
+    // Linux's abstract namespace ("@"): no file to leave behind, even when killed.
+    return absl::StrCat("ipc://@hybridps-server-", getpid(), "-", counter++);
   }
   std::string host = o.interface;
   if (host.empty()) {

@@ -44,7 +44,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterC
   if (c.transport == "inproc") {
     o.scheduler_endpoint = absl::StrCat("inproc://scheduler-", id);
   } else if (c.transport == "ipc") {
-    o.scheduler_endpoint = absl::StrCat("ipc:///tmp/hybridps-test-", getpid(), "-", id);
+    o.scheduler_endpoint = absl::StrCat("ipc://@hybridps-test-", getpid(), "-", id);
   } else {
     o.scheduler_endpoint = "tcp://127.0.0.1:0";
   }
