@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <optional>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -250,6 +251,10 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_PARTITION_BYTES", &o.partition_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_WIRE_CHUNK_BYTES", &o.wire_chunk_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_INLINE_BYTES", &o.local_inline_bytes));
+  if (!Get("HYBRIDPS_LOCAL_INLINE_BYTES") && o.local_size > 1 &&
+      static_cast<unsigned>(o.local_size) >= std::thread::hardware_concurrency()) {
+    o.local_inline_bytes = Options::kInlineEverything;
+  }
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_SERVER_THREADS", &o.server_threads));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_CREDIT_BYTES", &o.credit_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_SERVER_WINDOW_BYTES", &o.server_window_bytes));

@@ -84,8 +84,12 @@ struct Options {
   // HYBRIDPS_LOCAL_INLINE_BYTES: nodes of several local ranks reduce tensors of at most
   // this many bytes on the worker's I/O thread (no hand-off: lowest latency) and larger
   // ones on a reducer thread (their copies and sums overlap the network). Every local
-  // rank of a node must use the same value.
+  // rank of a node must use the same value. Unset, it is 1 MiB, or every tensor when the
+  // node has at most one CPU per local rank (kInlineEverything): the reducer thread then
+  // has no core to overlap on (bench/RESULTS.md, 2026-11-26: 2 ranks on 2 vCPUs, 1–23 %
+  // faster at 2–64 MiB).
   size_t local_inline_bytes = 1 << 20;
+  static constexpr size_t kInlineEverything = ~size_t{0};
   // HYBRIDPS_SERVER_THREADS: engine threads of a server (0: one per core, at most 4).
   int server_threads = 0;
   // HYBRIDPS_CREDIT_BYTES: payload bytes a worker has handed to the transport and not yet

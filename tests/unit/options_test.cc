@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include "absl/strings/ascii.h"
@@ -53,6 +55,28 @@ TEST_F(OptionsTest, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(o->spin, absl::ZeroDuration());
   EXPECT_EQ(o->backend, "dist_hybrid");
   EXPECT_EQ(o->rank, -1);
+}
+
+// With at most one CPU per local rank the node reduces every tensor on the I/O threads,
+// unless the variable says otherwise.
+TEST_F(OptionsTest, LocalInlineBytesFollowTheCpusPerLocalRank) {
+  const int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  setenv("HYBRIDPS_LOCAL_RANK", "0", 1);
+  setenv("HYBRIDPS_LOCAL_SIZE", absl::StrCat(std::max(2, cpus)).c_str(), 1);
+  auto o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->local_inline_bytes, Options::kInlineEverything);
+  setenv("HYBRIDPS_LOCAL_INLINE_BYTES", "4096", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->local_inline_bytes, 4096u);
+  unsetenv("HYBRIDPS_LOCAL_INLINE_BYTES");
+  if (cpus > 2) {  // fewer local ranks than CPUs: the default
+    setenv("HYBRIDPS_LOCAL_SIZE", "2", 1);
+    o = OptionsFromEnvironment();
+    ASSERT_TRUE(o.ok()) << o.status();
+    EXPECT_EQ(o->local_inline_bytes, 1u << 20);
+  }
 }
 
 TEST_F(OptionsTest, ReadsVariables) {
