@@ -10,7 +10,8 @@ several arrays, all of them off the host (one per GPU), is summed on one of thei
 first, as MXNet's dist_device_sync does (HYBRIDPS_MXNET_MERGE=device, the default): the
 others are copied to that device (chosen per key, spreading the keys' bytes over the
 devices as MXNet's CommDevice does), summed there, and only the sum is copied to the host,
-push_pulled, copied back to that device and from there to the other outputs. Otherwise
+push_pulled, copied back to that device and from there to the other outputs (a broadcast
+to several devices likewise: one copy from the host, then device to device). Otherwise
 (HYBRIDPS_MXNET_MERGE=host, or some arrays on the host), as MXNet's dist_sync does with its
 CPU merge buffers: each array is copied to the host, the copies and the host arrays of the
 key are summed there, push_pulled (or broadcast), and the result is copied back to every
@@ -228,9 +229,16 @@ class _HybridKVStore(KVStoreBase):
         # on every worker.
         bname = name if self._optimizer_on_servers else f"{name}:init"
         self._push("broadcast", bname, None, target, priority, root_rank)
+        # Several outputs, all on devices (GPUs): one copy from the host, to the output on
+        # value's device, and from there to the others, as pushpull's device merge does.
+        first = None
+        if (self._merge_on_device and len(outs) > 1
+                and not any(_on_host(o) for o in outs)):
+            first = next((o for o in outs if o.context == value.context), outs[0])
+            target.copyto(first)
         for o in outs:
-            if not _same(o, target):
-                target.copyto(o)
+            if not _same(o, target) and o is not first:
+                (target if first is None else first).copyto(o)
 
     def pushpull(self, key, value, out=None, priority=0):
         """Sums `value` (one array per device) over devices and workers into `out` (or
