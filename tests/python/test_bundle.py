@@ -99,7 +99,7 @@ def test_device_checks_run_from_the_bundle_within_their_budget(bundle: Path,
     assert done.returncode == 0, done.stdout + done.stderr
     summary = (out / "SUMMARY.txt").read_text()
     for skipped in ("gpu_tests", "multiproc_gpu", "gpu_bench.1", "gpu_node_host.1",
-                    "gpu_node_nccl.1", "local_bench"):
+                    "gpu_node_nccl.1", "local_bench", "local_bench_inline"):
         assert re.search(rf"^{re.escape(skipped)}: (skipped|not built)", summary, re.M), summary
     assert re.search(r"^allreduce_default\.1: exit 0 ", summary, re.M), summary
     ratios = re.search(r"^  allreduce_default\.1: (.*)$", summary, re.M)
