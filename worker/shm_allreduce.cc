@@ -261,7 +261,9 @@ absl::Status ShmAllreduce::Barrier(absl::Time deadline, absl::string_view step) 
     if (by == 0) return absl::OkStatus();
     // The aborting rank's code when it said why (a deadline stays a deadline), else
     // Unavailable.
-    const uint32_t n = h->reason_bytes.load(std::memory_order_acquire);
+    // Written by another process: never trusted past the reason's room.
+    const uint32_t n = std::min<uint32_t>(h->reason_bytes.load(std::memory_order_acquire),
+                                          kReasonBytes);
     const bool said = n > 0 && h->reason_code > 0 &&
                       h->reason_code <= static_cast<uint32_t>(absl::StatusCode::kUnauthenticated);
     return absl::Status(

@@ -103,15 +103,20 @@ ClusterConfig OneNodeOfTwo(absl::Duration op_timeout = absl::Seconds(30),
   return c;
 }
 
+// A push_pull of `t` in place under `name`, waited for: the submission's or the
+// operation's status.
+absl::Status PushPullInPlace(NodeGpuReducer* r, const std::string& name, FakeGpuTensor& t) {
+  auto h = r->PushPullAsync(name, t.view(), t.view(), 0);
+  return h.ok() ? h->Wait() : h.status();
+}
+
 // After a failure: a push_pull of `name` on every worker of `nc` gives the exact sum.
 void ExpectTheNodeGoesOn(NodeCluster& nc, const std::string& name) {
   const int n = nc.cluster->num_workers();
   nc.Run([&](int rank, NodeGpuReducer* r, HostCopier::Shared* sh) {
     FakeGpuTensor good(sh, DType::kFloat32, 1000);
     good.buf.Fill(rank, 0, 0);
-    auto h = r->PushPullAsync(name, good.view(), good.view(), 0);
-    ASSERT_TRUE(h.ok()) << h.status();
-    absl::Status s = h->Wait();
+    absl::Status s = PushPullInPlace(r, name, good);
     ASSERT_TRUE(s.ok()) << s;
     for (size_t e = 0; e < 1000; ++e) {
       double want = 0;
@@ -266,9 +271,7 @@ TEST(NodeGpuReduceFaultTest, DeviceRulesAreCheckedAtSubmission) {
     ASSERT_NE(r, nullptr);
     FakeGpuTensor t0(sh, DType::kFloat32, 64, 0), t1(sh, DType::kFloat32, 64, 1);
     t0.buf.Fill(rank, 0, 0);
-    auto h = r->PushPullAsync("first", t0.view(), t0.view(), 0);
-    ASSERT_TRUE(h.ok()) << h.status();
-    ASSERT_TRUE(h->Wait().ok());
+    ASSERT_TRUE(PushPullInPlace(r, "first", t0).ok());
     auto bad = r->PushPullAsync("other-gpu", t1.view(), t1.view(), 0);
     ASSERT_FALSE(bad.ok());
     EXPECT_TRUE(absl::StrContains(bad.status().message(), "'other-gpu'")) << bad.status();
@@ -341,11 +344,9 @@ TEST(NodeGpuReduceFaultTest, FailedCollectiveFailsTheWholeNodeInTime) {
     ASSERT_NE(r, nullptr);
     FakeGpuTensor t(sh, DType::kFloat32, 5000);
     t.buf.Fill(rank, 0, 1);
-    auto h = r->PushPullAsync("a", t.view(), t.view(), 0);
-    ASSERT_TRUE(h.ok()) << h.status();
-    ASSERT_TRUE(h->Wait().ok());
+    ASSERT_TRUE(PushPullInPlace(r, "a", t).ok());
     const absl::Time start = absl::Now();
-    h = r->PushPullAsync("b", t.view(), t.view(), 0);
+    auto h = r->PushPullAsync("b", t.view(), t.view(), 0);
     ASSERT_TRUE(h.ok()) << h.status();
     absl::Status s = h->Wait();
     EXPECT_FALSE(s.ok());
@@ -369,9 +370,7 @@ TEST(NodeGpuReduceFaultTest, ALocalRankThatLeavesIsNamedAtOnce) {
     ASSERT_NE(r, nullptr);
     FakeGpuTensor t(sh, DType::kFloat32, 100);
     t.buf.Fill(rank, 0, 0);
-    auto h = r->PushPullAsync("together", t.view(), t.view(), 0);
-    ASSERT_TRUE(h.ok()) << h.status();
-    ASSERT_TRUE(h->Wait().ok());
+    ASSERT_TRUE(PushPullInPlace(r, "together", t).ok());
     const absl::Time start = absl::Now();
     if (rank == 0) {
       r->Shutdown();
@@ -379,8 +378,7 @@ TEST(NodeGpuReduceFaultTest, ALocalRankThatLeavesIsNamedAtOnce) {
       return;
     }
     absl::SleepFor(absl::Milliseconds(100));
-    h = r->PushPullAsync("alone", t.view(), t.view(), 0);
-    absl::Status s = h.ok() ? h->Wait() : h.status();
+    absl::Status s = PushPullInPlace(r, "alone", t);
     EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
     EXPECT_TRUE(absl::StrContains(s.message(), "local rank 0 (worker 0) of this node left"))
         << s;
@@ -402,8 +400,7 @@ TEST(NodeGpuReduceFaultTest, AbortEndsTheNodesWaitsAtOnce) {
       absl::SleepFor(absl::Milliseconds(200));
       r->Abort(absl::UnavailableError("worker 7 (host h, pid 1) died"));
     }
-    auto h = r->PushPullAsync("x", t.view(), t.view(), 0);
-    absl::Status s = h.ok() ? h->Wait() : h.status();
+    absl::Status s = PushPullInPlace(r, "x", t);
     EXPECT_FALSE(s.ok());
     EXPECT_TRUE(absl::StrContains(
         s.message(), rank == 0 ? "worker 7 (host h, pid 1) died" : "local rank 0 of this node"))
