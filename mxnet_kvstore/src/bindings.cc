@@ -202,10 +202,10 @@ class PyStore {
   }
 
   // Pushes an engine operation (see engine_bridge.h). Handles are NDArrayHandle values
-  // (ctypes pointers as ints); input 0 means in place on the output.
+  // (ctypes pointers as ints); input 0 means in place on the output; order 0: none.
   void Push(const std::string& kind, const std::string& name, uintptr_t input,
             uintptr_t output, size_t count, const std::string& dtype, int priority,
-            int root_rank) {
+            int root_rank, uintptr_t order) {
     mxnet_bridge::OpSpec spec;
     if (kind == "push_pull") {
       spec.kind = mxnet_bridge::OpKind::kPushPull;
@@ -229,6 +229,7 @@ class PyStore {
     spec.dtype = *dt;
     spec.priority = priority;
     spec.root_rank = root_rank;
+    spec.order = reinterpret_cast<void*>(order);
     absl::Status s;
     {
       // NaiveEngine runs the operation inline and waits for its completion.
@@ -293,5 +294,5 @@ PYBIND11_MODULE(_hybridps_core, m) {
       .def("load_optimizer_states", &PyStore::LoadOptimizerStates, py::arg("path"))
       .def("push", &PyStore::Push, py::arg("kind"), py::arg("name"), py::arg("input"),
            py::arg("output"), py::arg("count"), py::arg("dtype"), py::arg("priority") = 0,
-           py::arg("root_rank") = 0);
+           py::arg("root_rank") = 0, py::arg("order") = 0);
 }

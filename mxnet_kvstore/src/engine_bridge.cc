@@ -147,7 +147,7 @@ class Completer {
 
 struct OpParam {
   std::shared_ptr<KVStore> store;
-  OpSpec spec;  // input/output: our own shallow copies, freed by DeleteOpParam
+  OpSpec spec;  // input/output/order: our own shallow copies, freed by DeleteOpParam
 };
 
 void DeleteOpParam(void* p) {
@@ -155,6 +155,7 @@ void DeleteOpParam(void* p) {
   const Api* api = g_api.load();
   if (op->spec.input) api->free(op->spec.input);
   if (op->spec.output) api->free(op->spec.output);
+  if (op->spec.order) api->free(op->spec.order);
   delete op;
 }
 
@@ -280,7 +281,7 @@ absl::Status Push(std::shared_ptr<KVStore> store, const OpSpec& spec) {
   auto op = std::make_unique<OpParam>();
   op->store = std::move(store);
   op->spec = spec;
-  op->spec.input = op->spec.output = nullptr;
+  op->spec.input = op->spec.output = op->spec.order = nullptr;
   // Shallow copies (same memory and engine variable) keep the arrays alive while the op
   // waits in the engine, whatever Python does with its objects meanwhile.
   if (api->shallow_copy(spec.output, &op->spec.output) != 0) {
@@ -292,10 +293,17 @@ absl::Status Push(std::shared_ptr<KVStore> store, const OpSpec& spec) {
     return absl::InternalError(absl::StrCat("cannot reference the input array of '",
                                             spec.name, "': ", MxError(*api)));
   }
+  if (spec.order && spec.kind != OpKind::kMark &&
+      api->shallow_copy(spec.order, &op->spec.order) != 0) {
+    if (op->spec.input) api->free(op->spec.input);
+    api->free(op->spec.output);
+    return absl::InternalError(absl::StrCat("cannot reference the order array of '",
+                                            spec.name, "': ", MxError(*api)));
+  }
   void* const_nds[1] = {op->spec.input};
-  void* mutable_nds[1] = {op->spec.output};
+  void* mutable_nds[2] = {op->spec.output, op->spec.order};
   int num_const = op->spec.input ? 1 : 0;
-  int num_mutable = 1;
+  int num_mutable = op->spec.order ? 2 : 1;
   if (spec.kind == OpKind::kMark) {  // reads the array: waits for its writers only
     const_nds[0] = op->spec.output;
     num_const = 1;

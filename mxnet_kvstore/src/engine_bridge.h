@@ -56,6 +56,10 @@ struct OpSpec {
   std::string name;   // the store's tensor name
   void* input = nullptr;   // NDArrayHandle (const, read) — null: in place on `output`
   void* output = nullptr;  // NDArrayHandle (mutable, written)
+  // Optional NDArrayHandle every operation on `name` writes (the plugin keeps one per
+  // name): MXNet's engine then runs them in the order they were pushed, even when their
+  // data arrays differ (a broadcast and a push_pull staged through different host arrays).
+  void* order = nullptr;
   size_t count = 0;
   DType dtype = DType::kFloat32;
   int priority = 0;

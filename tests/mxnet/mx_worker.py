@@ -136,6 +136,25 @@ def devices(kv, staged, merge="device"):
     report(scenario if merge == "device" else f"{scenario}_{merge}", rank=r, n=n, **got)
 
 
+def issue_order(kv):
+    """Two push_pulls of one name through different arrays, the first one's input still
+    being computed on worker 1 only (a few large products): MXNet's engine could run the
+    second one first there, while worker 0 runs them in order. The sums show which pairs
+    the workers' operations made."""
+    r = kv.rank
+    first = mx.nd.full((64,), 1.0 + r)
+    if r == 1:
+        m = mx.nd.random.uniform(shape=(1500, 1500))
+        for _ in range(4):
+            m = mx.nd.dot(m, m) * 1e-3
+        first = first + mx.nd.sum(m) * 0  # ready only after the products
+    second = mx.nd.full((64,), 10.0 * (1 + r))
+    kv.pushpull("order", first)
+    kv.pushpull("order", second)
+    report("order", rank=r, first=float(first[0].asscalar()),
+           second=float(second[0].asscalar()))
+
+
 def devices_trainer(kv, staged):
     """gluon.Trainer over two devices per worker (each takes half of the worker's batch
     b) against one process on one device with batch 2b: the same weights on both
@@ -336,6 +355,8 @@ def main():
             horovod_api()
         elif scenario in ("devices", "devices_staged"):
             devices(mx.kv.create(STORE), scenario == "devices_staged")
+        elif scenario == "order":
+            issue_order(mx.kv.create(STORE))
         elif scenario == "devices_staged_host":
             devices(mx.kv.create(STORE), True, "host")
         elif scenario in ("devices_trainer", "devices_trainer_staged"):

@@ -67,7 +67,7 @@ def job(request, tmp_path_factory):
     # Plain sums first: once a Trainer runs the optimizer on dist_hybrid's servers, every
     # push_pull of the job is an update.
     scenarios = ["horovod", "mismatch", "devices", "devices_staged", "devices_staged_host",
-                 "save", "sync_sgd",
+                 "order", "save", "sync_sgd",
                  "devices_trainer", "devices_trainer_staged", "digits", "overlap",
                  "plain_sum"]
     proc, results = run_job(request.param, scenarios, state_dir)
@@ -121,6 +121,14 @@ def test_one_array_per_device(job, scenario):
             # Host arrays only are on the host: nothing to merge; or every array staged.
             assert r["merged_on"] == {}, r
             assert r["dev_host_slots"] == (["0", "1", "sum"] if staged else []), r
+
+
+def test_operations_on_a_name_keep_their_issue_order(job):
+    """Worker 1's first push_pull waits for its input in MXNet's engine while its second
+    one is ready: both still pair with worker 0's in the order issued (1 + 2, 10 + 20)."""
+    store, results = job
+    for r in both(results, "order"):
+        assert (r["first"], r["second"]) == (3.0, 30.0), (store, r)
 
 
 @pytest.mark.parametrize("scenario", ["devices_trainer", "devices_trainer_staged"])

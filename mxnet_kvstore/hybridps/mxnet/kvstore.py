@@ -113,6 +113,7 @@ class _HybridKVStore(KVStoreBase):
         self._updater = None
         self._sent = {}
         self._staging = {}  # (tensor name, slot) -> this store's pinned host array
+        self._order = {}  # tensor name -> the array its operations write in turn (_push)
         # Device merges (see the module's docstring): per tensor name, the context that sums
         # its arrays; per context, the bytes of the names it sums; the buffers there.
         self._merge_on_device = self._store.merge == "device"
@@ -201,9 +202,17 @@ class _HybridKVStore(KVStoreBase):
             if a is not None and not _on_host(a):  # the layers above stage every array
                 raise AssertionError(f"{kind} of {name}: {a.context} array handed to hybridps")
         count = int(np.prod(dst.shape)) if dst.shape else 1
+        # Every operation on `name` also writes the name's order array, so MXNet's engine
+        # hands them to hybridps in the order they were issued even when they go through
+        # different arrays (a Trainer's broadcast of the weights and its first push_pull
+        # of the gradients, staged through different host arrays, have no other
+        # dependency: the engine could run them either way round, and the workers differ).
+        order = self._order.get(name)
+        if order is None:
+            order = self._order[name] = mx.nd.zeros((1,), ctx=mx.cpu())
         self._store.push(kind, name, 0 if src is None else src.handle.value,
                          dst.handle.value, count, np.dtype(dst.dtype).name, int(priority),
-                         int(root_rank))
+                         int(root_rank), order.handle.value)
 
     def broadcast(self, key, value, out, priority=0, root_rank=0):
         """Sets every array of `out` to `value` of worker `root_rank` (0)."""
