@@ -304,30 +304,19 @@ bool LocalReducer::Step(Pending& t) {
         t.base = *base;
         result = t.base + static_cast<size_t>(L) * total + offset;
       }
-      if (k.op == wire::OP_PUSHPULL) {
-        if (t.pusher) {
-          t.stage = Pending::kArrivals;
-          return Step(t);
-        }
-        if (t.bytes > 0) std::memcpy(contribution(me), k.in, t.bytes);
-        {
-          SlotLock lock(s);
-          s->arrived |= bit;
-        }
-        Ring(t.exec);
-        t.stage = Pending::kWaitResult;
-        return false;
+      // The pusher pushes only once every local rank has arrived, for a broadcast too:
+      // each arrival was compared with the slot's first claim while the round was open,
+      // so a rank that disagrees fails the round before anyone's result exists.
+      if (t.pusher) {
+        t.stage = Pending::kArrivals;
+        return Step(t);
       }
-      if (t.pusher) {  // broadcast
-        const bool root = k.root == layout_.members[me];
-        if (root && t.bytes > 0) std::memcpy(result, k.in, t.bytes);
-        // A push without data is a non-root's: an empty tensor's root, whose pointer may
-        // be null, still pushes its (empty) data.
-        static const char kNoBytes = 0;
-        push(root ? (k.in != nullptr ? k.in : &kNoBytes) : nullptr, "");
-        t.stage = Pending::kWaitPublish;
-        return false;
+      if (k.op == wire::OP_PUSHPULL && t.bytes > 0) std::memcpy(contribution(me), k.in, t.bytes);
+      {
+        SlotLock lock(s);
+        s->arrived |= bit;
       }
+      Ring(t.exec);
       t.stage = Pending::kWaitResult;
       return false;
     }
@@ -344,6 +333,16 @@ bool LocalReducer::Step(Pending& t) {
         }
       }
       if (!failed.ok()) return fail_from_slot(failed, mismatch);
+      if (k.op == wire::OP_BROADCAST) {
+        const bool root = k.root == layout_.members[me];
+        if (root && t.bytes > 0) std::memcpy(result, k.in, t.bytes);
+        // A push without data is a non-root's: an empty tensor's root, whose pointer may
+        // be null, still pushes its (empty) data.
+        static const char kNoBytes = 0;
+        push(root ? (k.in != nullptr ? k.in : &kNoBytes) : nullptr, "");
+        t.stage = Pending::kWaitPublish;
+        return false;
+      }
       if (t.bytes > 0) {
         auto src = [&](int lr) -> const void* { return lr == me ? k.in : contribution(lr); };
         Sum2(k.dtype, result, src(0), src(1), k.count);

@@ -472,6 +472,81 @@ TEST_P(ConformanceTest, MismatchedDTypesFailEveryRankNamingBoth) {
   }
 }
 
+// Broadcasts whose ranks disagree on dtype (after a good broadcast of the same name), on
+// size or on the root fail on every rank with an error naming the tensor and what
+// differs, never hand out the root's bytes. Each case runs 20 times; every other time the
+// disagreeing rank arrives late, after the root's part of the round could have ended.
+TEST_P(ConformanceTest, MismatchedBroadcastsFailEveryRankNamingWhatDiffers) {
+  if (n() < 2) GTEST_SKIP() << "needs two workers";
+  auto cluster = Start(Config());
+  ASSERT_NE(cluster, nullptr);
+  constexpr int kRepeats = 20;
+  const int odd = n() - 1;  // the rank that disagrees
+  struct Case {
+    const char* what;
+    std::function<std::pair<Buffer, int>(int rank)> make;  // the rank's tensor and root
+    std::vector<std::string> words;                        // in every rank's error
+  };
+  const std::vector<Case> cases = {
+      {"dtype",
+       [&](int rank) {
+         return std::pair{Buffer(rank == odd ? DType::kFloat32 : DType::kInt32, 100), 0};
+       },
+       {"int32", "float32"}},
+      {"size",
+       [&](int rank) { return std::pair{Buffer(DType::kFloat32, rank == odd ? 150 : 100), 0}; },
+       {"100", "150"}},
+      {"multi-partition size",
+       [&](int rank) { return std::pair{Buffer(DType::kFloat32, rank == odd ? 10 : 1000), 0}; },
+       {"10 ", "1000"}},
+      {"root",
+       [&](int rank) { return std::pair{Buffer(DType::kFloat32, 100), rank == odd ? odd : 0}; },
+       {"root"}},
+  };
+  for (const Case& c : cases) {
+    for (int rep = 0; rep < kRepeats; ++rep) {
+      const std::string name = absl::StrCat("bad-bcast-", c.what, "-", rep);
+      std::vector<absl::Status> status(n());
+      std::vector<std::vector<double>> got(n());
+      cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+        auto [b, root] = c.make(rank);
+        if (c.what == std::string("dtype")) {  // a good broadcast of the name first
+          Buffer warm(DType::kInt32, 100);
+          warm.Fill(rank, 0, 7);
+          ASSERT_TRUE(kv->Broadcast(name, warm.view(), 0).ok());
+        }
+        b.Fill(rank, 1, 8);
+        if (rank == odd && rep % 2 == 1) absl::SleepFor(absl::Milliseconds(5));
+        status[rank] = kv->Broadcast(name, b.view(), root);
+        for (size_t i = 0; i < b.count; ++i) got[rank].push_back(b.at(i));
+      });
+      for (int rank = 0; rank < n(); ++rank) {
+        const absl::Status& s = status[rank];
+        ASSERT_FALSE(s.ok()) << c.what << " repeat " << rep << ": worker " << rank
+                             << " succeeded with "
+                             << (got[rank].empty() ? 0.0 : got[rank][0]) << " at element 0";
+        EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument)
+            << c.what << " repeat " << rep << ": " << s;
+        EXPECT_TRUE(Mentions(s.message(), absl::StrCat("'", name, "'")));
+        for (const std::string& w : c.words) {
+          EXPECT_TRUE(Mentions(s.message(), w)) << c.what << " repeat " << rep;
+        }
+      }
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+  // The job keeps working, on these names too.
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    for (const char* name : {"bad-bcast-root-0", "bad-bcast-size-1", "good-after"}) {
+      Buffer b(DType::kFloat32, 100);
+      b.Fill(rank, 2, 4);
+      absl::Status s = kv->Broadcast(name, b.view(), 0);
+      ASSERT_TRUE(s.ok()) << name << ": " << s;
+      for (size_t i = 0; i < b.count; ++i) ASSERT_EQ(b.at(i), Value(i, 0, 2, 4)) << name;
+    }
+  });
+}
+
 TEST_P(ConformanceTest, RankThatNeverSubmitsFailsTheOthersAtTheDeadline) {
   if (n() < 2) GTEST_SKIP() << "needs two workers";
   ClusterConfig c = Config();

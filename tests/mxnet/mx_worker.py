@@ -334,6 +334,32 @@ def mismatch(kv):
         report("mismatch", rank=kv.rank, error=str(exc).splitlines()[0][:600])
 
 
+def broadcast_mismatch():
+    """Horovod-style broadcasts whose ranks disagree on dtype (after a good broadcast of the
+    name), on size or on the root, 20 times each: what each rank got, error or value."""
+    hps.init(STORE)
+    r = hps.rank()
+    got = []
+    for case in ("dtype", "size", "root"):
+        for rep in range(20):
+            name = f"bcast-{case}-{rep}"
+            dtype, size, root = "int32", 4, 0
+            if case == "dtype":
+                hps.broadcast(mx.nd.full((4,), 7, dtype="int32"), 0, name=name).wait_to_read()
+                dtype = "float32" if r == 1 else "int32"
+            elif case == "size":
+                size = 6 if r == 1 else 4
+            else:
+                root = r
+            try:
+                out = hps.broadcast(mx.nd.full((size,), 10 * r + 1, dtype=dtype), root,
+                                    name=name)
+                got.append({"case": case, "rep": rep, "value": out.asnumpy().tolist()})
+            except mx.base.MXNetError as exc:
+                got.append({"case": case, "rep": rep, "error": str(exc).splitlines()[0][:600]})
+    report("broadcast_mismatch", rank=r, got=got)
+
+
 def main():
     kv = mx.kv.create(STORE)  # the first store: save and load use it
     for scenario in SCENARIOS:
@@ -363,6 +389,8 @@ def main():
             devices_trainer(mx.kv.create(STORE), scenario == "devices_trainer_staged")
         elif scenario == "mismatch":
             mismatch(mx.kv.create(STORE))
+        elif scenario == "broadcast_mismatch":
+            broadcast_mismatch()
         else:
             raise SystemExit(f"unknown scenario {scenario}")
     return 0

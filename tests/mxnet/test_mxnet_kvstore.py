@@ -66,7 +66,7 @@ def job(request, tmp_path_factory):
     state_dir = tmp_path_factory.mktemp(f"states-{request.param}")
     # Plain sums first: once a Trainer runs the optimizer on dist_hybrid's servers, every
     # push_pull of the job is an update.
-    scenarios = ["horovod", "mismatch", "devices", "devices_staged", "devices_staged_host",
+    scenarios = ["horovod", "mismatch", "broadcast_mismatch", "devices", "devices_staged", "devices_staged_host",
                  "order", "save", "sync_sgd",
                  "devices_trainer", "devices_trainer_staged", "digits", "overlap",
                  "plain_sum"]
@@ -198,6 +198,21 @@ def test_mismatched_shapes_name_the_tensor(job):
     for r in both(results, "mismatch"):
         assert r["error"], f"rank {r['rank']}: a size mismatch went unnoticed"
         assert "mismatch" in r["error"], r["error"]
+
+
+def test_mismatched_broadcasts_fail_every_rank_every_time(job):
+    """Two workers of one node (dist_hybrid reduces them in shared memory) broadcast with
+    different dtypes, sizes or roots, 20 times each: each rank gets a named error each time,
+    never the root's bytes."""
+    store, results = job
+    words = {"dtype": ["int32", "float32"], "size": ["4", "6"], "root": ["root"]}
+    for r in both(results, "broadcast_mismatch"):
+        assert len(r["got"]) == 60, r
+        for g in r["got"]:
+            assert "error" in g, f"{store} rank {r['rank']}: {g} (no error)"
+            assert f"bcast-{g['case']}-{g['rep']}" in g["error"], g
+            for w in words[g["case"]]:
+                assert w in g["error"], g
 
 
 def run_python(code, extra_env=None, timeout=120):
