@@ -47,7 +47,7 @@
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/file_store.h"
 #include "gloo/transport/tcp/device.h"
-#include "worker/allreduce_store.h"
+#include "worker/allreduce/allreduce_store.h"
 #include "worker/kvstore.h"
 
 namespace hybridps {

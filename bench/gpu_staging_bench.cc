@@ -13,7 +13,7 @@
 #if HYBRIDPS_WITH_CUDA
 #include <cuda_runtime_api.h>
 
-#include "worker/cuda_util.h"
+#include "worker/comm/cuda_util.h"
 #endif
 
 namespace hybridps::bench {

@@ -169,14 +169,14 @@ struct Options {
   size_t fusion_max_tensor_bytes = 2 << 20;
   // HYBRIDPS_LOCAL_ALLREDUCE (dist_allreduce, CPU tensors): 1: when every worker of the
   // job is on one host (one node of several local ranks), allreduces run in shared memory
-  // (worker/shm_allreduce.h) instead of through Gloo's ring over loopback TCP; 0: always
+  // (worker/node/shm_allreduce.h) instead of through Gloo's ring over loopback TCP; 0: always
   // Gloo. Rank 0's value is used by every worker.
   int local_allreduce = 1;
   // HYBRIDPS_GPU_LOCAL_REDUCE (dist_hybrid, GPU tensors, nodes of several local ranks):
   // "host" (default): each GPU's tensor is copied to the host and the node's ranks sum in
-  // shared memory (worker/local_reduce.h); "nccl": the node's GPUs sum each partition
+  // shared memory (worker/ps/local/local_reduce.h); "nccl": the node's GPUs sum each partition
   // with NCCL into the rank that pushes it, and broadcast the result back
-  // (worker/node_gpu_reduce.h; builds with NCCL). Every local rank must set it alike.
+  // (worker/ps/local/node_gpu_reduce.h; builds with NCCL). Every local rank must set it alike.
   std::string gpu_local_reduce = "host";
   // HYBRIDPS_MXNET_MERGE (the MXNet plugin, a pushpull of one array per device, every one
   // of them off the host, i.e. GPUs): "device" (default): the arrays are summed on one of
@@ -211,7 +211,7 @@ struct Options {
   // background threads do. dist_allreduce, CPU tensors: the negotiation round and the
   // collective that are due, while no other thread is in one. dist_hybrid, GPU tensors:
   // the staging steps (copies to and from the host, hand-over to the CPU path), one thread
-  // at a time, until the waited-for operation completed (worker/gpu_staging.h).
+  // at a time, until the waited-for operation completed (worker/gpu/gpu_staging.h).
   int caller_rounds = 1;
   // HYBRIDPS_STALL_WARNING_MS: an operation that some workers submitted and others have
   // not for this long is logged, naming the missing ranks (it fails at op_timeout).

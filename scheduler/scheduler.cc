@@ -287,7 +287,7 @@ void Scheduler::HandleRegister(Node& node, uint64_t id, const wire::Register& re
 
 // Workers with local_size > 1 that name the same node form one node; a worker with
 // local_size 1 is a node of its own. Nodes are numbered in the order of their lowest rank.
-// (Workers check that each node is complete and consistent: see worker/local_reduce.cc.)
+// (Workers check that each node is complete and consistent: see worker/ps/local/local_reduce.cc.)
 std::vector<int> Scheduler::GroupNodes(const std::vector<Node*>& workers) {
   std::vector<std::string> group(options_.num_workers);
   for (Node* n : workers) {

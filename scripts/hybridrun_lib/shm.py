@@ -1,6 +1,6 @@
 """The shared-memory segments a job's local ranks leave when one of them is killed.
 
-A node of several local ranks reduces in POSIX shared memory (worker/local_reduce.cc).
+A node of several local ranks reduces in POSIX shared memory (worker/ps/local/local_reduce.cc).
 The last local rank to leave unlinks the job's segments; when a rank is killed that
 never happens, and the segments would stay in /dev/shm until the next job on the same
 scheduler endpoint starts. hybridrun knows the endpoint and the job token, so it removes
@@ -21,7 +21,7 @@ REMOTE_TIMEOUT_S = 10.0
 
 
 def fnv1a64(text: str) -> int:
-    """64-bit FNV-1a of the UTF-8 bytes, as worker/local_reduce_shm.h computes it."""
+    """64-bit FNV-1a of the UTF-8 bytes, as worker/ps/local/local_reduce_shm.h computes it."""
     h = 1469598103934665603
     for byte in text.encode():
         h = ((h ^ byte) * 1099511628211) % (1 << 64)

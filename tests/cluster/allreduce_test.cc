@@ -18,8 +18,8 @@
 #include <thread>
 
 #include "gloo/rendezvous/hash_store.h"
-#include "worker/allreduce_store.h"
-#include "worker/gloo_comm.h"
+#include "worker/allreduce/allreduce_store.h"
+#include "worker/comm/gloo_comm.h"
 
 namespace hybridps::testing {
 namespace {

@@ -13,7 +13,7 @@
 #include "common/partition.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
-#include "worker/ps_store.h"
+#include "worker/ps/ps_store.h"
 
 namespace hybridps::testing {
 namespace {

@@ -27,9 +27,9 @@
 #include "tests/cluster/host_copier.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
-#include "worker/gpu_staging.h"
-#include "worker/node_gpu_reduce.h"
-#include "worker/ps_store.h"
+#include "worker/gpu/gpu_staging.h"
+#include "worker/ps/local/node_gpu_reduce.h"
+#include "worker/ps/ps_store.h"
 #if HYBRIDPS_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -74,7 +74,7 @@ constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat1
   return ::testing::AssertionFailure() << "'" << what << "' not in: " << text;
 }
 
-// A worker's store seen through dist_hybrid's GPU staging layer (worker/gpu_staging.h)
+// A worker's store seen through dist_hybrid's GPU staging layer (worker/gpu/gpu_staging.h)
 // with the host stand-in for the GPU: every tensor handed in is taken as memory of GPU 0,
 // copied to a staging buffer, reduced by the worker's store and copied back. With a node
 // reducer (AttachNode), push_pulls take the node's GPU reduction instead, routed as

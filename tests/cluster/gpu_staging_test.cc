@@ -1,4 +1,4 @@
-// dist_hybrid's GPU staging layer (worker/gpu_staging.h) on machines without a GPU: the
+// dist_hybrid's GPU staging layer (worker/gpu/gpu_staging.h) on machines without a GPU: the
 // whole pipeline — submission checks, per-name order, staging buffers, the CPU store
 // underneath (in-process clusters, also with nodes of several local ranks), completion
 // and failures — with a host-memory stand-in for the CUDA runtime (HostCopier below:
@@ -23,9 +23,9 @@
 #include "tests/cluster/host_copier.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
-#include "worker/gpu_staging.h"
+#include "worker/gpu/gpu_staging.h"
 #if HYBRIDPS_WITH_CUDA
-#include "worker/ps_gpu.h"
+#include "worker/ps/ps_gpu.h"
 #endif
 
 namespace hybridps::testing {

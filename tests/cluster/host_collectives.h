@@ -1,5 +1,5 @@
 // A host-memory stand-in for NCCL among a node's local ranks (NodeCollectives of
-// worker/node_gpu_reduce.h), for tests without a GPU: the collectives run over a
+// worker/ps/local/node_gpu_reduce.h), for tests without a GPU: the collectives run over a
 // shared-memory segment of the node's own (ShmAllreduce). As with NCCL, a non-root rank's
 // reduce output is left undefined (here: garbage), so that a missing broadcast shows.
 // Used by node_gpu_reduce_test.cc and the conformance suite.
@@ -18,9 +18,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
-#include "worker/local_reduce.h"
-#include "worker/node_gpu_reduce.h"
-#include "worker/shm_allreduce.h"
+#include "worker/ps/local/local_reduce.h"
+#include "worker/ps/local/node_gpu_reduce.h"
+#include "worker/node/shm_allreduce.h"
 
 namespace hybridps::testing {
 

@@ -1,5 +1,5 @@
 // A host-memory stand-in for the CUDA runtime behind dist_hybrid's GPU staging layer
-// (worker/gpu_staging.h), for tests on machines without a GPU: "GPU memory" is host
+// (worker/gpu/gpu_staging.h), for tests on machines without a GPU: "GPU memory" is host
 // memory labelled Device::kGPU; copies are memcpy that report completion after a delay;
 // faults are injected there. Used by gpu_staging_test.cc and the conformance suite, with
 // BackendOf (a worker's store as the layer's CPU path).
@@ -16,7 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "tests/cluster/tensor_fill.h"
-#include "worker/gpu_staging.h"
+#include "worker/gpu/gpu_staging.h"
 #include "worker/kvstore.h"
 
 namespace hybridps::testing {

@@ -17,8 +17,8 @@
 #include "common/partition.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
-#include "worker/local_reduce.h"
-#include "worker/ps_store.h"
+#include "worker/ps/local/local_reduce.h"
+#include "worker/ps/ps_store.h"
 
 namespace hybridps::testing {
 namespace {

@@ -1,4 +1,4 @@
-// dist_hybrid's node GPU reduction (worker/node_gpu_reduce.h, HYBRIDPS_GPU_LOCAL_REDUCE=
+// dist_hybrid's node GPU reduction (worker/ps/local/node_gpu_reduce.h, HYBRIDPS_GPU_LOCAL_REDUCE=
 // nccl) on machines without a GPU: the rounds that order the node's collectives, the
 // push of the node's sum by one local rank per partition, the servers' count of one push
 // per node, shape mismatches, missing ranks and failing collectives. The GPU is the
@@ -26,11 +26,11 @@
 #include "tests/cluster/host_copier.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
-#include "worker/node_gpu_reduce.h"
+#include "worker/ps/local/node_gpu_reduce.h"
 #if HYBRIDPS_WITH_CUDA
-#include "worker/ps_gpu.h"
+#include "worker/ps/ps_gpu.h"
 #endif
-#include "worker/ps_store.h"
+#include "worker/ps/ps_store.h"
 
 namespace hybridps::testing {
 namespace {

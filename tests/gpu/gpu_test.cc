@@ -19,7 +19,7 @@
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
 #include "tests/gpu/device_buffer.h"
-#include "worker/allreduce_store.h"
+#include "worker/allreduce/allreduce_store.h"
 
 namespace hybridps::testing {
 namespace {

@@ -1,4 +1,4 @@
-// dist_hybrid on GPU tensors (host staging, worker/gpu_staging.h) with the real CUDA
+// dist_hybrid on GPU tensors (host staging, worker/gpu/gpu_staging.h) with the real CUDA
 // runtime. Needs one GPU: every test skips, saying so, where cudaGetDeviceCount reports
 // none. The jobs run in this process (LocalCluster: scheduler, servers and workers as
 // threads over inproc://); every worker uses GPU 0 (staging involves no NCCL, so several
@@ -16,7 +16,7 @@
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
 #include "tests/gpu/device_buffer.h"
-#include "worker/ps_gpu.h"
+#include "worker/ps/ps_gpu.h"
 
 namespace hybridps::testing {
 namespace {

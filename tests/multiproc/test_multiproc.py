@@ -586,7 +586,7 @@ def assert_every_round_ok(j: DirectJob, workers: int, rounds: int) -> None:
 
 
 def segment_prefix(port: int, token: str, node: int) -> str:
-    """The /dev/shm name prefix of a node's segments (worker/local_reduce.cc)."""
+    """The /dev/shm name prefix of a node's segments (worker/ps/local/local_reduce.cc)."""
     h = 1469598103934665603
     for byte in f"tcp://127.0.0.1:{port}|{token}".encode():
         h = ((h ^ byte) * 1099511628211) % (1 << 64)

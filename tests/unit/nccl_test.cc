@@ -1,7 +1,7 @@
 // What of the NCCL path runs without a GPU (built only with HYBRIDPS_WITH_NCCL): the
 // dtype mapping, the error statuses, and a clear error — not a crash — when CUDA has no
 // such device.
-#include "worker/nccl_comm.h"
+#include "worker/comm/nccl_comm.h"
 
 #include <gtest/gtest.h>
 

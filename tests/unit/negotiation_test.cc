@@ -1,6 +1,6 @@
 // The dist_allreduce negotiation: wire format (round trip, malformed input refused) and
 // the plan every rank derives from the gathered lists.
-#include "worker/negotiation.h"
+#include "worker/node/negotiation.h"
 
 #include <gtest/gtest.h>
 

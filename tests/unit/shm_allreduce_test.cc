@@ -1,8 +1,8 @@
-// The shared-memory allreduce of dist_allreduce (worker/shm_allreduce.h), with threads as
+// The shared-memory allreduce of dist_allreduce (worker/node/shm_allreduce.h), with threads as
 // the local ranks (each maps the segment on its own, as a process would): exact sums in
 // every dtype over sizes that span several chunks, in place and out of place; a rank
 // that never arrives is named at the deadline; Abort ends the others' waits at once.
-#include "worker/shm_allreduce.h"
+#include "worker/node/shm_allreduce.h"
 
 #include <gtest/gtest.h>
 #include <fcntl.h>

@@ -1,0 +1,552 @@
+// The executor of the dist_allreduce store (see allreduce_store.h): negotiation rounds,
+// the collectives they decide, deadlines and stall warnings. Runs on "hps-ar-exec".
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/reduce.h"
+#include "worker/allreduce/allreduce_op.h"
+#include "worker/allreduce/allreduce_store.h"
+#include "worker/comm/gloo_comm.h"
+
+namespace hybridps {
+
+namespace nego = negotiation;
+
+namespace {
+
+// The negotiation slot (bytes per rank in a round's allgather) of the next round: the
+// largest message of the last kSlotHistory rounds, rounded up to kSlotGrain. Every rank
+// computes it from the same gathered sizes, so slots always agree; a message larger than
+// the slot still gets through (with an extra allgatherv). A short history: repeated
+// rounds of one size fit, and a burst's large slot is not dragged through the small
+// rounds that follow it.
+constexpr size_t kSlotHistory = 2;
+constexpr size_t kSlotGrain = 4096;
+// Room for a round's eager payloads or two-shot halves (4 MiB per rank at most, see
+// Options::eager_bytes and two_shot_bytes) and its list.
+constexpr size_t kMaxSlot = 5 << 20;
+// The eager limit when allreduces run in shared memory (one host): above it the
+// negotiation's copy of the payload to every peer costs more than the collective.
+constexpr size_t kShmEagerBytes = 64 << 10;
+
+std::string Ranks(const std::vector<int>& ranks) {
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
+}
+
+}  // namespace
+
+void AllreduceStore::ExecLoop() {
+  while (WaitForRound()) {
+    if (!HoldRound(/*caller=*/false)) break;
+  }
+  // Nothing runs any more: fail what is left, and let the peers know at once.
+  [[maybe_unused]] bool broken_ok;
+  {
+    absl::MutexLock lock(&mu_);
+    // A waiting thread may still be in a round: the store broke, so it ends soon (Break
+    // aborted the communicator); wait for it before the communicators go.
+    mu_.Await(absl::Condition(
+        +[](bool* busy) { return !*busy; }, &round_busy_));
+    broken_ok = broken_.ok() || peers_left_;
+    const absl::Status why =
+        broken_.ok() ? absl::FailedPreconditionError("the store was shut down") : broken_;
+    for (auto& [seq, op] : queued_) {
+      op->handle->Complete(
+          absl::Status(why.code(), absl::StrCat(op->Describe(), " failed: ", why.message())));
+    }
+    queued_.clear();
+    for (auto& b : barriers_) b->Complete(why);
+    barriers_.clear();
+    exec_done_ = true;
+  }
+#if HYBRIDPS_WITH_NCCL
+  CloseGpu(!broken_ok);
+#endif
+  comm_->Close();
+  if (leaders_) leaders_->Close();
+  io_waker_.Wake();
+}
+
+absl::Time AllreduceStore::NextRoundLocked() const {
+  // While the last round left work pending somewhere (or we must announce leaving), a
+  // round every cycle: what is submitted meanwhile is batched (and fused). Otherwise new
+  // work starts a round at once, and without any, a round every idle tick (so a rank
+  // that never submits still joins the rounds of those waiting for it).
+  const bool busy = job_active_ || stopping_;
+  if (!busy && !queued_.empty()) return absl::InfinitePast();
+  return last_round_ + (busy ? options_.cycle_time : idle_tick_);
+}
+
+bool AllreduceStore::WaitForRound() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    if (!broken_.ok()) return false;
+    if (round_busy_) {  // a waiting thread runs rounds (HelpWith)
+      mu_.Await(absl::Condition(
+          +[](AllreduceStore* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return !s->round_busy_ || !s->broken_.ok();
+          },
+          this));
+      continue;
+    }
+    const absl::Time at = NextRoundLocked();
+    if (absl::Now() >= at) break;
+    if (job_active_ || stopping_) {
+      mu_.AwaitWithDeadline(absl::Condition(
+                                +[](absl::Status* b) { return !b->ok(); }, &broken_),
+                            at);
+    } else {
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return wake_ || !broken_.ok();
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&woken), at);
+      wake_ = false;
+    }
+  }
+  wake_ = false;
+  ClaimRoundLocked();
+  return true;
+}
+
+void AllreduceStore::ClaimRoundLocked() {
+  round_busy_ = true;
+  last_round_ = absl::Now();
+}
+
+bool AllreduceStore::HoldRound(bool caller) {
+  bool job_active = false;
+  const bool ok = RunRound(caller, &job_active);
+  absl::MutexLock lock(&mu_);
+  round_busy_ = false;
+  job_active_ = job_active;
+  // The executor may sleep until an idle tick computed before this round: what is left
+  // is its work now (HelpWith runs only rounds due at once), so it re-reads the state.
+  if (caller && (job_active || !queued_.empty())) wake_ = true;
+  return ok;
+}
+
+void AllreduceStore::HelpWith(HandleState* state) {
+  // Only a round that is due now: new work on a store whose last round left nothing
+  // pending (an isolated operation, or the first of a burst before the executor woke).
+  // The cycles of a busy store stay with the executor; a waiting thread that also slept
+  // until each cycle was due measured 3-5 % slower on ResNet-50's 161 tensors.
+  while (!state->DoneFast()) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (round_busy_ || stopping_ || !broken_.ok()) return;
+      if (absl::Now() < NextRoundLocked()) return;
+      ClaimRoundLocked();
+      ++stats_.caller_rounds;
+    }
+    if (!HoldRound(/*caller=*/true)) return;  // the executor sees the store broken and stops
+  }
+}
+
+void AllreduceStore::ExpireDeadlines(absl::Time now) {
+  for (auto it = queued_.begin(); it != queued_.end();) {
+    Op* op = it->second.get();
+    if (op->deadline > now) {
+      ++it;
+      continue;
+    }
+    std::string why;
+    std::vector<int> never;
+    for (size_t r = 0; r < op->seen.size(); ++r) {
+      if (!op->seen[r]) never.push_back(static_cast<int>(r));
+    }
+    if (!never.empty()) {
+      why = absl::StrCat(": ", Ranks(never), " never submitted it");
+    } else if (op->rounds_listed == 0) {
+      why = ": an earlier operation on the same name never completed";
+    } else {
+      why = ": every rank submitted it, but not all at once (some gave up at their own "
+            "deadline first)";
+    }
+    op->handle->Complete(absl::DeadlineExceededError(absl::StrCat(
+        op->Describe(), " did not complete within ", absl::FormatDuration(options_.op_timeout),
+        why)));
+    it = queued_.erase(it);
+  }
+}
+
+bool AllreduceStore::RunRound(bool caller, bool* job_active) {
+  const absl::Time now = absl::Now();
+  verdict_awaited_ = false;
+  std::vector<std::shared_ptr<Op>> listed;
+  nego::RankList mine;
+  {
+    absl::MutexLock lock(&mu_);
+    ExpireDeadlines(now);
+    absl::flat_hash_map<absl::string_view, bool> heads;
+    for (auto& [seq, op] : queued_) {
+      if (!heads.try_emplace(op->name, true).second) continue;  // not the oldest of its name
+      // GPU work needs the executor's thread (its CUDA device, the NCCL communicator): a
+      // waiting thread's round leaves it for a later one.
+      if (caller && op->in.device == Device::kGPU) continue;
+      op->in_round = true;
+      ++op->rounds_listed;
+      listed.push_back(op);
+    }
+    mine.leaving = stopping_ && queued_.empty();
+  }
+  // Operations carry their data in the negotiation message (eagerly) when that is cheaper
+  // than negotiating and then running the ring (Options::eager_bytes). Each rank receives
+  // n-1 copies where the ring moves 2(n-1)/n of the tensor, so a tensor goes eagerly up to
+  // eager_bytes / (n-1) bytes: with 2 ranks the same bytes as the ring, in one step instead
+  // of an exchange and two ring steps; with more ranks the extra bytes stay under
+  // eager_bytes per round. A round carries at most twice that per rank. An operation runs
+  // eagerly when every rank sent its data in the same round; otherwise it takes the ring.
+  // In shared memory (shm_) the allreduce is cheaper than the eager path's copies above
+  // kShmEagerBytes.
+  const size_t copies = std::max(1, num_workers_ - 1);
+  const size_t eager_tensor =
+      std::min(options_.eager_bytes / copies, one_node_ ? kShmEagerBytes : SIZE_MAX);
+  const size_t eager_round = 2 * eager_tensor;
+  // With 2 ranks, larger push_pulls up to two_shot_bytes are two-shots (negotiation.h):
+  // each rank sends the other's half along, and the summed halves are swapped. The same
+  // bytes as the ring, in two exchanges instead of three (the negotiation's, and the ring's
+  // reduce-scatter and all-gather). A round carries at most half of that per rank.
+  const size_t two_shot_bytes =
+      num_workers_ == 2 && !shm_ && !hierarchical_ ? options_.two_shot_bytes : 0;
+  size_t eager_bytes = 0;
+  for (const auto& op : listed) {
+    nego::Entry e;
+    e.name = op->name;
+    e.occurrence = op->occurrence;
+    e.kind = op->kind;
+    e.dtype = op->in.dtype;
+    e.count = op->in.count;
+    e.root = op->root;
+    e.priority = op->priority;
+    e.age_ms = static_cast<uint32_t>(
+        std::min<int64_t>(absl::ToInt64Milliseconds(now - op->submitted), UINT32_MAX));
+    const size_t bytes = op->in.bytes();
+    // Data goes along only the first time an operation is listed: when the ranks are in
+    // step that is the round that runs it; a rank waiting for late peers does not resend.
+    // GPU data never does: it is not in host memory.
+    e.gpu = op->in.device == Device::kGPU;
+    const bool first_time = !e.gpu && op->rounds_listed == 1;
+    if (first_time && (op->kind == nego::OpKind::kPushPull || op->root == rank_) &&
+        bytes <= eager_tensor && eager_bytes + bytes <= eager_round) {
+      e.has_payload = true;
+      e.payload = absl::string_view(static_cast<const char*>(op->in.data), bytes);
+      eager_bytes += bytes;
+    } else if (first_time && op->kind == nego::OpKind::kPushPull && bytes > eager_tensor &&
+               bytes <= two_shot_bytes) {
+      const nego::Chunk c = nego::ChunkOf(op->in.count, 1 - rank_, 2);
+      const size_t es = DTypeSize(op->in.dtype);
+      const size_t half = (c.end - c.begin) * es;
+      if (eager_bytes + half <= two_shot_bytes / 2) {
+        e.has_payload = true;
+        e.payload_offset = c.begin;
+        e.payload =
+            absl::string_view(static_cast<const char*>(op->in.data) + c.begin * es, half);
+        eager_bytes += half;
+      }
+    }
+    mine.entries.push_back(std::move(e));
+  }
+  // Framed for AllgatherFramed (8 bytes for the length, then the message): the eager
+  // payloads are copied once, here, and sent from this buffer, kept from round to round.
+  msg_.assign(sizeof(uint64_t), '\0');
+  nego::Serialize(mine, rank_, &msg_);
+  absl::Status failure;
+  std::vector<nego::RankList> lists;
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<std::vector<absl::string_view>> gathered = Exchange();
+  const absl::Time t1 = absl::Now();
+  size_t largest = 0;
+  if (!gathered.ok()) {
+    failure = gathered.status();
+  } else {
+    for (int r = 0; r < num_workers_ && failure.ok(); ++r) {
+      largest = std::max(largest, (*gathered)[r].size());
+      auto parsed = nego::Parse((*gathered)[r], r);
+      if (parsed.ok()) {
+        lists.push_back(std::move(*parsed));
+      } else {
+        failure = parsed.status();
+      }
+    }
+  }
+  nego::Plan plan;
+  if (failure.ok()) {
+    plan = nego::Decide(lists, rank_, fusion_bytes_, fusion_max_tensor_bytes_);
+    // The next slot, from data every rank holds.
+    recent_sizes_.push_back(largest + sizeof(uint64_t));
+    if (recent_sizes_.size() > kSlotHistory) recent_sizes_.pop_front();
+    const size_t want = *std::max_element(recent_sizes_.begin(), recent_sizes_.end());
+    slot_bytes_ = std::clamp((want + kSlotGrain - 1) / kSlotGrain * kSlotGrain,
+                             kMinSlotBytes, kMaxSlot);
+    // The next round's receives now, while this one runs: the peers' next messages then
+    // leave as soon as they are sent. Not when a rank leaves (there is no next round). A
+    // failure here is the next round's (GlooComm keeps it): this round may still end
+    // cleanly, e.g. with a peer that left after it.
+    if (plan.leaving.empty() && !mine.leaving && !one_node_) {
+      comm_->PostNextExchange(slot_bytes_);
+    }
+    if (LogEnabled(LogLevel::DEBUG) && plan.any_entries) {
+      size_t runs = 0;
+      for (const nego::Action& a : plan.actions) runs += a.entries.size();
+      HPS_LOG(DEBUG) << "round: listed " << listed.size() << ", " << largest
+                     << " bytes at most per rank (slot " << slot_bytes_ << "), "
+                     << plan.actions.size() << " actions for " << runs << " operations, "
+                     << plan.missing.size() << " not ready here, " << plan.foreign.size()
+                     << " not submitted here; allgather " << absl::FormatDuration(t1 - t0);
+    }
+    for (const nego::Action& a : plan.actions) {
+      if (!failure.ok()) break;
+      failure = Execute(a, listed);
+    }
+#if HYBRIDPS_WITH_NCCL
+    failure = FinishGpu(failure);
+#endif
+    for (const nego::Missing& m : plan.missing) {
+      Op* op = listed[m.entry].get();
+      std::vector<bool> seen(num_workers_, true);
+      for (int r : m.ranks) seen[r] = false;
+      if (op->seen.empty()) op->seen = seen;
+      for (int r = 0; r < num_workers_; ++r) op->seen[r] = op->seen[r] || seen[r];
+    }
+    Warn(plan, listed, now);
+  }
+  if (failure.code() == absl::StatusCode::kUnavailable) AwaitPeerVerdict();
+  absl::MutexLock lock(&mu_);
+  ++stats_.rounds;
+  stats_.negotiating += t1 - t0;
+  stats_.executing += absl::Now() - t1;
+  for (auto& op : listed) op->in_round = false;
+  if (!failure.ok()) {
+    BreakLocked(failure);
+    return false;
+  }
+  *job_active = plan.pending;
+  if (!plan.leaving.empty()) {
+    if (mine.leaving) return false;
+    peers_left_ = broken_.ok();
+    if (peers_left_) HPS_LOG(INFO) << Ranks(plan.leaving) << " left the job";
+    BreakLocked(absl::FailedPreconditionError(absl::StrCat(
+        Ranks(plan.leaving), " left the job (shut down their store); no collective can run "
+        "without ", plan.leaving.size() == 1 ? "it" : "them")));
+    return false;
+  }
+  return true;
+}
+
+absl::StatusOr<std::vector<absl::string_view>> AllreduceStore::Exchange() {
+  if (one_node_) {
+    // One host: through the segment (a store and a barrier, no socket), indexed by worker
+    // rank; a message too big for it (every rank sees the same) goes through Gloo.
+    auto local = shm_->Allgather(absl::string_view(msg_).substr(sizeof(uint64_t)),
+                                 gloo_timeout_);
+    if (local.ok()) {
+      std::vector<absl::string_view> by_rank(num_workers_);
+      for (size_t lr = 0; lr < local->size(); ++lr) by_rank[local_members_[lr]] = (*local)[lr];
+      return by_rank;
+    }
+    if (local.status().code() != absl::StatusCode::kResourceExhausted) return local.status();
+  }
+  return comm_->AllgatherFramed(&msg_, slot_bytes_, gloo_timeout_);
+}
+
+absl::Status AllreduceStore::CpuAllreduce(DType dtype, const void* in, void* out,
+                                          size_t count) {
+  if (!hierarchical_) {
+    return shm_ ? shm_->Allreduce(dtype, in, out, count, gloo_timeout_)
+                : comm_->Allreduce(dtype, in, out, count, gloo_timeout_);
+  }
+  // Hierarchical: the node's sum in shared memory, then the leaders' allreduce of it.
+  auto across = [&](void* data, size_t n) {
+    return leaders_->Allreduce(dtype, data, data, n, gloo_timeout_);
+  };
+  if (!shm_) {  // a node of one rank: it is its node's leader
+    return leaders_->Allreduce(dtype, in, out, count, gloo_timeout_);
+  }
+  return shm_->HierarchicalAllreduce(dtype, in, out, count, gloo_timeout_, across);
+}
+
+absl::Status AllreduceStore::ExplainFailure(absl::Status s) {
+  if (s.ok()) return s;
+  if (s.code() == absl::StatusCode::kUnavailable) AwaitPeerVerdict();
+  absl::MutexLock lock(&mu_);
+  // The store broke (a peer died, the scheduler is gone): Break shut the connections, so
+  // Gloo's "connection closed" is a symptom; the operation fails with the cause.
+  if (!broken_.ok() && !peers_left_) return broken_;
+  return s;
+}
+
+void AllreduceStore::AwaitPeerVerdict() {
+  if (verdict_awaited_) return;  // once per round
+  verdict_awaited_ = true;
+  // Gloo only says that a connection closed, to an address. When the peer died, the
+  // scheduler names it (NodeFailed -> Break) within the heartbeat timeout; the operations
+  // then fail with that, so users read which rank died instead of a socket address.
+  const absl::Duration wait = options_.heartbeat_timeout + 2 * options_.heartbeat_interval;
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(+[](absl::Status* b) { return !b->ok(); }, &broken_),
+                       wait);
+}
+
+void AllreduceStore::Finish(Op* op, absl::Status status) {
+  if (!status.ok() && !absl::StrContains(status.message(), absl::StrCat("'", op->name, "'"))) {
+    status = absl::Status(status.code(),
+                          absl::StrCat(op->Describe(), " failed: ", status.message()));
+  }
+  absl::MutexLock lock(&mu_);
+  op->in_round = false;
+  op->handle->Complete(std::move(status));
+  queued_.erase(op->seq);
+}
+
+absl::Status AllreduceStore::Execute(const nego::Action& a,
+                                     const std::vector<std::shared_ptr<Op>>& listed) {
+  Op* first = listed[a.entries[0]].get();
+#if HYBRIDPS_WITH_NCCL
+  // Decide never mixes devices in an action, and GPU tensors are never eager.
+  if (a.type != nego::Action::Type::kFail && first->in.device == Device::kGPU) {
+    return ExecuteGpu(a, listed);
+  }
+#endif
+  const size_t es = DTypeSize(a.dtype);
+  switch (a.type) {
+    case nego::Action::Type::kFail:
+      Finish(first, a.error);
+      return absl::OkStatus();
+    case nego::Action::Type::kEager: {
+      const size_t bytes = first->in.bytes();
+      if (bytes > 0 && (first->kind == nego::OpKind::kPushPull || rank_ != first->root)) {
+        // One pass for the first two (the payloads are in the communicator's buffers,
+        // never the output); the same order, so the same bits, on every rank.
+        if (a.payloads.size() >= 2) {
+          Sum2(a.dtype, first->out.data, a.payloads[0].data(), a.payloads[1].data(),
+               first->in.count);
+        } else {
+          std::memcpy(first->out.data, a.payloads[0].data(), bytes);
+        }
+        for (size_t r = 2; r < a.payloads.size(); ++r) {
+          SumInto(a.dtype, first->out.data, a.payloads[r].data(), first->in.count);
+        }
+      }
+      return FinishCounted(first, absl::OkStatus(), &Stats::eager);
+    }
+    case nego::Action::Type::kTwoShot:
+      return ExecuteTwoShot(a, first);
+    case nego::Action::Type::kBroadcast: {
+      absl::Status s;
+      if (one_node_) {  // every worker is a local rank: through the segment
+        const int root = static_cast<int>(
+            std::find(local_members_.begin(), local_members_.end(), first->root) -
+            local_members_.begin());
+        s = shm_->Broadcast(a.dtype, first->out.data, first->out.count, root, gloo_timeout_);
+      } else {
+        s = comm_->Broadcast(a.dtype, first->out.data, first->out.count, first->root,
+                             gloo_timeout_);
+      }
+      return FinishCounted(first, s, &Stats::broadcasts);
+    }
+    case nego::Action::Type::kAllreduce:
+      break;
+  }
+  absl::Status s;
+  auto allreduce = [&](const void* in, void* out, size_t count) {
+    return CpuAllreduce(a.dtype, in, out, count);
+  };
+  if (a.entries.size() == 1) {
+    s = allreduce(first->in.data, first->out.data, first->in.count);
+  } else {
+    // Pack, reduce once, unpack.
+    if (fusion_.size() < a.total_count * es) fusion_.resize(a.total_count * es);
+    size_t offset = 0;
+    for (size_t i : a.entries) {
+      const Op* op = listed[i].get();
+      if (op->in.count > 0) std::memcpy(fusion_.data() + offset, op->in.data, op->in.bytes());
+      offset += op->in.bytes();
+    }
+    s = allreduce(fusion_.data(), fusion_.data(), a.total_count);
+    offset = 0;
+    for (size_t i : a.entries) {
+      Op* op = listed[i].get();
+      if (s.ok() && op->out.count > 0) {
+        std::memcpy(op->out.data, fusion_.data() + offset, op->out.bytes());
+      }
+      offset += op->out.bytes();
+    }
+  }
+  s = ExplainFailure(s);
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.allreduces;
+    if (shm_) ++stats_.shm_allreduces;
+    if (a.entries.size() > 1) stats_.fused_tensors += a.entries.size();
+  }
+  for (size_t i : a.entries) Finish(listed[i].get(), s);
+  return s;
+}
+
+absl::Status AllreduceStore::ExecuteTwoShot(const nego::Action& a, Op* op) {
+  const int peer = 1 - rank_;
+  const size_t es = DTypeSize(a.dtype);
+  const nego::Chunk own = nego::ChunkOf(op->in.count, rank_, 2);
+  const nego::Chunk theirs = nego::ChunkOf(op->in.count, peer, 2);
+  const char* in = static_cast<const char*>(op->in.data);
+  char* out = static_cast<char*>(op->out.data);
+  // The peer's chunk arrives straight into the output, while this rank sums its own (in
+  // rank order, as everywhere). In place, the input's copy of the peer's chunk already
+  // left with the negotiation.
+  const absl::Status s = comm_->SwapWithPeer(
+      peer, out + theirs.begin * es, (theirs.end - theirs.begin) * es,
+      out + own.begin * es, (own.end - own.begin) * es,
+      [&] {
+        const void* mine = in + own.begin * es;
+        const void* other = a.payloads[peer].data();
+        Sum2(a.dtype, out + own.begin * es, rank_ == 0 ? mine : other,
+             rank_ == 0 ? other : mine, own.end - own.begin);
+      },
+      gloo_timeout_);
+  return FinishCounted(op, s, &Stats::two_shots);
+}
+
+absl::Status AllreduceStore::FinishCounted(Op* op, absl::Status s, uint64_t Stats::*counter) {
+  s = ExplainFailure(s);
+  {
+    absl::MutexLock lock(&mu_);
+    ++(stats_.*counter);
+  }
+  Finish(op, s);
+  return s;
+}
+
+void AllreduceStore::Warn(const nego::Plan& plan, const std::vector<std::shared_ptr<Op>>& listed,
+                          absl::Time now) {
+  for (const nego::Missing& m : plan.missing) {
+    Op* op = listed[m.entry].get();
+    if (now < op->next_warning) continue;
+    op->next_warning = now + options_.stall_warning;
+    HPS_LOG(WARNING) << op->Describe() << " has waited "
+                     << absl::FormatDuration(
+                            absl::Trunc(now - op->submitted, absl::Milliseconds(1)))
+                     << "; not submitted by " << Ranks(m.ranks) << " (it fails at its deadline, "
+                     << absl::FormatDuration(options_.op_timeout) << ")";
+  }
+  absl::flat_hash_map<std::string, absl::Time> seen;
+  for (const nego::Foreign& f : plan.foreign) {
+    auto it = foreign_warned_.find(f.name);
+    absl::Time next = it == foreign_warned_.end() ? absl::InfinitePast() : it->second;
+    if (absl::Milliseconds(f.max_age_ms) >= options_.stall_warning && now >= next) {
+      next = now + options_.stall_warning;
+      HPS_LOG(WARNING) << nego::OpKindName(f.kind) << " of '" << f.name << "' submitted by "
+                       << Ranks(f.ranks) << " has waited "
+                       << absl::FormatDuration(absl::Milliseconds(f.max_age_ms))
+                       << " for this rank (" << rank_ << "), which has not submitted it";
+    }
+    seen[f.name] = next;
+  }
+  foreign_warned_ = std::move(seen);
+}
+
+}  // namespace hybridps

@@ -1,0 +1,420 @@
+#include "worker/allreduce/allreduce_store.h"
+
+#include <arpa/inet.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "worker/allreduce/allreduce_op.h"
+#include "worker/comm/gloo_comm.h"
+#include "worker/node/node_layout.h"
+#if HYBRIDPS_WITH_NCCL
+#include "worker/comm/nccl_comm.h"
+#endif
+
+namespace hybridps {
+
+namespace nego = negotiation;
+
+
+
+AllreduceStore::AllreduceStore(std::shared_ptr<Context> ctx, const Options& options)
+    : ctx_(std::move(ctx)),
+      options_(options),
+      idle_tick_(std::clamp(std::min(options.op_timeout, options.stall_warning) / 10,
+                            absl::Milliseconds(5), absl::Milliseconds(100))),
+      gloo_timeout_(std::min(options.op_timeout, 2 * options.heartbeat_timeout)),
+      slot_bytes_(kMinSlotBytes) {}
+
+absl::StatusOr<std::unique_ptr<AllreduceStore>> AllreduceStore::Create(
+    std::shared_ptr<Context> ctx, const Options& options) {
+  RETURN_IF_ERROR(options.Validate());
+  std::unique_ptr<AllreduceStore> s(new AllreduceStore(std::move(ctx), options));
+  RETURN_IF_ERROR(s->Start());
+  return s;
+}
+
+namespace {
+
+// Gloo writes to its TCP pairs without MSG_NOSIGNAL: when a peer dies, the next write
+// raises SIGPIPE, whose default action kills this process before anything can report
+// which peer died. Ignore it (only when nobody installed a handler; Python already
+// ignores it), so the write fails with EPIPE and becomes an error naming the peer.
+void IgnoreSigpipe() {
+  struct sigaction old {};
+  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+}  // namespace
+
+absl::Status AllreduceStore::Start() {
+  IgnoreSigpipe();
+  ControlClient::Callbacks cb;
+  cb.node_failed = [this](const wire::NodeFailed& f) {
+    Break(absl::UnavailableError(f.reason()));
+  };
+  cb.shutdown = [this](const wire::Shutdown& sd) {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;  // the scheduler's answer to everyone finishing
+    BreakLocked(absl::AbortedError(absl::StrCat("the job was shut down: ", sd.reason())));
+  };
+  cb.scheduler_lost = [this](const absl::Status& s) { Break(s); };
+  ASSIGN_OR_RETURN(control_, ControlClient::Connect(*ctx_, options_, std::move(cb)));
+  ASSIGN_OR_RETURN(wire::Welcome welcome, control_->Register(""));
+  rank_ = welcome.rank();
+  num_workers_ = welcome.num_workers();
+  SetLogTag(absl::StrCat("worker ", rank_));
+  // Gloo binds the scheduler-facing address: loopback for a local job.
+  in_addr ip{};
+  if (!options_.interface.empty()) {
+    (inet_pton(AF_INET, options_.interface.c_str(), &ip) == 1 ? gloo_host_ : gloo_iface_) =
+        options_.interface;
+  } else {
+    const std::string sched = EndpointHost(options_.SchedulerEndpoint());
+    if (sched.empty() || absl::StartsWith(sched, "127.") || sched == "localhost") {
+      gloo_host_ = "127.0.0.1";
+    } else {
+      char host[256] = {0};
+      gethostname(host, sizeof host - 1);
+      gloo_host_ = host;
+    }
+  }
+  SchedulerStore store(control_.get(), "gloo/", absl::Now() + options_.start_timeout);
+  auto comm = GlooComm::Connect(rank_, num_workers_, gloo_host_, gloo_iface_, store,
+                                options_.start_timeout);
+  if (!comm.ok()) {
+    return store.status().ok() ? comm.status() : store.status();
+  }
+  comm_ = std::move(*comm);
+  RETURN_IF_ERROR(ShareFusionSettings());
+  RETURN_IF_ERROR(SetUpSharedMemory(welcome));
+#if HYBRIDPS_WITH_NCCL
+  RETURN_IF_ERROR(ShareNcclId());
+#endif
+  gate_->Open(this);
+  exec_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "hps-ar-exec");
+    ExecLoop();
+  });
+  io_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "hps-ar-io");
+    IoLoop();
+  });
+  HPS_LOG(INFO) << "joined the job as worker " << rank_ << " of " << num_workers_
+                << " (dist_allreduce, gloo on " << (gloo_iface_.empty() ? gloo_host_ : gloo_iface_)
+                << (one_node_ ? "; CPU allreduces in shared memory"
+                    : hierarchical_ ? "; CPU allreduces hierarchical: shared memory in the "
+                                      "node, gloo between nodes"
+                                    : "")
+                << ")";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> AllreduceStore::FromRankZero(
+    const std::string& prefix, const std::function<std::string()>& make) {
+  SchedulerStore store(control_.get(), prefix, absl::Now() + options_.start_timeout);
+  try {
+    if (rank_ == 0) {
+      std::string value = make();
+      store.set("rank0", std::vector<char>(value.begin(), value.end()));
+      return value;
+    }
+    std::vector<char> v = store.get("rank0");
+    return std::string(v.begin(), v.end());
+  } catch (const std::exception& e) {
+    return store.status().ok() ? absl::UnavailableError(e.what()) : store.status();
+  }
+}
+
+absl::Status AllreduceStore::SetUpSharedMemory(const wire::Welcome& welcome) {
+  // Rank 0's "<local_allreduce> <hierarchical_allreduce>", e.g. "1 0".
+  ASSIGN_OR_RETURN(std::string wanted, FromRankZero("local_allreduce/", [&] {
+                     return absl::StrCat(options_.local_allreduce, " ",
+                                         options_.hierarchical_allreduce);
+                   }));
+  if (!absl::StartsWith(wanted, "1 ") || num_workers_ < 2) return absl::OkStatus();
+  // Every rank decides from the same welcome which case the job is; a rank that cannot
+  // set its part up tells the others in the exchange below.
+  auto layout = NodeLayoutFromWelcome(welcome, rank_);
+  if (!layout.ok()) return absl::OkStatus();  // the same on every rank of a bad node: Gloo
+  const bool one_node = layout->num_nodes == 1 && layout->local_size == num_workers_;
+  bool several_per_node = false;
+  for (const wire::NodeInfo& w : welcome.workers()) several_per_node |= w.local_size() > 1;
+  const bool hierarchical = !one_node && wanted == "1 1" && several_per_node;
+  if (!one_node && !hierarchical) return absl::OkStatus();  // Gloo (the same on every rank)
+  std::string why;
+  if (layout->local_size > 1) {
+    // Per job and node: the job id, the node, and the pid of local rank 0 (the creator).
+    const std::string name =
+        absl::StrFormat("/hps-ar-%016x-n%d-%u", layout->job_id, layout->node,
+                        layout->pids.empty() ? 0u : layout->pids[0]);
+    const size_t per_region =
+        std::clamp<size_t>((size_t{64} << 20) / (layout->local_size + 1) / 4096 * 4096,
+                           size_t{1} << 20, size_t{8} << 20);
+    auto shm = ShmAllreduce::Open(name, layout->local_rank, layout->local_size, per_region,
+                                  absl::Now() + options_.start_timeout);
+    if (shm.ok()) {
+      shm_ = std::move(*shm);
+      local_members_ = layout->members;
+    } else {
+      why = std::string(shm.status().message());
+    }
+  }
+  auto all = comm_->AllgatherBytes(why.empty() ? "ok" : why, kMinSlotBytes,
+                                   options_.start_timeout);
+  if (!all.ok()) return all.status();
+  for (int r = 0; r < num_workers_; ++r) {
+    if ((*all)[r] == "ok") continue;
+    HPS_LOG(WARNING) << "CPU allreduces go through Gloo, not shared memory: worker " << r
+                     << " could not set it up (" << (*all)[r] << ")";
+    shm_.reset();
+    return absl::OkStatus();
+  }
+  one_node_ = one_node;
+  if (!hierarchical) return absl::OkStatus();
+  // The nodes' local ranks 0 connect a mesh of their own, ranked by node.
+  hierarchical_ = true;
+  if (layout->local_rank != 0) return absl::OkStatus();
+  SchedulerStore store(control_.get(), "gloo-leaders/", absl::Now() + options_.start_timeout);
+  auto leaders = GlooComm::Connect(layout->node, layout->num_nodes, gloo_host_, gloo_iface_,
+                                   store, options_.start_timeout);
+  if (!leaders.ok()) return store.status().ok() ? leaders.status() : store.status();
+  leaders_ = std::move(*leaders);
+  return absl::OkStatus();
+}
+
+absl::Status AllreduceStore::ShareFusionSettings() {
+  const std::string mine =
+      absl::StrCat(options_.fusion_bytes, " ", options_.fusion_max_tensor_bytes);
+  ASSIGN_OR_RETURN(std::string value, FromRankZero("fusion/", [&] { return mine; }));
+  std::vector<std::string> parts = absl::StrSplit(value, ' ');
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &fusion_bytes_) ||
+      !absl::SimpleAtoi(parts[1], &fusion_max_tensor_bytes_)) {
+    return absl::DataLossError(
+        absl::StrCat("rendezvous: malformed fusion settings from rank 0: '", value, "'"));
+  }
+  if (value != mine) {
+    HPS_LOG(WARNING) << "this worker's HYBRIDPS_FUSION_BYTES / HYBRIDPS_FUSION_MAX_TENSOR_BYTES ("
+                     << options_.fusion_bytes << " / " << options_.fusion_max_tensor_bytes
+                     << ") differ from rank 0's (" << fusion_bytes_ << " / "
+                     << fusion_max_tensor_bytes_
+                     << "); every worker uses rank 0's, so that all plan alike";
+  }
+  return absl::OkStatus();
+}
+
+AllreduceStore::~AllreduceStore() {
+  absl::Status s = Shutdown();
+  if (!s.ok()) HPS_LOG(WARNING) << "shutdown: " << s.message();
+  gate_->Close();  // after the helpers in progress returned
+}
+
+AllreduceStore::Stats AllreduceStore::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+// ---- submission -------------------------------------------------------------------------
+
+absl::StatusOr<Handle> AllreduceStore::BroadcastAsync(absl::string_view name, TensorView tensor,
+                                                      int root_rank, int priority) {
+  RETURN_IF_ERROR(CheckTensor(name, tensor, "the tensor"));
+  if (root_rank < 0 || root_rank >= num_workers_) {
+    return absl::InvalidArgumentError(absl::StrCat("broadcast of '", name, "': root rank ",
+                                                   root_rank, " is out of range [0, ",
+                                                   num_workers_, ")"));
+  }
+  auto op = std::make_shared<Op>();
+  op->name = std::string(name);
+  op->kind = nego::OpKind::kBroadcast;
+  op->in = op->out = tensor;
+  op->root = root_rank;
+  op->priority = priority;
+  return Submit(std::move(op));
+}
+
+absl::StatusOr<Handle> AllreduceStore::PushPullAsync(absl::string_view name, TensorView in,
+                                                     TensorView out, int priority) {
+  RETURN_IF_ERROR(CheckTensor(name, in, "the input"));
+  RETURN_IF_ERROR(CheckTensor(name, out, "the output"));
+  if (in.device != out.device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push_pull of '", name, "': the input and the output must both be CPU or both GPU "
+        "tensors"));
+  }
+  if (in.count != out.count || in.dtype != out.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push_pull of '", name, "': the input has ", in.count, " ", DTypeName(in.dtype),
+        " elements but the output ", out.count, " ", DTypeName(out.dtype), " elements"));
+  }
+  auto op = std::make_shared<Op>();
+  op->name = std::string(name);
+  op->in = in;
+  op->out = out;
+  op->priority = priority;
+  return Submit(std::move(op));
+}
+
+absl::Status AllreduceStore::CheckTensor(absl::string_view name, const TensorView& t,
+                                         absl::string_view what) {
+#if HYBRIDPS_WITH_NCCL
+  if (t.device == Device::kGPU) return CheckGpuTensor(name, t, what);
+#endif
+  return CheckCpuTensor(name, t, what);
+}
+
+absl::StatusOr<Handle> AllreduceStore::Submit(std::shared_ptr<Op> op) {
+  if (op->name.empty()) return absl::InvalidArgumentError("a tensor name must not be empty");
+  if (op->name.size() > nego::kMaxNameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor name of ", op->name.size(),
+                                                   " bytes (at most ", nego::kMaxNameBytes, ")"));
+  }
+  op->submitted = absl::Now();
+  op->deadline = op->submitted + options_.op_timeout;
+  op->next_warning = op->submitted + options_.stall_warning;
+  if (options_.caller_rounds) {
+    WaitHelperGate<AllreduceStore>::Install(gate_, op->handle.get(), &AllreduceStore::HelpWith);
+  }
+  Handle h(op->handle);
+  absl::MutexLock lock(&mu_);
+  if (!closed_.ok()) return closed_;
+  if (!broken_.ok()) {
+    op->handle->Complete(absl::Status(
+        broken_.code(), absl::StrCat(op->Describe(), " failed: ", broken_.message())));
+    return h;
+  }
+  op->occurrence = occurrences_[op->name]++;
+  op->seq = next_seq_++;
+  queued_.emplace(op->seq, std::move(op));
+  wake_ = true;
+  return h;
+}
+
+absl::Status AllreduceStore::Barrier() {
+  auto state = std::make_shared<HandleState>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (!closed_.ok()) return closed_;
+    if (!broken_.ok()) return broken_;
+    barriers_.push_back(state);
+  }
+  io_waker_.Wake();
+  return state->Wait();
+}
+
+absl::Status AllreduceStore::Shutdown() {
+  auto fin = std::make_shared<HandleState>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::OkStatus();
+    stopping_ = true;
+    closed_ = absl::FailedPreconditionError("the store was shut down");
+    wake_ = true;
+  }
+  if (exec_thread_.joinable()) exec_thread_.join();  // finishes, then leaves the job
+  absl::Status s;
+  if (io_thread_.joinable()) {
+    {
+      absl::MutexLock lock(&mu_);
+      finalize_ = fin;
+    }
+    io_waker_.Wake();
+    s = fin->Wait();  // bounded: the finalize request has a deadline
+    io_exit_.store(true);
+    io_waker_.Wake();
+    io_thread_.join();
+  }
+  comm_.reset();
+  leaders_.reset();
+  control_.reset();
+  absl::MutexLock lock(&mu_);
+  if (!broken_.ok() && !peers_left_) return broken_;
+  return s;
+}
+
+void AllreduceStore::Break(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  BreakLocked(status);
+}
+
+void AllreduceStore::BreakLocked(const absl::Status& status) {
+  if (broken_.ok()) {
+    broken_ = status;
+    if (!peers_left_) HPS_LOG(ERROR) << "the store can no longer be used: " << status.message();
+    // A round in Gloo would wait for its timeout when a peer hangs rather than dies (its
+    // sockets stay open): end it now, so its operations fail with this status.
+    if (comm_) comm_->Abort();
+    if (leaders_) leaders_->Abort();
+    if (shm_) shm_->Abort(status);
+  }
+  for (auto it = queued_.begin(); it != queued_.end();) {
+    if (it->second->in_round) {
+      ++it;
+      continue;
+    }
+    Op* op = it->second.get();
+    op->handle->Complete(absl::Status(
+        broken_.code(), absl::StrCat(op->Describe(), " failed: ", broken_.message())));
+    it = queued_.erase(it);
+  }
+  for (auto& b : barriers_) b->Complete(broken_);
+  barriers_.clear();
+  wake_ = true;
+  io_waker_.Wake();
+}
+
+// ---- the I/O thread ---------------------------------------------------------------------
+
+void AllreduceStore::IoLoop() {
+  bool finalize_sent = false;
+  while (!io_exit_.load()) {
+    Poller poller;
+    const int ctl = poller.Add(control_->socket());
+    poller.AddFd(io_waker_.fd());
+    auto polled = poller.Poll(control_->NextTick() - absl::Now());
+    if (!polled.ok()) {
+      Break(polled.status());
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    io_waker_.Drain();
+    std::vector<std::shared_ptr<HandleState>> barriers;
+    std::shared_ptr<HandleState> fin;
+    absl::Status broken;
+    {
+      absl::MutexLock lock(&mu_);
+      barriers.swap(barriers_);
+      if (exec_done_ && finalize_ && !finalize_sent) fin = finalize_;
+      broken = peers_left_ ? absl::OkStatus() : broken_;
+    }
+    for (auto& b : barriers) {
+      wire::Envelope env;
+      env.mutable_barrier()->set_group(wire::GROUP_WORKERS);
+      control_->Request(std::move(env), absl::Now() + options_.op_timeout,
+                        [b](absl::StatusOr<wire::Envelope> r) { b->Complete(r.status()); });
+    }
+    if (fin) {
+      // Even after a failure the scheduler hears that we are done, so the job ends now.
+      finalize_sent = true;
+      wire::Envelope env;
+      env.mutable_finalize();
+      control_->Request(std::move(env), absl::Now() + options_.heartbeat_timeout,
+                        [fin, broken](absl::StatusOr<wire::Envelope> r) {
+                          fin->Complete(broken.ok() ? r.status() : broken);
+                        });
+    }
+    if (poller.Readable(ctl)) control_->OnReadable();
+    control_->Tick(absl::Now());
+  }
+  control_->FailAll(absl::CancelledError("the store was shut down"));
+}
+
+}  // namespace hybridps

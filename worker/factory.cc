@@ -1,0 +1,43 @@
+// KVStore::Create: the one place that knows every store. The stores below worker/ never
+// include each other; only this file sees them all.
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "worker/kvstore.h"
+#include "worker/ps/ps_store.h"
+#if HYBRIDPS_WITH_CUDA
+#include "worker/ps/ps_gpu.h"
+#endif
+#if HYBRIDPS_HAVE_GLOO
+#include "worker/allreduce/allreduce_store.h"
+#endif
+
+namespace hybridps {
+
+absl::StatusOr<std::unique_ptr<KVStore>> KVStore::Create(absl::string_view type,
+                                                         const Options& options,
+                                                         std::shared_ptr<Context> ctx) {
+  if (!ctx) ctx = std::make_shared<Context>();
+  HandleState::SetWaitSpin(options.spin);
+  if (type == "dist_hybrid") {
+#if HYBRIDPS_WITH_CUDA  // GPU tensors staged through pinned host memory (ps_gpu.h)
+    ASSIGN_OR_RETURN(auto store, PsGpuStore::Create(std::move(ctx), options, NewCudaCopier()));
+#else
+    ASSIGN_OR_RETURN(auto store, PsStore::Create(std::move(ctx), options));
+#endif
+    return std::unique_ptr<KVStore>(std::move(store));
+  }
+  if (type == "dist_allreduce") {
+#if HYBRIDPS_HAVE_GLOO
+    ASSIGN_OR_RETURN(auto store, AllreduceStore::Create(std::move(ctx), options));
+    return std::unique_ptr<KVStore>(std::move(store));
+#else
+    return absl::UnimplementedError(
+        "this build has no dist_allreduce store: it needs Gloo (install libgloo-dev and "
+        "re-run cmake; HYBRIDPS_WITH_GLOO=ON makes its absence an error)");
+#endif
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown KVStore type '", type, "' (known: dist_hybrid, dist_allreduce)"));
+}
+
+}  // namespace hybridps

@@ -1,0 +1,339 @@
+#include "worker/node/negotiation.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/byte_io.h"
+
+namespace hybridps::negotiation {
+namespace {
+
+// Fields travel in host byte order (every supported host is little-endian).
+constexpr uint32_t kMagic = 0x4E535048;  // "HPSN"
+constexpr uint16_t kVersion = 3;  // 2: the device byte; 3: the payload's offset
+constexpr uint16_t kFlagLeaving = 1;
+constexpr size_t kEntryBytes = 48;
+
+// Names and payloads are padded to 8 bytes, so payloads stay aligned in the message.
+size_t PadOf(size_t n) { return (8 - n % 8) % 8; }
+
+// Skips the zero padding after a field of n bytes.
+bool SkipPad(ByteReader& in, size_t n) {
+  absl::string_view pad;
+  return in.Take(PadOf(n), &pad) && pad.find_first_not_of('\0') == absl::string_view::npos;
+}
+
+std::string RankNames(const std::vector<int>& ranks) {
+  return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
+}
+
+bool SameSignature(const Entry& a, const Entry& b) {
+  return a.kind == b.kind && a.dtype == b.dtype && a.count == b.count && a.gpu == b.gpu &&
+         (a.kind != OpKind::kBroadcast || a.root == b.root);
+}
+
+// The error of a key whose ranks disagree: every distinct signature with its ranks, the
+// group of `self` last.
+absl::Status Mismatch(const std::vector<RankList>& lists, const std::vector<int>& idx,
+                      int self) {
+  std::vector<std::pair<const Entry*, std::vector<int>>> groups;
+  bool same_kind = true;
+  for (size_t r = 0; r < idx.size(); ++r) {
+    const Entry& e = lists[r].entries[idx[r]];
+    if (e.kind != lists[0].entries[idx[0]].kind) same_kind = false;
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return SameSignature(*g.first, e); });
+    if (it == groups.end()) {
+      groups.push_back({&e, {static_cast<int>(r)}});
+    } else {
+      it->second.push_back(static_cast<int>(r));
+    }
+  }
+  std::stable_partition(groups.begin(), groups.end(), [&](const auto& g) {
+    return std::find(g.second.begin(), g.second.end(), self) == g.second.end();
+  });
+  const Entry& first = lists[0].entries[idx[0]];
+  std::vector<std::string> parts;
+  for (const auto& [e, ranks] : groups) {
+    parts.push_back(absl::StrCat(RankNames(ranks), " sent ",
+                                 same_kind ? "" : absl::StrCat("a ", OpKindName(e->kind), " of "),
+                                 e->Shape()));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      same_kind ? absl::StrCat("mismatched ", OpKindName(first.kind), " of '")
+                : std::string("mismatched operations on '"),
+      first.name, "': ", absl::StrJoin(parts, ", ")));
+}
+
+}  // namespace
+
+absl::string_view OpKindName(OpKind kind) {
+  return kind == OpKind::kBroadcast ? "broadcast" : "push_pull";
+}
+
+bool Entry::WholePayload() const {
+  return has_payload && payload_offset == 0 && payload.size() == count * DTypeSize(dtype);
+}
+
+Chunk ChunkOf(uint64_t count, int rank, int n) {
+  const uint64_t each = count / n, extra = count % n;
+  const uint64_t r = static_cast<uint64_t>(rank);
+  const uint64_t begin = each * r + std::min(r, extra);
+  return Chunk{begin, begin + each + (r < extra ? 1 : 0)};
+}
+
+std::string Entry::Shape() const {
+  std::string s = absl::StrCat(count, " ", DTypeName(dtype), " elements");
+  if (gpu) absl::StrAppend(&s, " on GPU");
+  if (kind == OpKind::kBroadcast) absl::StrAppend(&s, " from root ", root);
+  return s;
+}
+
+void Serialize(const RankList& list, int rank, std::string* out) {
+  Put(out, kMagic);
+  Put(out, kVersion);
+  Put(out, static_cast<uint16_t>(list.leaving ? kFlagLeaving : 0));
+  Put(out, static_cast<int32_t>(rank));
+  Put(out, static_cast<uint32_t>(list.entries.size()));
+  for (const Entry& e : list.entries) {
+    Put(out, e.occurrence);
+    Put(out, static_cast<uint8_t>(e.kind));
+    Put(out, static_cast<uint8_t>(e.dtype));
+    Put(out, static_cast<uint8_t>(e.has_payload ? 1 : 0));
+    Put(out, static_cast<uint8_t>(e.gpu ? 1 : 0));
+    Put(out, e.root);
+    Put(out, e.priority);
+    Put(out, e.age_ms);
+    Put(out, static_cast<uint32_t>(e.name.size()));
+    Put(out, e.count);
+    Put(out, static_cast<uint64_t>(e.has_payload ? e.payload.size() : 0));
+    Put(out, static_cast<uint64_t>(e.has_payload ? e.payload_offset : 0));
+    out->append(e.name);
+    out->append(PadOf(e.name.size()), '\0');
+    if (e.has_payload) {
+      out->append(e.payload.data(), e.payload.size());
+      out->append(PadOf(e.payload.size()), '\0');
+    }
+  }
+}
+
+absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
+  auto bad = [rank](absl::string_view why) {
+    return absl::DataLossError(
+        absl::StrCat("malformed negotiation message from rank ", rank, ": ", why));
+  };
+  ByteReader in(bytes);
+  uint32_t magic = 0, num = 0;
+  uint16_t version = 0, flags = 0;
+  int32_t sender = -1;
+  if (!in.Get(&magic) || !in.Get(&version) || !in.Get(&flags) || !in.Get(&sender) ||
+      !in.Get(&num)) {
+    return bad("truncated header");
+  }
+  if (magic != kMagic) return bad("bad magic number");
+  if (version != kVersion) {
+    return bad(absl::StrCat("protocol version ", version, ", not ", kVersion));
+  }
+  if (sender != rank) return bad(absl::StrCat("it claims to be rank ", sender));
+  if (num > in.left() / kEntryBytes) return bad(absl::StrCat(num, " entries cannot fit"));
+  RankList list;
+  list.leaving = (flags & kFlagLeaving) != 0;
+  list.entries.resize(num);
+  for (Entry& e : list.entries) {
+    uint8_t kind = 0, dtype = 0, has_payload = 0, gpu = 0;
+    uint32_t name_len = 0;
+    uint64_t payload_len = 0;
+    if (!in.Get(&e.occurrence) || !in.Get(&kind) || !in.Get(&dtype) || !in.Get(&has_payload) ||
+        !in.Get(&gpu) || !in.Get(&e.root) || !in.Get(&e.priority) || !in.Get(&e.age_ms) ||
+        !in.Get(&name_len) || !in.Get(&e.count) || !in.Get(&payload_len) ||
+        !in.Get(&e.payload_offset)) {
+      return bad("truncated entry");
+    }
+    if (kind != static_cast<uint8_t>(OpKind::kPushPull) &&
+        kind != static_cast<uint8_t>(OpKind::kBroadcast)) {
+      return bad(absl::StrCat("unknown operation ", kind));
+    }
+    if (!IsValidDType(dtype)) return bad(absl::StrCat("unknown dtype ", dtype));
+    if (has_payload > 1) return bad("bad payload flag");
+    if (gpu > 1) return bad("bad device flag");
+    // GPU data never rides along: it is not in host memory.
+    if (gpu == 1 && has_payload == 1) return bad("payload for a GPU tensor");
+    e.kind = static_cast<OpKind>(kind);
+    e.dtype = static_cast<DType>(dtype);
+    e.has_payload = has_payload == 1;
+    e.gpu = gpu == 1;
+    if (name_len == 0 || name_len > kMaxNameBytes) return bad("bad name length");
+    absl::string_view name;
+    if (!in.Take(name_len, &name) || !SkipPad(in, name_len)) return bad("truncated name");
+    e.name = std::string(name);
+    const size_t es = DTypeSize(e.dtype);
+    if (e.count > std::numeric_limits<uint64_t>::max() / es) return bad("count overflows");
+    // A payload is whole elements within the tensor, at least one unless it has none
+    // (no payload: no bytes, offset 0).
+    const bool fits = e.has_payload
+                          ? payload_len % es == 0 && e.payload_offset <= e.count &&
+                                payload_len / es <= e.count - e.payload_offset &&
+                                (payload_len > 0 || e.count == 0)
+                          : payload_len == 0 && e.payload_offset == 0;
+    if (!fits) {
+      return bad(absl::StrCat("payload of ", payload_len, " bytes at element ",
+                              e.payload_offset, " for ", e.Shape()));
+    }
+    if (!in.Take(payload_len, &e.payload) || (e.has_payload && !SkipPad(in, payload_len))) {
+      return bad("truncated payload");
+    }
+  }
+  if (in.left() != 0) return bad(absl::StrCat(in.left(), " trailing bytes"));
+  return list;
+}
+
+Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
+            size_t max_tensor_bytes) {
+  const int n = static_cast<int>(lists.size());
+  Plan plan;
+  // Every key, in order of first appearance (rank 0's list first): the same on every rank.
+  struct Key {
+    std::vector<int> idx;  // entry index per rank, -1: not listed
+    int listed = 0;
+  };
+  std::vector<Key> keys;
+  absl::flat_hash_map<std::pair<absl::string_view, uint32_t>, size_t> by_name;
+  for (int r = 0; r < n; ++r) {
+    if (lists[r].leaving) plan.leaving.push_back(r);
+    if (!lists[r].entries.empty()) plan.any_entries = true;
+    for (size_t i = 0; i < lists[r].entries.size(); ++i) {
+      const Entry& e = lists[r].entries[i];
+      auto [it, inserted] = by_name.try_emplace({e.name, e.occurrence}, keys.size());
+      if (inserted) keys.push_back(Key{std::vector<int>(n, -1), 0});
+      Key& k = keys[it->second];
+      if (k.idx[r] < 0) ++k.listed;  // a duplicate in one list counts once
+      k.idx[r] = static_cast<int>(i);
+    }
+  }
+  std::vector<const Key*> ready;
+  for (const Key& k : keys) {
+    if (k.listed < n) {
+      plan.pending = true;
+      std::vector<int> have, lack;
+      uint32_t age = 0;
+      for (int r = 0; r < n; ++r) {
+        if (k.idx[r] < 0) {
+          lack.push_back(r);
+        } else {
+          have.push_back(r);
+          age = std::max(age, lists[r].entries[k.idx[r]].age_ms);
+        }
+      }
+      if (k.idx[self] >= 0) {
+        plan.missing.push_back(Missing{static_cast<size_t>(k.idx[self]), std::move(lack)});
+      } else {
+        const Entry& e = lists[have[0]].entries[k.idx[have[0]]];
+        plan.foreign.push_back(Foreign{e.name, e.kind, std::move(have), age});
+      }
+      continue;
+    }
+    const Entry& e0 = lists[0].entries[k.idx[0]];
+    bool same = true;
+    for (int r = 1; r < n; ++r) same = same && SameSignature(e0, lists[r].entries[k.idx[r]]);
+    Action a;
+    a.entries = {static_cast<size_t>(k.idx[self])};
+    a.dtype = e0.dtype;
+    if (!same) {
+      a.type = Action::Type::kFail;
+      a.error = Mismatch(lists, k.idx, self);
+      plan.actions.push_back(std::move(a));
+    } else if (e0.kind == OpKind::kBroadcast && (e0.root < 0 || e0.root >= n)) {
+      a.type = Action::Type::kFail;
+      a.error = absl::InvalidArgumentError(absl::StrCat(
+          "broadcast of '", e0.name, "': root rank ", e0.root, " is out of range [0, ", n, ")"));
+      plan.actions.push_back(std::move(a));
+    } else {
+      ready.push_back(&k);
+    }
+  }
+  // Priority (rank 0's) first, then rank 0's submission order.
+  std::stable_sort(ready.begin(), ready.end(), [&](const Key* a, const Key* b) {
+    const Entry& ea = lists[0].entries[a->idx[0]];
+    const Entry& eb = lists[0].entries[b->idx[0]];
+    if (ea.priority != eb.priority) return ea.priority > eb.priority;
+    return a->idx[0] < b->idx[0];
+  });
+  // Eager operations first: they need no collective.
+  std::vector<const Key*> rest;
+  for (const Key* k : ready) {
+    const Entry& e0 = lists[0].entries[k->idx[0]];
+    Action a;
+    a.type = Action::Type::kEager;
+    a.entries = {static_cast<size_t>(k->idx[self])};
+    a.dtype = e0.dtype;
+    a.total_count = e0.count;
+    bool eager = true;
+    if (e0.kind == OpKind::kBroadcast) {
+      const Entry& root = lists[e0.root].entries[k->idx[e0.root]];
+      eager = root.WholePayload();
+      a.payloads = {root.payload};
+    } else {
+      bool whole = true, two_shot = n == 2;
+      for (int r = 0; r < n; ++r) {
+        const Entry& e = lists[r].entries[k->idx[r]];
+        whole = whole && e.WholePayload();
+        if (two_shot) {
+          // Rank r sent the chunk of the other rank, exactly.
+          const Chunk c = ChunkOf(e.count, 1 - r, n);
+          two_shot = e.has_payload && e.payload_offset == c.begin &&
+                     e.payload.size() == (c.end - c.begin) * DTypeSize(e.dtype);
+        }
+        a.payloads.push_back(e.payload);
+      }
+      eager = whole || two_shot;
+      if (!whole) a.type = Action::Type::kTwoShot;
+    }
+    if (eager) {
+      plan.actions.push_back(std::move(a));
+    } else {
+      rest.push_back(k);
+    }
+  }
+  // Fusion: one open bucket per dtype and device; a bucket keeps its first member's place.
+  absl::flat_hash_map<uint8_t, size_t> open;  // dtype + device -> index in plan.actions
+  absl::flat_hash_map<uint8_t, uint64_t> open_bytes;
+  for (const Key* k : rest) {
+    const Entry& e0 = lists[0].entries[k->idx[0]];
+    const size_t mine = static_cast<size_t>(k->idx[self]);
+    const uint64_t bytes = e0.count * DTypeSize(e0.dtype);
+    Action a;
+    a.entries = {mine};
+    a.dtype = e0.dtype;
+    a.total_count = e0.count;
+    if (e0.kind == OpKind::kBroadcast) {
+      a.type = Action::Type::kBroadcast;
+      plan.actions.push_back(std::move(a));
+      continue;
+    }
+    a.type = Action::Type::kAllreduce;
+    if (bytes >= fusion_bytes || (!e0.gpu && bytes > max_tensor_bytes)) {
+      plan.actions.push_back(std::move(a));
+      continue;
+    }
+    const uint8_t dt = static_cast<uint8_t>(static_cast<uint8_t>(e0.dtype) | (e0.gpu ? 0x80 : 0));
+    auto it = open.find(dt);
+    if (it != open.end() && open_bytes[dt] + bytes <= fusion_bytes) {
+      Action& bucket = plan.actions[it->second];
+      bucket.entries.push_back(mine);
+      bucket.total_count += e0.count;
+      open_bytes[dt] += bytes;
+      continue;
+    }
+    open[dt] = plan.actions.size();
+    open_bytes[dt] = bytes;
+    plan.actions.push_back(std::move(a));
+  }
+  return plan;
+}
+
+}  // namespace hybridps::negotiation

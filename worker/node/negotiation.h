@@ -1,0 +1,156 @@
+// The cross-rank agreement of the dist_allreduce store (Horovod-style negotiation).
+//
+// Every cycle each rank lists the operations it has ready — for every tensor name the
+// oldest operation not yet run on it — and the ranks exchange their lists (an allgather,
+// see AllreduceStore). Decide() then computes, from the gathered lists alone, the same
+// plan on every rank: which operations run, in which order, fused how, and which fail.
+// Because the plan depends only on data every rank holds, every rank runs the same
+// collectives in the same order, whatever order its user submitted them in.
+//
+// Rules:
+// - An operation is keyed by (name, occurrence): the k-th operation a rank issued on a
+//   name matches the k-th of every other rank. Only the oldest pending operation of a
+//   name is listed, so operations on one name run in the order they were issued.
+// - A key listed by every rank with the same kind, dtype, count, device kind (CPU or
+//   GPU: the ranks' tensors must be on the same kind of device) and root is ready; with
+//   different ones it fails on every rank with an error that names the tensor, the ranks
+//   and their shapes. A key some ranks have not listed waits (stall warnings and the
+//   deadline are the store's business; `missing` says who is missing).
+// - Ready operations run by priority (higher first), then in rank 0's submission order.
+// - Small operations whose data every rank put in its list (the eager payload) are
+//   computed from the lists themselves, with no further collective: push_pull sums the
+//   ranks' payloads in rank order (identical on every rank), broadcast takes the root's.
+// - With 2 ranks, a push_pull for which each rank sent the other's chunk (ChunkOf) is a
+//   two-shot: each rank sums its own chunk from its data and the payload, and the ranks
+//   swap their summed chunks (one exchange, where the ring takes an exchange and two
+//   steps after the negotiation).
+// - Other push_pulls smaller than fusion_bytes are packed by dtype and device kind (GPU
+//   buckets run as one NCCL group, CPU ones through a fusion buffer) into buckets of at
+//   most fusion_bytes (a bucket runs where its first member would have); larger ones,
+//   CPU ones larger than max_tensor_bytes (packing them would copy them in and out) and
+//   broadcasts run alone.
+//
+// The wire format is validated field by field: a malformed list is an error, never a
+// crash (it comes from another process).
+#ifndef HYBRIDPS_WORKER_NODE_NEGOTIATION_H_
+#define HYBRIDPS_WORKER_NODE_NEGOTIATION_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/dtype.h"
+
+namespace hybridps::negotiation {
+
+enum class OpKind : uint8_t { kPushPull = 1, kBroadcast = 2 };
+// "push_pull" or "broadcast".
+absl::string_view OpKindName(OpKind kind);
+
+// Names longer than this are refused at submission (they travel in every list).
+inline constexpr size_t kMaxNameBytes = 4096;
+
+// One ready operation of one rank.
+struct Entry {
+  std::string name;
+  uint32_t occurrence = 0;  // operations this rank issued on `name` before this one
+  OpKind kind = OpKind::kPushPull;
+  DType dtype = DType::kFloat32;
+  uint64_t count = 0;   // elements
+  int32_t root = -1;    // broadcast only
+  bool gpu = false;     // a GPU tensor (NCCL); never fused with CPU tensors, no payload
+  int32_t priority = 0;
+  uint32_t age_ms = 0;  // since the rank submitted it (for stall warnings)
+  // Eager data, or none: elements [payload_offset, payload_offset + payload's elements)
+  // of the tensor (the whole tensor for an eager operation, the peer's chunk for a
+  // two-shot). Serialize() reads it from the caller's memory; Parse() makes it point into
+  // the parsed buffer.
+  bool has_payload = false;
+  uint64_t payload_offset = 0;
+  absl::string_view payload;
+
+  // Whether the payload is the whole tensor.
+  bool WholePayload() const;
+
+  // "12 float32 elements" (+ " on GPU", + " from root 1" for a broadcast).
+  std::string Shape() const;
+};
+
+// What one rank sends in one round.
+struct RankList {
+  bool leaving = false;  // the rank is shutting down: this is its last round
+  std::vector<Entry> entries;
+};
+
+// The chunk of `count` elements that rank `rank` of `n` owns in a two-shot: [begin, end).
+struct Chunk {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+Chunk ChunkOf(uint64_t count, int rank, int n);
+
+// Appends the wire form of `list` to `out`. The result is at least kHeaderBytes long.
+void Serialize(const RankList& list, int rank, std::string* out);
+inline constexpr size_t kHeaderBytes = 16;
+// Parses what rank `rank` sent. Payload views point into `bytes`, which must outlive
+// the result.
+absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank);
+
+// One step of a plan. Entries are indices into this rank's own list of the round.
+struct Action {
+  enum class Type {
+    kEager,      // computed from the payloads below; no collective
+    kTwoShot,    // 2 ranks: this rank's chunk summed from its data and the peer's payload
+                 // (payloads[peer]), then the summed chunks swapped
+    kAllreduce,  // one push_pull, in place in its own memory (entries.size() == 1), or a
+                 // fusion bucket of push_pulls of one dtype (entries.size() > 1)
+    kBroadcast,  // one broadcast
+    kFail,       // fails on every rank with `error`
+  };
+  Type type = Type::kAllreduce;
+  std::vector<size_t> entries;
+  DType dtype = DType::kFloat32;
+  uint64_t total_count = 0;  // kAllreduce: elements of all entries together
+  // kEager push_pull: every rank's payload, by rank; broadcast: the root's only.
+  std::vector<absl::string_view> payloads;
+  absl::Status error;  // kFail
+};
+
+// A key of this rank that is not ready, and who has not listed it.
+struct Missing {
+  size_t entry = 0;  // index into this rank's list
+  std::vector<int> ranks;
+};
+
+// A key other ranks listed that this rank has not (yet) submitted.
+struct Foreign {
+  std::string name;
+  OpKind kind = OpKind::kPushPull;
+  std::vector<int> ranks;      // who listed it
+  uint32_t max_age_ms = 0;     // how long the longest of them has waited
+};
+
+struct Plan {
+  std::vector<Action> actions;  // in execution order
+  std::vector<Missing> missing;
+  std::vector<Foreign> foreign;
+  std::vector<int> leaving;     // ranks that are shutting down
+  bool any_entries = false;     // some rank listed something
+  // Some rank listed something this plan does not run: work is still pending in the job
+  // (the next round is due after a cycle, not an idle tick).
+  bool pending = false;
+};
+
+// The plan of rank `self` for one round (lists indexed by rank). Deterministic: every
+// rank computes the same actions in the same order (up to which entry indices are its own),
+// given the same fusion_bytes and max_tensor_bytes.
+Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
+            size_t max_tensor_bytes = SIZE_MAX);
+
+}  // namespace hybridps::negotiation
+
+#endif  // HYBRIDPS_WORKER_NODE_NEGOTIATION_H_

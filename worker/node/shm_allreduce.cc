@@ -1,0 +1,394 @@
+#include "worker/node/shm_allreduce.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/reduce.h"
+#include "common/status.h"
+#include "worker/node/negotiation.h"
+
+namespace hybridps {
+namespace {
+
+constexpr uint64_t kMagic = 0x6879627073617273ull;  // "hybpsars"
+constexpr int kMaxLocal = 256;
+constexpr size_t kReasonBytes = 512;  // of an abort's error, shared with the other ranks
+constexpr size_t kPage = 4096;
+// Spins before a barrier sleeps: a few microseconds, less than a futex round trip, and
+// short enough not to starve the rank it waits for on a machine with few cores.
+constexpr int kSpins = 256;
+
+size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration at_most) {
+  const int64_t ns = std::max<int64_t>(1000, absl::ToInt64Nanoseconds(at_most));
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void FutexWakeAll(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
+          0);
+}
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+struct ShmAllreduce::Header {
+  std::atomic<uint64_t> magic;  // stored last by the creator
+  uint32_t local_size;
+  uint32_t reserved;
+  uint64_t chunk_bytes;
+  std::atomic<uint32_t> attached;
+  std::atomic<uint32_t> aborted;  // 1 + the local rank that aborted; 0: none
+  // Why (the aborting rank's error: its code and the first kReasonBytes of its message),
+  // once reason_bytes is set.
+  std::atomic<uint32_t> reason_bytes;
+  uint32_t reason_code;
+  char reason[kReasonBytes];
+  alignas(64) std::atomic<uint32_t> gen;      // barrier generation (the futex word)
+  alignas(64) std::atomic<uint32_t> arrived;  // ranks at the current barrier
+  alignas(64) std::atomic<uint32_t> sleepers;  // ranks in (or about to enter) FUTEX_WAIT
+  alignas(64) std::atomic<uint64_t> reached[kMaxLocal];  // barriers each rank arrived at
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+namespace {
+
+size_t HeaderBytes() { return RoundUp(sizeof(ShmAllreduce::Header), kPage); }
+size_t ExchangeBytes(int local_size) {
+  return 2 * static_cast<size_t>(local_size) * ShmAllreduce::kExchangeBytes;
+}
+size_t TotalBytes(int local_size, size_t chunk_bytes) {
+  return HeaderBytes() + ExchangeBytes(local_size) +
+         static_cast<size_t>(local_size + 1) * chunk_bytes;
+}
+
+absl::Status Errno(absl::string_view what, const std::string& name) {
+  return absl::UnavailableError(
+      absl::StrCat("shared-memory allreduce: ", what, " ", name, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Open(const std::string& name,
+                                                                int local_rank, int local_size,
+                                                                size_t chunk_bytes,
+                                                                absl::Time deadline) {
+  if (local_size < 2 || local_size > kMaxLocal || local_rank < 0 || local_rank >= local_size ||
+      chunk_bytes == 0 || chunk_bytes % kPage != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared-memory allreduce: local rank ", local_rank, " of ", local_size,
+                     ", chunks of ", chunk_bytes, " bytes"));
+  }
+  const size_t total = TotalBytes(local_size, chunk_bytes);
+  int fd = -1;
+  if (local_rank == 0) {
+    shm_unlink(name.c_str());  // a stale one of a job that died with the same name
+    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) return Errno("creating", name);
+    // Reserve the pages now: a tmpfs too small for them (a container's /dev/shm) fails
+    // here with ENOSPC instead of killing the process with SIGBUS at the first touch.
+    const int rc = posix_fallocate(fd, 0, static_cast<off_t>(total));
+    if (rc != 0) {
+      errno = rc;
+      absl::Status s = Errno(absl::StrCat("reserving ", total, " bytes of"), name);
+      close(fd);
+      shm_unlink(name.c_str());
+      return s;
+    }
+  } else {
+    while (true) {
+      fd = shm_open(name.c_str(), O_RDWR, 0600);
+      struct stat st {};
+      if (fd >= 0 && fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= total) break;
+      if (fd >= 0) close(fd);
+      fd = -1;
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "shared-memory allreduce: local rank 0 did not create ", name, " in time"));
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+  void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  // Any rank that gives up removes the name: the job is not going to use it, and local
+  // rank 0 may be the one that died (nothing else would remove it).
+  if (base == MAP_FAILED) {
+    absl::Status s = Errno("mapping", name);
+    shm_unlink(name.c_str());
+    return s;
+  }
+  std::unique_ptr<ShmAllreduce> me(new ShmAllreduce(local_rank, local_size, chunk_bytes));
+  me->header_ = static_cast<Header*>(base);
+  me->mapped_bytes_ = total;
+  Header* h = me->header_;
+  if (local_rank == 0) {
+    h->local_size = static_cast<uint32_t>(local_size);
+    h->chunk_bytes = chunk_bytes;
+    h->magic.store(kMagic, std::memory_order_release);
+  }
+  auto fail = [&](absl::Status s) {
+    shm_unlink(name.c_str());
+    return s;
+  };
+  while (h->magic.load(std::memory_order_acquire) != kMagic) {
+    if (absl::Now() >= deadline) {
+      return fail(absl::DeadlineExceededError(
+          absl::StrCat("shared-memory allreduce: ", name, " was never initialised")));
+    }
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  if (h->local_size != static_cast<uint32_t>(local_size) || h->chunk_bytes != chunk_bytes) {
+    return fail(absl::FailedPreconditionError(absl::StrCat(
+        "shared-memory allreduce: ", name, " is laid out for ", h->local_size,
+        " local ranks and chunks of ", h->chunk_bytes, " bytes; this rank expects ", local_size,
+        " and ", chunk_bytes)));
+  }
+  h->attached.fetch_add(1, std::memory_order_acq_rel);
+  while (h->attached.load(std::memory_order_acquire) < static_cast<uint32_t>(local_size)) {
+    if (absl::Now() >= deadline) {
+      return fail(absl::DeadlineExceededError(absl::StrCat(
+          "shared-memory allreduce: ", h->attached.load(), " of ", local_size,
+          " local ranks attached to ", name, " in time")));
+    }
+    absl::SleepFor(absl::Microseconds(200));
+  }
+  // Everyone has it mapped: the name is not needed any more (nothing is left behind if a
+  // process dies later).
+  if (local_rank == 0) shm_unlink(name.c_str());
+  return me;
+}
+
+ShmAllreduce::~ShmAllreduce() {
+  if (header_ != nullptr) munmap(header_, mapped_bytes_);
+}
+
+char* ShmAllreduce::Region(int i) const {
+  return reinterpret_cast<char*>(header_) + HeaderBytes() + ExchangeBytes(local_size_) +
+         static_cast<size_t>(i) * chunk_bytes_;
+}
+
+char* ShmAllreduce::ExchangeArea(int parity, int rank) const {
+  return reinterpret_cast<char*>(header_) + HeaderBytes() +
+         (static_cast<size_t>(parity) * local_size_ + rank) * kExchangeBytes;
+}
+
+absl::StatusOr<std::vector<absl::string_view>> ShmAllreduce::Allgather(
+    absl::string_view mine, absl::Duration timeout) {
+  // Two areas take turns: a rank writes area p again only after the next exchange's
+  // barrier, which a rank reaches after it is done with what it read from area p (the
+  // store reads a round's messages only in that round).
+  const int parity = static_cast<int>(exchanges_++ % 2);
+  constexpr uint64_t kTooBig = ~uint64_t{0};
+  const uint64_t len = mine.size() + sizeof(uint64_t) <= kExchangeBytes ? mine.size() : kTooBig;
+  char* own = ExchangeArea(parity, local_rank_);
+  std::memcpy(own, &len, sizeof len);
+  if (len != kTooBig) std::memcpy(own + sizeof len, mine.data(), mine.size());
+  RETURN_IF_ERROR(Barrier(absl::Now() + timeout, "negotiation"));
+  std::vector<absl::string_view> all(local_size_);
+  for (int r = 0; r < local_size_; ++r) {
+    const char* area = ExchangeArea(parity, r);
+    uint64_t n = 0;
+    std::memcpy(&n, area, sizeof n);
+    if (n == kTooBig) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "local rank ", r, "'s negotiation message is over ", kExchangeBytes - sizeof n,
+          " bytes"));
+    }
+    if (n > kExchangeBytes - sizeof n) {
+      return Failed(absl::DataLossError(absl::StrCat(
+          "shared-memory allreduce: local rank ", r, " wrote a negotiation message of ", n,
+          " bytes")));
+    }
+    all[r] = absl::string_view(area + sizeof n, n);
+  }
+  return all;
+}
+
+void ShmAllreduce::Abort(const absl::Status& why) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (abort_status_.ok()) abort_status_ = why;
+  }
+  aborted_.store(true, std::memory_order_release);
+  uint32_t none = 0;
+  if (header_->aborted.compare_exchange_strong(none, static_cast<uint32_t>(local_rank_ + 1))) {
+    const size_t n = std::min(why.message().size(), kReasonBytes);
+    std::memcpy(header_->reason, why.message().data(), n);
+    header_->reason_code = static_cast<uint32_t>(why.code());
+    header_->reason_bytes.store(static_cast<uint32_t>(n), std::memory_order_release);
+  }
+  // Wakes the sleepers; gen stays as it is, so a barrier that completed before still
+  // reads as completed (its ranks may already act on its data). A rank about to sleep
+  // sees the flag within one futex timeout (10 ms).
+  FutexWakeAll(&header_->gen);
+}
+
+absl::Status ShmAllreduce::Failed(absl::Status s) {
+  Abort(s);
+  return s;
+}
+
+absl::Status ShmAllreduce::Barrier(absl::Time deadline, absl::string_view step) {
+  Header* h = header_;
+  auto aborted = [&]() -> absl::Status {
+    if (aborted_.load(std::memory_order_acquire)) {
+      absl::MutexLock lock(&mu_);
+      return abort_status_;
+    }
+    const uint32_t by = h->aborted.load(std::memory_order_acquire);
+    if (by == 0) return absl::OkStatus();
+    // The aborting rank's code when it said why (a deadline stays a deadline), else
+    // Unavailable.
+    // Written by another process: never trusted past the reason's room.
+    const uint32_t n = std::min<uint32_t>(h->reason_bytes.load(std::memory_order_acquire),
+                                          kReasonBytes);
+    const bool said = n > 0 && h->reason_code > 0 &&
+                      h->reason_code <= static_cast<uint32_t>(absl::StatusCode::kUnauthenticated);
+    return absl::Status(
+        said ? static_cast<absl::StatusCode>(h->reason_code) : absl::StatusCode::kUnavailable,
+        absl::StrCat("shared-memory allreduce: local rank ", by - 1, " of this node stopped",
+                     said ? absl::StrCat(": ", absl::string_view(h->reason, n))
+                          : std::string(" (its operation failed or its store broke)")));
+  };
+  if (absl::Status s = aborted(); !s.ok()) return s;
+  const uint32_t g = h->gen.load(std::memory_order_acquire);
+  const uint64_t mine = h->reached[local_rank_].fetch_add(1, std::memory_order_acq_rel) + 1;
+  if (h->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 ==
+      static_cast<uint32_t>(local_size_)) {
+    h->arrived.store(0, std::memory_order_relaxed);
+    h->gen.store(g + 1, std::memory_order_seq_cst);
+    if (h->sleepers.load(std::memory_order_seq_cst) > 0) FutexWakeAll(&h->gen);
+    return absl::OkStatus();
+  }
+  for (int n = 0; h->gen.load(std::memory_order_acquire) == g; ++n) {
+    if (n < kSpins) {
+      CpuRelax();
+      continue;
+    }
+    if (absl::Status s = aborted(); !s.ok()) return s;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      std::vector<int> missing;
+      for (int r = 0; r < local_size_; ++r) {
+        if (h->reached[r].load(std::memory_order_acquire) < mine) missing.push_back(r);
+      }
+      return Failed(absl::DeadlineExceededError(absl::StrCat(
+          "shared-memory allreduce (", step, "): local rank",
+          missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", "),
+          " did not arrive in time")));
+    }
+    h->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    FutexWait(&h->gen, g, std::min(deadline - now, absl::Milliseconds(10)));
+    h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+  // The generation moved: every rank arrived, whatever happened since.
+  return absl::OkStatus();
+}
+
+absl::Status ShmAllreduce::Allreduce(DType dtype, const void* in, void* out, size_t count,
+                                     absl::Duration timeout) {
+  return Run(dtype, in, out, count, timeout, nullptr);
+}
+
+absl::Status ShmAllreduce::Broadcast(DType dtype, void* data, size_t count, int root,
+                                     absl::Duration timeout) {
+  if (root < 0 || root >= local_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("shared-memory broadcast: root ", root,
+                                                   " of ", local_size_, " local ranks"));
+  }
+  const size_t es = DTypeSize(dtype);
+  const size_t per_chunk = chunk_bytes_ / es;
+  const absl::Time deadline = absl::Now() + timeout;
+  char* bytes = static_cast<char*>(data);
+  for (size_t done = 0; done < count; done += per_chunk) {
+    const size_t n = std::min(per_chunk, count - done);
+    if (local_rank_ == root) std::memcpy(Region(local_size_), bytes + done * es, n * es);
+    RETURN_IF_ERROR(Barrier(deadline, "broadcast"));
+    if (local_rank_ != root) std::memcpy(bytes + done * es, Region(local_size_), n * es);
+    // The result region is written again (by the next chunk, or by a broadcast that
+    // follows at once) only when everyone has this chunk.
+    RETURN_IF_ERROR(Barrier(deadline, "broadcast"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmAllreduce::HierarchicalAllreduce(DType dtype, const void* in, void* out,
+                                                 size_t count, absl::Duration timeout,
+                                                 const AcrossNodes& across_nodes) {
+  return Run(dtype, in, out, count, timeout, &across_nodes);
+}
+
+absl::Status ShmAllreduce::Run(DType dtype, const void* in, void* out, size_t count,
+                               absl::Duration timeout, const AcrossNodes* across_nodes) {
+  const size_t es = DTypeSize(dtype);
+  const size_t per_chunk = chunk_bytes_ / es;
+  const absl::Time deadline = absl::Now() + timeout;
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  char* const result = Region(local_size_);
+  for (size_t done = 0; done < count; done += per_chunk) {
+    const size_t n = std::min(per_chunk, count - done);
+    const char* in_chunk = src + done * es;
+    char* out_chunk = dst + done * es;
+    // This rank sums its own slice (reading its own part of the input in place), so it
+    // contributes only the rest.
+    const negotiation::Chunk mine = negotiation::ChunkOf(n, local_rank_, local_size_);
+    const size_t off = mine.begin * es, len = mine.end - mine.begin;
+    std::memcpy(Region(local_rank_), in_chunk, off);
+    std::memcpy(Region(local_rank_) + off + len * es, in_chunk + off + len * es,
+                (n - mine.end) * es);
+    if (absl::Status s = Barrier(deadline, "contributions"); !s.ok()) return s;
+    if (len > 0) {
+      // Own data first, then the others' in rank order: a fixed order per slice, so the
+      // result is the same from run to run, and every rank gets these very bits. Into the
+      // output when that is the result already; within a hierarchical allreduce the node
+      // sum goes to the result region only (the nodes' sum replaces it).
+      auto part = [&](int r) -> const char* {
+        return r == local_rank_ ? in_chunk + off : Region(r) + off;
+      };
+      char* sum = across_nodes == nullptr ? out_chunk + off : result + off;
+      const int first = local_rank_ == 0 ? 1 : 0;
+      Sum2(dtype, sum, part(local_rank_), part(first), len);
+      for (int r = first + 1; r < local_size_; ++r) {
+        if (r != local_rank_) SumInto(dtype, sum, part(r), len);
+      }
+      if (across_nodes == nullptr) std::memcpy(result + off, sum, len * es);
+    }
+    if (absl::Status s = Barrier(deadline, "sums"); !s.ok()) return s;
+    if (across_nodes != nullptr) {
+      if (local_rank_ == 0) {
+        if (absl::Status s = (*across_nodes)(result, n); !s.ok()) return Failed(s);
+      }
+      if (absl::Status s = Barrier(deadline, "across nodes"); !s.ok()) return s;
+      std::memcpy(out_chunk, result, n * es);
+      continue;
+    }
+    std::memcpy(out_chunk, result, off);
+    std::memcpy(out_chunk + off + len * es, result + off + len * es, (n - mine.end) * es);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace hybridps

@@ -1,0 +1,100 @@
+// dist_hybrid's data connections: a worker's connections (lanes) to every server, in
+// proportion to the server's byte share (Options::max_server_lanes), the handshakes, and
+// which lane each partition takes.
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/status.h"
+#include "common/wire.h"
+#include "worker/ps/ps_store.h"
+
+namespace hybridps {
+
+absl::Status PsStore::ConnectServers() {
+  Poller poller;
+  const ServerPlacement placement{num_servers_, options_.extra_servers};
+  for (int s = 0; s < num_servers_; ++s) {
+    const bool tcp = absl::StartsWith(servers_[s].endpoint(), "tcp://");
+    inproc_.push_back(absl::StartsWith(servers_[s].endpoint(), "inproc://"));
+    lane_first_.push_back(static_cast<int>(data_.size()));
+    lane_count_.push_back(tcp ? ServerLanes(placement, s, options_.max_server_lanes) : 1);
+    for (int l = 0; l < lane_count_[s]; ++l) {
+      ASSIGN_OR_RETURN(auto sock,
+                       Socket::Create(*ctx_, SocketType::kDealer, options_.max_message_bytes));
+      RETURN_IF_ERROR(sock->Connect(servers_[s].endpoint()));
+      // Servers count pushes per node: a node introduces itself by its node index.
+      Message hello = Encode("", MakeHello(Role::kWorker, layout_.node));
+      RETURN_IF_ERROR(sock->Send(hello));
+      poller.Add(sock.get());
+      data_.push_back(std::move(sock));
+      lane_server_.push_back(s);
+    }
+  }
+  pushes_per_lane_.reset(new std::atomic<uint64_t>[data_.size()]);
+  for (size_t i = 0; i < data_.size(); ++i) pushes_per_lane_[i] = 0;
+  std::vector<bool> acked(data_.size(), false);
+  size_t pending = data_.size();
+  const absl::Time deadline = absl::Now() + options_.start_timeout;
+  while (pending > 0) {
+    absl::Time now = absl::Now();
+    if (now >= deadline) {
+      std::vector<std::string> missing;
+      for (int s = 0; s < num_servers_; ++s) {
+        bool all = true;
+        for (int l = 0; l < lane_count_[s]; ++l) all = all && acked[lane_first_[s] + l];
+        if (!all) missing.push_back(absl::StrCat(s, " (", servers_[s].endpoint(), ")"));
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no handshake from servers ", absl::StrJoin(missing, ", "), " within ",
+          absl::FormatDuration(options_.start_timeout)));
+    }
+    ASSIGN_OR_RETURN(int n, poller.Poll(deadline - now));
+    if (n == 0) continue;
+    for (size_t i = 0; i < data_.size(); ++i) {
+      if (!poller.Readable(static_cast<int>(i))) continue;
+      ASSIGN_OR_RETURN(auto msg, data_[i]->TryRecv());
+      if (!msg) continue;
+      ASSIGN_OR_RETURN(Decoded d, Decode(std::move(*msg), false));
+      const int s = lane_server_[i];
+      if (d.env.body_case() == wire::Envelope::kError) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "server ", s, " (", servers_[s].endpoint(), ") refused the handshake: ",
+            d.env.error().message()));
+      }
+      if (d.env.body_case() == wire::Envelope::kHelloAck && !acked[i]) {
+        acked[i] = true;
+        --pending;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<uint32_t> PsStore::AssignLanes(uint64_t key,
+                                           const std::vector<Partition>& parts) const {
+  std::vector<uint32_t> lanes(parts.size());
+  std::vector<uint64_t> next(num_servers_, key);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int s = parts[i].server;
+    lanes[i] = static_cast<uint32_t>(lane_first_[s]) +
+               static_cast<uint32_t>(next[s]++ % static_cast<uint64_t>(lane_count_[s]));
+  }
+  return lanes;
+}
+
+std::vector<std::vector<uint64_t>> PsStore::PushesPerLane() const {
+  std::vector<std::vector<uint64_t>> v(num_servers_);
+  for (int s = 0; s < num_servers_; ++s) {
+    for (int l = 0; l < lane_count_[s]; ++l) v[s].push_back(pushes_per_lane_[lane_first_[s] + l]);
+  }
+  return v;
+}
+
+std::vector<uint64_t> PsStore::PushesPerServer() const {
+  std::vector<uint64_t> v(num_servers_, 0);
+  for (size_t i = 0; i < lane_server_.size(); ++i) v[lane_server_[i]] += pushes_per_lane_[i];
+  return v;
+}
+
+}  // namespace hybridps
