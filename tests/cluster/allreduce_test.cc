@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
+#include "tests/status_matchers.h"
 
 #if HYBRIDPS_HAVE_GLOO
 #include <thread>
@@ -36,7 +37,7 @@ std::unique_ptr<LocalCluster> StartAllreduce(
   c.heartbeat_timeout = absl::Seconds(5);
   if (tweak) tweak(&c);
   auto cl = LocalCluster::Start(c);
-  EXPECT_TRUE(cl.ok()) << cl.status();
+  EXPECT_OK(cl);
   return cl.ok() ? std::move(*cl) : nullptr;
 }
 
@@ -58,10 +59,10 @@ void PushPullSizes(LocalCluster& cluster, const std::vector<size_t>& counts) {
     for (int i = 0; i < tensors; ++i) {
       bufs[i].Fill(rank, 0, i);
       auto h = kv->PushPullAsync(absl::StrCat("g", i), bufs[i].view(), bufs[i].view(), -i);
-      ASSERT_TRUE(h.ok()) << h.status();
+      ASSERT_OK(h);
       handles.push_back(*h);
     }
-    for (auto& h : handles) ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+    for (auto& h : handles) ASSERT_OK(h.Wait());
     for (int i = 0; i < tensors; ++i) {
       for (size_t k = 0; k < counts[i]; k += 101) {
         double want = 0;
@@ -152,7 +153,7 @@ TEST(AllreduceTest, SmallTensorsTravelWithTheNegotiation) {
     for (int i = 0; i < kOps; ++i) {
       Buffer b(DType::kFloat32, 1000);
       b.Fill(rank, i, 1);
-      ASSERT_TRUE(kv->PushPull("small", b.view(), b.view()).ok());
+      ASSERT_OK(kv->PushPull("small", b.view(), b.view()));
       for (size_t k = 0; k < b.count; ++k) {
         double want = 0;
         for (int r = 0; r < 4; ++r) want += Value(k, r, i, 1);
@@ -173,7 +174,7 @@ void PushPullInTurn(LocalCluster& cluster, int ops, size_t count) {
     for (int i = 0; i < ops; ++i) {
       Buffer b(DType::kFloat32, i % 2 == 0 ? count : 100);
       b.Fill(rank, i, 2);
-      ASSERT_TRUE(kv->PushPull("w", b.view(), b.view()).ok());
+      ASSERT_OK(kv->PushPull("w", b.view(), b.view()));
       for (size_t k = 0; k < b.count; k += 7) {
         double want = 0;
         for (int r = 0; r < n; ++r) want += Value(k, r, i, 2);
@@ -224,7 +225,7 @@ TEST(AllreduceTest, ManyThreadsWaitingAtOnceAllComplete) {
           Buffer b(DType::kFloat32, (id % 2 == 0 ? 150000 : 300) + i);
           b.Fill(rank, i, id);
           absl::Status st = kv->PushPull(absl::StrCat("t", id), b.view(), b.view());
-          ASSERT_TRUE(st.ok()) << st;
+          ASSERT_OK(st);
           for (size_t k = 0; k < b.count; k += 13) {
             double want = 0;
             for (int r = 0; r < kWorkers; ++r) want += Value(k, r, i, id);
@@ -248,7 +249,7 @@ TEST(AllreduceTest, WaiterCompletesWhenALatePeerSubmits) {
     Buffer b(DType::kFloat32, 500000);
     b.Fill(rank, 0, 3);
     absl::Status st = kv->PushPull("late", b.view(), b.view());
-    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_OK(st);
     for (size_t k = 0; k < b.count; k += 101) {
       ASSERT_EQ(b.at(k), Value(k, 0, 0, 3) + Value(k, 1, 0, 3)) << "element " << k;
     }
@@ -273,10 +274,10 @@ TEST(AllreduceTest, NegotiationSlotGrowsAndShrinks) {
       for (size_t t = 0; t < bufs.size(); ++t) {
         bufs[t].Fill(rank, i, static_cast<int>(t));
         auto h = kv->PushPullAsync(absl::StrCat("s", t), bufs[t].view(), bufs[t].view());
-        ASSERT_TRUE(h.ok()) << h.status();
+        ASSERT_OK(h);
         handles.push_back(*h);
       }
-      for (auto& h : handles) ASSERT_TRUE(h.Wait().ok());
+      for (auto& h : handles) ASSERT_OK(h.Wait());
       for (size_t t = 0; t < bufs.size(); ++t) {
         for (size_t k = 0; k < bufs[t].count; k += 97) {
           ASSERT_EQ(bufs[t].at(k), Value(k, 0, i, t) + Value(k, 1, i, t))
@@ -385,7 +386,7 @@ TEST(AllreduceTest, RankThatLeavesFailsTheOthersAtOnceNamingIt) {
   // Worker 0 waits for a tensor the others never submit; worker 2 leaves the job.
   Buffer b(DType::kFloat32, 10);
   auto h = cluster->worker(0)->PushPullAsync("x", b.view(), b.view());
-  ASSERT_TRUE(h.ok());
+  ASSERT_OK(h);
   absl::SleepFor(absl::Milliseconds(200));
   ASSERT_FALSE(h->Done());
   const absl::Time left = absl::Now();
@@ -408,7 +409,7 @@ TEST(AllreduceTest, OperationsAfterShutdownFailClearly) {
   KVStore* kv = cluster->worker(0);
   EXPECT_FALSE(kv->IsCapable(Capability::kOptimizer));
   EXPECT_EQ(kv->type(), "dist_allreduce");
-  ASSERT_TRUE(kv->Shutdown().ok());
+  ASSERT_OK(kv->Shutdown());
   Buffer b(DType::kFloat32, 10);
   auto h = kv->PushPullAsync("late", b.view(), b.view());
   ASSERT_FALSE(h.ok());
@@ -422,7 +423,7 @@ std::vector<std::unique_ptr<GlooComm>> ConnectMesh(gloo::rendezvous::HashStore& 
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
       auto c = GlooComm::Connect(r, 2, "127.0.0.1", "", store, absl::Seconds(20));
-      ASSERT_TRUE(c.ok()) << c.status();
+      ASSERT_OK(c);
       comms[r] = std::move(*c);
     });
   }
@@ -470,7 +471,7 @@ TEST(GlooCommTest, AbortEndsABlockedCollectiveAtOnceAndLeavesOtherMeshesAlone) {
   }
   for (auto& th : threads) th.join();
   for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(got[r].ok()) << got[r];
+    ASSERT_OK(got[r]);
     for (size_t i = 0; i < y[r].size(); ++i) ASSERT_EQ(y[r][i], 3.0f * i) << r << " " << i;
   }
 }
@@ -490,7 +491,7 @@ TEST(GlooCommTest, ExchangesWithReceivesPostedAheadDeliverEveryMessage) {
         // Round i: rank r sends i * 1500 + r bytes of (r + i), some longer than the slot.
         std::string mine(i * 1500 + r, static_cast<char>('a' + r + i));
         auto got = c[r]->AllgatherBytes(mine, slots[i], absl::Seconds(20));
-        ASSERT_TRUE(got.ok()) << got.status();
+        ASSERT_OK(got);
         for (int p = 0; p < 2; ++p) {
           ASSERT_EQ((*got)[p], std::string(i * 1500 + p, static_cast<char>('a' + p + i)))
               << "round " << i << " rank " << r << " from " << p;

@@ -13,6 +13,7 @@
 #include "common/partition.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
+#include "tests/status_matchers.h"
 #include "worker/ps/ps_store.h"
 
 namespace hybridps::testing {
@@ -38,7 +39,7 @@ class ClusterTest : public ::testing::TestWithParam<Param> {
     c.servers = GetParam().servers;
     c.partition_bytes = partition_bytes;
     auto cl = LocalCluster::Start(c);
-    EXPECT_TRUE(cl.ok()) << cl.status();
+    EXPECT_OK(cl);
     return cl.ok() ? std::move(*cl) : nullptr;
   }
 };
@@ -75,10 +76,10 @@ TEST_P(ClusterTest, ExactSumsManyKeysRoundsAndPriorities) {
         x.in.Fill(rank, round, static_cast<int>(t));
         auto h = kv->PushPullAsync(x.name, x.in.view(), x.inplace ? x.in.view() : x.out.view(),
                                    /*priority=*/static_cast<int>(t % 5) - 2);
-        ASSERT_TRUE(h.ok()) << h.status();
+        ASSERT_OK(h);
         handles.push_back(*h);
       }
-      for (auto& h : handles) ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+      for (auto& h : handles) ASSERT_OK(h.Wait());
       for (size_t t = 0; t < tensors.size(); ++t) {
         T& x = tensors[t];
         const Buffer& result = x.inplace ? x.in : x.out;
@@ -107,7 +108,7 @@ TEST_P(ClusterTest, LargeTensorsWithDefaultPartitions) {
     Buffer a(DType::kFloat32, count);
     for (int round = 0; round < 2; ++round) {
       a.Fill(rank, round, 1);
-      ASSERT_TRUE(kv->PushPull("big", a.view(), a.view()).ok());
+      ASSERT_OK(kv->PushPull("big", a.view(), a.view()));
       for (size_t i = 0; i < count; i += 997) {
         double want = 0;
         for (int r = 0; r < n; ++r) want += Value(i, r, round, 1);
@@ -141,18 +142,18 @@ TEST_P(ClusterTest, BroadcastFromEveryRoot) {
       auto h1 = kv->BroadcastAsync("w", w.view(), root, 1);
       auto h2 = kv->BroadcastAsync("b", b.view(), root, 0);
       ASSERT_TRUE(h1.ok() && h2.ok());
-      ASSERT_TRUE(h1->Wait().ok()) << h1->Wait();
-      ASSERT_TRUE(h2->Wait().ok()) << h2->Wait();
+      ASSERT_OK(h1->Wait());
+      ASSERT_OK(h2->Wait());
       for (size_t i = 0; i < w.count; ++i) ASSERT_EQ(w.at(i), Value(i, root, 0, 0));
       for (size_t i = 0; i < b.count; ++i) ASSERT_EQ(b.at(i), Value(i, root, 0, 9));
     }
     // A broadcast and push_pulls on the same name keep their order.
     Buffer x(DType::kFloat32, 100);
     x.Fill(rank, 0, 3);
-    ASSERT_TRUE(kv->Broadcast("mixed", x.view(), n - 1).ok());
-    ASSERT_TRUE(kv->PushPull("mixed", x.view(), x.view()).ok());
+    ASSERT_OK(kv->Broadcast("mixed", x.view(), n - 1));
+    ASSERT_OK(kv->PushPull("mixed", x.view(), x.view()));
     for (size_t i = 0; i < x.count; ++i) ASSERT_EQ(x.at(i), n * Value(i, n - 1, 0, 3));
-    ASSERT_TRUE(kv->Barrier().ok());
+    ASSERT_OK(kv->Barrier());
   });
 }
 
@@ -177,12 +178,12 @@ TEST(Pipeline, ABurstWhileBusyLeavesInPriorityOrder) {
   // A long gap: a burst split by a descheduled submitter would not be gathered whole.
   c.burst_gather = absl::Milliseconds(50);
   auto cluster = LocalCluster::Start(c);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_OK(cluster);
   KVStore* kv = (*cluster)->worker(0);
   Buffer big(DType::kFloat32, 4 << 20);
   big.Fill(0, 0, 99);
   auto busy = kv->PushPullAsync("big", big.view(), big.view(), /*priority=*/-100);
-  ASSERT_TRUE(busy.ok()) << busy.status();
+  ASSERT_OK(busy);
   constexpr int kBurst = 16;
   std::vector<Buffer> bufs;
   for (int i = 0; i < kBurst; ++i) bufs.emplace_back(DType::kFloat32, 4096);
@@ -192,15 +193,15 @@ TEST(Pipeline, ABurstWhileBusyLeavesInPriorityOrder) {
   for (int i = 0; i < kBurst; ++i) {  // lowest priority first, as a backward pass would
     bufs[i].Fill(0, 0, i);
     auto h = kv->PushPullAsync(absl::StrCat("s", i), bufs[i].view(), bufs[i].view(), i);
-    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_OK(h);
     h->OnComplete([&mu, &completed, i](const absl::Status&) {
       absl::MutexLock lock(&mu);
       completed.push_back(i);
     });
     handles.push_back(*h);
   }
-  ASSERT_TRUE(busy->Wait().ok());
-  for (auto& h : handles) ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+  ASSERT_OK(busy->Wait());
+  for (auto& h : handles) ASSERT_OK(h.Wait());
   std::vector<int> want;
   for (int i = kBurst; i-- > 0;) want.push_back(i);
   absl::MutexLock lock(&mu);
@@ -230,11 +231,11 @@ void PushPullInOppositeOrders(LocalCluster* cluster, int tensors, size_t count) 
       bufs[i].Fill(rank, 0, i);
       auto h = kv->PushPullAsync(absl::StrCat("t", i), bufs[i].view(), bufs[i].view(),
                                  /*priority=*/0);
-      ASSERT_TRUE(h.ok());
+      ASSERT_OK(h);
       handles.emplace_back(i, *h);
     }
     for (auto& [i, h] : handles) {
-      ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+      ASSERT_OK(h.Wait());
       for (size_t k = 0; k < count; k += 101) {
         ASSERT_EQ(bufs[i].at(k), Value(k, 0, 0, i) + Value(k, 1, 0, i));
       }
@@ -253,7 +254,7 @@ TEST(Pipeline, OppositeIssueOrdersUnderTightCreditsDoNotDeadlock) {
   c.credit_bytes = 4096;
   c.op_timeout = absl::Seconds(10);
   auto cluster = LocalCluster::Start(c);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_OK(cluster);
   PushPullInOppositeOrders(cluster->get(), /*tensors=*/24, /*count=*/1024);
 }
 
@@ -281,15 +282,15 @@ ClusterConfig WindowOnly(int servers, size_t chunk_bytes, size_t window_bytes) {
 TEST(ServerWindow, BoundsWhatAWorkerPushesAheadOfTheOthers) {
   const ClusterConfig c = WindowOnly(/*servers=*/1, 64 << 10, 512 << 10);
   auto cluster = LocalCluster::Start(c);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_OK(cluster);
   constexpr size_t kCount = (4 << 20) / sizeof(float);
   (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
     if (rank == 1) absl::SleepFor(absl::Milliseconds(300));  // worker 0 runs ahead
     Buffer buf(DType::kFloat32, kCount);
     buf.Fill(rank, 0, 7);
     auto h = kv->PushPullAsync("grad", buf.view(), buf.view(), 0);
-    ASSERT_TRUE(h.ok()) << h.status();
-    ASSERT_TRUE(h->Wait().ok()) << h->Wait();
+    ASSERT_OK(h);
+    ASSERT_OK(h->Wait());
     for (size_t k = 0; k < kCount; k += 4099) {
       ASSERT_EQ(buf.at(k), Value(k, 0, 0, 7) + Value(k, 1, 0, 7)) << "element " << k;
     }
@@ -307,7 +308,7 @@ TEST(ServerWindow, OppositeIssueOrdersUnderTightWindowsDoNotDeadlock) {
   ClusterConfig c = WindowOnly(/*servers=*/2, 16 << 10, 64 << 10);
   c.op_timeout = absl::Seconds(20);
   auto cluster = LocalCluster::Start(c);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_OK(cluster);
   PushPullInOppositeOrders(cluster->get(), /*tensors=*/24, /*count=*/(64 << 10) / 4);
 }
 
@@ -320,7 +321,7 @@ TEST(ServerWindow, PushesSentAheadOfTheSharedOrderDoNotHoldUpEarlierOnes) {
   c.burst_gather = absl::ZeroDuration();      // submissions leave in the order made
   c.op_timeout = absl::Seconds(20);
   auto cluster = LocalCluster::Start(c);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_OK(cluster);
   constexpr int kEarly = 4, kLate = 4;  // tensors of one window each; early: 0..3
   constexpr size_t kCount = (64 << 10) / sizeof(float);
   (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
@@ -333,7 +334,7 @@ TEST(ServerWindow, PushesSentAheadOfTheSharedOrderDoNotHoldUpEarlierOnes) {
     auto submit = [&](int i, int priority) {
       auto h = kv->PushPullAsync(absl::StrCat("t", i), bufs[i].view(), bufs[i].view(),
                                  priority);
-      ASSERT_TRUE(h.ok()) << h.status();
+      ASSERT_OK(h);
       handles.emplace_back(i, *h);
     };
     // Priorities: tensor i has kEarly + kLate - i, so the shared order is 0, 1, 2, ...
@@ -346,7 +347,7 @@ TEST(ServerWindow, PushesSentAheadOfTheSharedOrderDoNotHoldUpEarlierOnes) {
       for (int i = 0; i < kEarly + kLate; ++i) submit(i, kEarly + kLate - i);
     }
     for (auto& [i, h] : handles) {
-      ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+      ASSERT_OK(h.Wait());
       for (size_t k = 0; k < kCount; k += 97) {
         ASSERT_EQ(bufs[i].at(k), Value(k, 0, 0, i) + Value(k, 1, 0, i)) << "tensor " << i;
       }
@@ -373,7 +374,7 @@ TEST(ServerLanes, TheExtraServerOfAMixedPlacementGetsTwoConnections) {
     c.extra_servers = 1;
     c.max_server_lanes = max_lanes;
     auto cluster = LocalCluster::Start(c);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    ASSERT_OK(cluster);
     constexpr size_t kBig = (3 << 20) / sizeof(float), kSmall = 1000;
     constexpr int kRounds = 3, kSmallTensors = 24;
     (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
@@ -386,11 +387,11 @@ TEST(ServerLanes, TheExtraServerOfAMixedPlacementGetsTwoConnections) {
           bufs[i].Fill(rank, round, static_cast<int>(i));
           auto h = kv->PushPullAsync(absl::StrCat("lane", i), bufs[i].view(), bufs[i].view(),
                                      -static_cast<int>(i));
-          ASSERT_TRUE(h.ok()) << h.status();
+          ASSERT_OK(h);
           handles.push_back(*h);
         }
         for (size_t i = 0; i < bufs.size(); ++i) {
-          ASSERT_TRUE(handles[i].Wait().ok()) << handles[i].Wait();
+          ASSERT_OK(handles[i].Wait());
           for (size_t k = 0; k < bufs[i].count; k += 13) {
             ASSERT_EQ(bufs[i].at(k), Value(k, 0, round, static_cast<int>(i)) +
                                          Value(k, 1, round, static_cast<int>(i)))

@@ -27,6 +27,7 @@
 #include "tests/cluster/host_copier.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
+#include "tests/status_matchers.h"
 #include "worker/gpu/gpu_staging.h"
 #include "worker/ps/local/node_gpu_reduce.h"
 #include "worker/ps/ps_store.h"
@@ -160,9 +161,9 @@ struct Job {
   // Worker i leaves the job in order (its stores shut down).
   void Leave(int i) {
     if (!staged.empty()) {
-      EXPECT_TRUE(staged[i]->Shutdown().ok());
+      EXPECT_OK(staged[i]->Shutdown());
     }
-    EXPECT_TRUE(cluster->worker(i)->Shutdown().ok());
+    EXPECT_OK(cluster->worker(i)->Shutdown());
   }
   void RunOnWorkers(const std::function<void(int, KVStore*)>& fn) {
     cluster->RunOnWorkers([&](int rank, KVStore*) { fn(rank, worker(rank)); });
@@ -188,7 +189,7 @@ class ConformanceTest : public ::testing::TestWithParam<Param> {
   }
   std::unique_ptr<Job> Start(const ClusterConfig& c) {
     auto cl = LocalCluster::Start(c);
-    EXPECT_TRUE(cl.ok()) << cl.status();
+    EXPECT_OK(cl);
     if (!cl.ok()) return nullptr;
     auto job = std::make_unique<Job>();
     job->cluster = std::move(*cl);
@@ -202,7 +203,7 @@ class ConformanceTest : public ::testing::TestWithParam<Param> {
       o.heartbeat_timeout = c.heartbeat_timeout;
       job->RunOnWorkers([&](int rank, KVStore*) {
         absl::Status s = job->staged[rank]->AttachNode(o);
-        EXPECT_TRUE(s.ok()) << s;
+        EXPECT_OK(s);
       });
     }
     return job;
@@ -242,10 +243,10 @@ TEST_P(ConformanceTest, ExactSumsOverRoundsInEveryDTypeAndSize) {
         x.in.Fill(rank, round, static_cast<int>(t));
         auto h = kv->PushPullAsync(x.name, x.in.view(), x.inplace ? x.in.view() : x.out.view(),
                                    /*priority=*/static_cast<int>(t % 5) - 2);
-        ASSERT_TRUE(h.ok()) << h.status();
+        ASSERT_OK(h);
         handles.push_back(*h);
       }
-      for (auto& h : handles) ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+      for (auto& h : handles) ASSERT_OK(h.Wait());
       for (size_t t = 0; t < tensors.size(); ++t) {
         T& x = tensors[t];
         const Buffer& result = x.inplace ? x.in : x.out;
@@ -302,25 +303,25 @@ TEST_P(ConformanceTest, ManyTensorsInFlightInPerRankOrders) {
       bufs[i].Fill(rank, 0, i);
       auto h = kv->PushPullAsync(absl::StrCat("t", i), bufs[i].view(), bufs[i].view(),
                                  /*priority=*/(i * 31) % 7 - 3);
-      ASSERT_TRUE(h.ok()) << h.status();
+      ASSERT_OK(h);
       handles.emplace_back(i, *h);
       if (i % 10 == 0) {
         // A second push_pull of the same tensor, in place, with a higher priority: it must
         // still run after the first (the result is then n times the sum).
         auto h2 = kv->PushPullAsync(absl::StrCat("t", i), bufs[i].view(), bufs[i].view(), 5);
-        ASSERT_TRUE(h2.ok()) << h2.status();
+        ASSERT_OK(h2);
         again.emplace_back(i, *h2);
       }
     }
-    for (auto& [i, h] : handles) ASSERT_TRUE(h.Wait().ok()) << "t" << i << ": " << h.Wait();
-    for (auto& [i, h] : again) ASSERT_TRUE(h.Wait().ok()) << "t" << i << ": " << h.Wait();
+    for (auto& [i, h] : handles) ASSERT_OK(h.Wait()) << "t" << i;
+    for (auto& [i, h] : again) ASSERT_OK(h.Wait()) << "t" << i;
     for (int i = 0; i < kTensors; ++i) {
       const double times = i % 10 == 0 ? n() : 1;
       for (size_t k = 0; k < bufs[i].count; k += 13) {
         ASSERT_EQ(bufs[i].at(k), times * Sum(k, n(), 0, i)) << "t" << i << " element " << k;
       }
     }
-    ASSERT_TRUE(kv->Barrier().ok());
+    ASSERT_OK(kv->Barrier());
   });
 }
 
@@ -340,11 +341,11 @@ TEST_P(ConformanceTest, BroadcastFromEveryRootInEveryDType) {
       for (Buffer& b : bufs) {
         b.Fill(rank, root, salt);
         auto h = kv->BroadcastAsync(absl::StrCat("w", salt), b.view(), root, salt % 3);
-        ASSERT_TRUE(h.ok()) << h.status();
+        ASSERT_OK(h);
         handles.push_back(*h);
         ++salt;
       }
-      for (auto& h : handles) ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+      for (auto& h : handles) ASSERT_OK(h.Wait());
       for (size_t t = 0; t < bufs.size(); ++t) {
         for (size_t i = 0; i < bufs[t].count; i += 7) {
           ASSERT_EQ(bufs[t].at(i), Value(i, root, root, static_cast<int>(t)))
@@ -360,8 +361,8 @@ TEST_P(ConformanceTest, BroadcastFromEveryRootInEveryDType) {
     auto hb = kv->BroadcastAsync("mixed", x.view(), n() - 1);
     auto hp = kv->PushPullAsync("mixed", x.view(), x.view());
     ASSERT_TRUE(hb.ok() && hp.ok());
-    ASSERT_TRUE(hb->Wait().ok()) << hb->Wait();
-    ASSERT_TRUE(hp->Wait().ok()) << hp->Wait();
+    ASSERT_OK(hb->Wait());
+    ASSERT_OK(hp->Wait());
     for (size_t i = 0; i < x.count; ++i) ASSERT_EQ(x.at(i), n() * Value(i, n() - 1, 0, 3));
     EXPECT_FALSE(kv->IsCapable(Capability::kOptimizer) && GetParam().backend == "dist_allreduce");
   });
@@ -376,15 +377,15 @@ TEST_P(ConformanceTest, EmptyTensorsWithoutDataTakePart) {
     for (int round = 0; round < 2; ++round) {
       for (int root = 0; root < n(); ++root) {
         absl::Status s = kv->Broadcast("empty", none, root);
-        ASSERT_TRUE(s.ok()) << "broadcast from " << root << ": " << s;
+        ASSERT_OK(s) << "broadcast from " << root;
       }
       absl::Status s = kv->PushPull("empty", none, none);
-      ASSERT_TRUE(s.ok()) << "push_pull: " << s;
+      ASSERT_OK(s) << "push_pull: " << s;
     }
     // The name still works with data afterwards.
     Buffer b(DType::kFloat32, 5);
     b.Fill(rank, 0, 9);
-    ASSERT_TRUE(kv->PushPull("after-empty", b.view(), b.view()).ok());
+    ASSERT_OK(kv->PushPull("after-empty", b.view(), b.view()));
     for (size_t i = 0; i < b.count; ++i) ASSERT_EQ(b.at(i), Sum(i, n(), 0, 9));
   });
 }
@@ -414,7 +415,7 @@ TEST_P(ConformanceTest, BadArgumentsFailAtSubmissionNamingTheTensor) {
     // Nothing of it reached the job: the names still work.
     a.Fill(rank, 0, 3);
     absl::Status s = kv->PushPull("bad-count", a.view(), a.view());
-    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_OK(s);
     for (size_t i = 0; i < a.count; ++i) ASSERT_EQ(a.at(i), Sum(i, n(), 0, 3));
   });
 }
@@ -447,7 +448,7 @@ TEST_P(ConformanceTest, MismatchedSizesFailEveryRankNamingTheTensorAndSizes) {
       Buffer b(DType::kFloat32, 500);
       b.Fill(rank, 2, 4);
       absl::Status s = kv->PushPull(name, b.view(), b.view());
-      ASSERT_TRUE(s.ok()) << name << ": " << s;
+      ASSERT_OK(s) << name;
       for (size_t i = 0; i < b.count; ++i) ASSERT_EQ(b.at(i), Sum(i, n(), 2, 4)) << name;
     }
   });
@@ -513,7 +514,7 @@ TEST_P(ConformanceTest, MismatchedBroadcastsFailEveryRankNamingWhatDiffers) {
         if (c.what == std::string("dtype")) {  // a good broadcast of the name first
           Buffer warm(DType::kInt32, 100);
           warm.Fill(rank, 0, 7);
-          ASSERT_TRUE(kv->Broadcast(name, warm.view(), 0).ok());
+          ASSERT_OK(kv->Broadcast(name, warm.view(), 0));
         }
         b.Fill(rank, 1, 8);
         if (rank == odd && rep % 2 == 1) absl::SleepFor(absl::Milliseconds(5));
@@ -541,7 +542,7 @@ TEST_P(ConformanceTest, MismatchedBroadcastsFailEveryRankNamingWhatDiffers) {
       Buffer b(DType::kFloat32, 100);
       b.Fill(rank, 2, 4);
       absl::Status s = kv->Broadcast(name, b.view(), 0);
-      ASSERT_TRUE(s.ok()) << name << ": " << s;
+      ASSERT_OK(s) << name;
       for (size_t i = 0; i < b.count; ++i) ASSERT_EQ(b.at(i), Value(i, 0, 2, 4)) << name;
     }
   });

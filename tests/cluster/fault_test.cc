@@ -27,6 +27,7 @@
 #include "scheduler/scheduler.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
+#include "tests/status_matchers.h"
 
 namespace hybridps::testing {
 namespace {
@@ -38,7 +39,7 @@ constexpr absl::Duration kDeathBound = absl::Seconds(6);
 
 std::unique_ptr<LocalCluster> StartCluster(const ClusterConfig& config) {
   auto cluster = LocalCluster::Start(config);
-  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  EXPECT_OK(cluster);
   return cluster.ok() ? std::move(*cluster) : nullptr;
 }
 
@@ -68,7 +69,7 @@ void ExpectExactSums(LocalCluster& cluster, const std::string& name, DType dtype
     for (int round = 0; round < 2; ++round) {
       b.Fill(rank, round, 7);
       absl::Status s = kv->PushPull(name, b.view(), b.view());
-      ASSERT_TRUE(s.ok()) << "worker " << rank << ": " << s;
+      ASSERT_OK(s) << "worker " << rank;
       for (size_t i = 0; i < count; ++i) {
         double want = 0;
         for (int r = 0; r < n; ++r) want += Value(i, r, round, 7);
@@ -183,7 +184,7 @@ TEST(MismatchRetryTest, MatchedRetryAfterAMismatchIsExactOrFails) {
     Show(absl::StrCat("worker ", rank), status[rank], absl::ZeroDuration());
   }
   for (int rank = 0; rank < 2; ++rank) {
-    ASSERT_TRUE(status[rank].ok()) << "worker " << rank << ": " << status[rank];
+    ASSERT_OK(status[rank]) << "worker " << rank;
     for (size_t i = 0; i < 1000; ++i) {
       ASSERT_EQ(result[rank].at(i), Value(i, 0, 1, 5) + Value(i, 1, 1, 5))
           << "worker " << rank << " got a wrong sum without an error, element " << i;
@@ -241,7 +242,7 @@ TEST_P(DeadServerTest, PushPullInFlightFailsWhenTheServerDies) {
   Buffer b(DType::kFloat32, kCount);
   b.Fill(0, 0, 0);
   auto h = cluster_->worker(0)->PushPullAsync("x", b.view(), b.view());
-  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_OK(h);
   absl::SleepFor(absl::Milliseconds(300));
   ASSERT_FALSE(h->Done()) << h->Wait();
   const absl::Time killed = absl::Now();
@@ -300,7 +301,7 @@ class RawPeer {
   RawPeer(const Context& ctx, const std::string& endpoint) {
     static std::atomic<int> counter{0};
     auto sock = Socket::Create(ctx, SocketType::kDealer, size_t{1} << 30, absl::ZeroDuration());
-    EXPECT_TRUE(sock.ok()) << sock.status();
+    EXPECT_OK(sock);
     sock_ = std::move(*sock);
     const std::string monitor_endpoint = absl::StrCat("inproc://raw-peer-monitor-", counter++);
     EXPECT_EQ(zmq_socket_monitor(sock_->raw(), monitor_endpoint.c_str(),
@@ -310,7 +311,7 @@ class RawPeer {
     int zero = 0;
     zmq_setsockopt(monitor_, ZMQ_LINGER, &zero, sizeof zero);
     EXPECT_EQ(zmq_connect(monitor_, monitor_endpoint.c_str()), 0);
-    EXPECT_TRUE(sock_->Connect(endpoint).ok());
+    EXPECT_OK(sock_->Connect(endpoint));
   }
   ~RawPeer() {
     zmq_socket_monitor(sock_->raw(), nullptr, 0);
@@ -323,7 +324,7 @@ class RawPeer {
   void SendFrames(const std::vector<std::string>& frames) {
     Message msg;
     for (const std::string& f : frames) msg.emplace_back(f);
-    ASSERT_TRUE(sock_->Send(msg).ok());
+    ASSERT_OK(sock_->Send(msg));
   }
   void SendEnvelope(const wire::Envelope& env, std::optional<std::string> payload = {}) {
     std::vector<std::string> frames = {env.SerializeAsString()};
@@ -341,7 +342,7 @@ class RawPeer {
       auto msg = sock_->TryRecv();
       if (!msg.ok() || !*msg) continue;
       auto d = Decode(std::move(**msg), /*from_router=*/false);
-      EXPECT_TRUE(d.ok()) << d.status();
+      EXPECT_OK(d);
       if (d.ok()) return d->env;
     }
     return std::nullopt;
@@ -485,7 +486,7 @@ TEST_F(ProtocolTest, ServerRejectsMalformedMessagesAndKeepsServing) {
   // Both servers still serve the real workers.
   ExpectExactSums(*cluster_, "good", DType::kFloat32, 1000);
   cluster_->RunOnWorkers(
-      [](int rank, KVStore* kv) { EXPECT_TRUE(kv->Barrier().ok()) << "worker " << rank; });
+      [](int rank, KVStore* kv) { EXPECT_OK(kv->Barrier()) << "worker " << rank; });
 }
 
 TEST_F(ProtocolTest, SchedulerRejectsMalformedMessagesAndKeepsRunning) {
@@ -544,7 +545,7 @@ TEST_F(ProtocolTest, SchedulerRejectsMalformedMessagesAndKeepsRunning) {
   // The scheduler still runs the job: barriers go through it, and a scheduler that had
   // stopped would fail them within the heartbeat timeout.
   cluster_->RunOnWorkers(
-      [](int rank, KVStore* kv) { EXPECT_TRUE(kv->Barrier().ok()) << "worker " << rank; });
+      [](int rank, KVStore* kv) { EXPECT_OK(kv->Barrier()) << "worker " << rank; });
   ExpectExactSums(*cluster_, "good", DType::kFloat32, 1000);
 }
 
@@ -560,7 +561,7 @@ TEST(RegistrationTest, SchedulerRefusesBadRegistrations) {
   o.scheduler_endpoint = "tcp://127.0.0.1:0";
   o.log_level = 1;
   auto scheduler = Scheduler::Create(ctx, o);
-  ASSERT_TRUE(scheduler.ok()) << scheduler.status();
+  ASSERT_OK(scheduler);
   std::thread run([s = scheduler->get()] { (void)s->Run(); });
   const std::string endpoint = (*scheduler)->endpoint();
 

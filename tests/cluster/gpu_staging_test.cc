@@ -23,6 +23,7 @@
 #include "tests/cluster/host_copier.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
+#include "tests/status_matchers.h"
 #include "worker/gpu/gpu_staging.h"
 #if HYBRIDPS_WITH_CUDA
 #include "worker/ps/ps_gpu.h"
@@ -45,7 +46,7 @@ class StagedCluster {
                 absl::Duration stager_timeout = absl::Seconds(30),
                 bool waiting_threads_help = true) {
     auto cl = LocalCluster::Start(config);
-    EXPECT_TRUE(cl.ok()) << cl.status();
+    EXPECT_OK(cl);
     if (!cl.ok()) return;
     cluster = std::move(*cl);
     for (int w = 0; w < cluster->num_workers(); ++w) {
@@ -104,8 +105,8 @@ TEST_P(StagedSumTest, EveryDTypeSumsExactlyInPlaceAndOutOfPlaceOverRounds) {
         const bool in_place = round != 1;
         auto h = st->PushPullAsync(absl::StrCat("t.", DTypeName(dtype)), in.view(),
                                    in_place ? in.view() : out.view(), 0);
-        ASSERT_TRUE(h.ok()) << h.status();
-        ASSERT_TRUE(h->Wait().ok()) << h->Wait();
+        ASSERT_OK(h);
+        ASSERT_OK(h->Wait());
         const Buffer& got = in_place ? in.buf : out.buf;
         for (size_t i = 0; i < 3001; ++i) {
           ASSERT_EQ(got.at(i), SumOver(n, i, round, salt))
@@ -134,14 +135,14 @@ TEST(GpuStagingTest, BroadcastFromEveryRootAndEmptyTensors) {
       FakeGpuTensor t(sh, DType::kFloat32, 2000);
       t.buf.Fill(rank, 1, root);
       auto h = st->BroadcastAsync("w", t.view(), root, 0);
-      ASSERT_TRUE(h.ok()) << h.status();
-      ASSERT_TRUE(h->Wait().ok()) << h->Wait();
+      ASSERT_OK(h);
+      ASSERT_OK(h->Wait());
       for (size_t i = 0; i < 2000; ++i) ASSERT_EQ(t.buf.at(i), Value(i, root, 1, root));
     }
     FakeGpuTensor empty(sh, DType::kFloat32, 0);
     auto h = st->PushPullAsync("empty", empty.view(), empty.view(), 0);
-    ASSERT_TRUE(h.ok()) << h.status();
-    EXPECT_TRUE(h->Wait().ok()) << h->Wait();
+    ASSERT_OK(h);
+    EXPECT_OK(h->Wait());
   });
 }
 
@@ -172,11 +173,11 @@ TEST(GpuStagingTest, OperationsOnOneNameKeepIssueOrderAcrossDevices) {
         results.push_back(cpu.back().get());
       }
       auto h = st->PushPullAsync("x", v, v, 0);
-      ASSERT_TRUE(h.ok()) << h.status();
+      ASSERT_OK(h);
       handles.push_back(*h);
     }
     for (int round = 0; round < kRounds; ++round) {
-      ASSERT_TRUE(handles[round].Wait().ok()) << handles[round].Wait();
+      ASSERT_OK(handles[round].Wait());
       for (size_t i = 0; i < 5000; ++i) {
         ASSERT_EQ(results[round]->at(i), SumOver(3, i, round, 7))
             << "worker " << rank << " round " << round << " element " << i;
@@ -199,13 +200,13 @@ TEST(GpuStagingTest, InPlaceOperationsInARowReadTheEarlierResult) {
     std::vector<Handle> hs;
     for (int k = 0; k < 3; ++k) {
       auto h = st->PushPullAsync("x", x.view(), x.view(), 0);
-      ASSERT_TRUE(h.ok()) << h.status();
+      ASSERT_OK(h);
       hs.push_back(*h);
     }
     auto h = st->PushPullAsync("other", other.view(), other.view(), 0);
-    ASSERT_TRUE(h.ok()) << h.status();
-    ASSERT_TRUE(h->Wait().ok()) << h->Wait();
-    for (auto& hx : hs) ASSERT_TRUE(hx.Wait().ok()) << hx.Wait();
+    ASSERT_OK(h);
+    ASSERT_OK(h->Wait());
+    for (auto& hx : hs) ASSERT_OK(hx.Wait());
     for (size_t i = 0; i < x.buf.count; ++i) {
       ASSERT_EQ(x.buf.at(i), 9 * SumOver(3, i, 0, 5)) << "worker " << rank << " element " << i;
       ASSERT_EQ(other.buf.at(i), SumOver(3, i, 0, 6)) << "worker " << rank << " element " << i;
@@ -229,11 +230,11 @@ TEST(GpuStagingTest, ManyTensorsInFlightReuseTheirStagingBuffers) {
       for (int k = 0; k < 20; ++k) {
         ts[k]->buf.Fill(rank, round, k);
         auto h = st->PushPullAsync(absl::StrCat("m", k), ts[k]->view(), ts[k]->view(), k % 3);
-        ASSERT_TRUE(h.ok()) << h.status();
+        ASSERT_OK(h);
         hs.push_back(*h);
       }
       for (int k = 0; k < 20; ++k) {
-        ASSERT_TRUE(hs[k].Wait().ok()) << hs[k].Wait();
+        ASSERT_OK(hs[k].Wait());
         for (size_t i = 0; i < ts[k]->buf.count; ++i) {
           ASSERT_EQ(ts[k]->buf.at(i), SumOver(2, i, round, k)) << "m" << k << " element " << i;
         }
@@ -262,8 +263,8 @@ TEST(GpuStagingTest, ConcurrentSubmittersOnOneWorker) {
           b.Fill(rank, round, t);
           TensorView v = on_gpu ? g.view() : b.view();
           auto h = st->PushPullAsync(absl::StrCat("thread", t), v, v, 0);
-          ASSERT_TRUE(h.ok()) << h.status();
-          ASSERT_TRUE(h->Wait().ok()) << h->Wait();
+          ASSERT_OK(h);
+          ASSERT_OK(h->Wait());
           for (size_t i = 0; i < b.count; ++i) {
             ASSERT_EQ(b.at(i), SumOver(2, i, round, t)) << "thread " << t << " round " << round;
           }
@@ -289,8 +290,8 @@ TEST(GpuStagingTest, WaitingThreadsRunTheStagingThemselves) {
           for (int round = 0; round < 10; ++round) {
             g.buf.Fill(rank, round, t);
             auto h = st->PushPullAsync(absl::StrCat("w", t), g.view(), g.view(), 0);
-            ASSERT_TRUE(h.ok()) << h.status();
-            ASSERT_TRUE(h->Wait().ok()) << h->Wait();
+            ASSERT_OK(h);
+            ASSERT_OK(h->Wait());
             for (size_t i = 0; i < g.buf.count; i += 7) {
               ASSERT_EQ(g.buf.at(i), SumOver(2, i, round, t)) << "round " << round;
             }
@@ -323,21 +324,21 @@ TEST(GpuStagingTest, ServerOptimizerUpdatesStagedWeights) {
     opt.spec.rule = "sgd";
     opt.spec.params["learning_rate"] = 0.5;
     absl::Status s = kv->SetOptimizer(opt);
-    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_OK(s);
     GpuStager* st = c.stagers[rank].get();
     HostCopier::Shared* sh = c.shared[rank].get();
     FakeGpuTensor w(sh, DType::kFloat32, 3000), g(sh, DType::kFloat32, 3000);
     w.buf.Fill(0, 0, 1);  // the same start everywhere; root 1's is what counts
     auto h = st->BroadcastAsync("w", w.view(), 1, 0);
-    ASSERT_TRUE(h.ok()) << h.status();
-    ASSERT_TRUE(h->Wait().ok()) << h->Wait();
+    ASSERT_OK(h);
+    ASSERT_OK(h->Wait());
     std::vector<double> want(3000);
     for (size_t i = 0; i < 3000; ++i) want[i] = Value(i, 0, 0, 1);
     for (int step = 0; step < 3; ++step) {
       g.buf.Fill(rank, step, 2);
       h = st->PushPullAsync("w", g.view(), w.view(), 0);
-      ASSERT_TRUE(h.ok()) << h.status();
-      ASSERT_TRUE(h->Wait().ok()) << h->Wait();
+      ASSERT_OK(h);
+      ASSERT_OK(h->Wait());
       for (size_t i = 0; i < 3000; ++i) {
         want[i] -= 0.5 * SumOver(2, i, step, 2);
         ASSERT_EQ(w.buf.at(i), want[i]) << "step " << step << " element " << i;
@@ -370,8 +371,8 @@ TEST(GpuStagingTest, DeviceRulesAreCheckedAtSubmissionWithNamedErrors) {
          {"'d3'", "GPU 3", "sees 2 CUDA device(s)"});
   // The first good tensor fixes GPU 0; GPU 1 is refused afterwards.
   auto ok = st->PushPullAsync("a", a.view(), a.view(), 0);
-  ASSERT_TRUE(ok.ok()) << ok.status();
-  EXPECT_TRUE(ok->Wait().ok());
+  ASSERT_OK(ok);
+  EXPECT_OK(ok->Wait());
   expect(st->PushPullAsync("b", b.view(), b.view(), 0), absl::StatusCode::kInvalidArgument,
          {"'b'", "GPU 1", "stages GPU tensors from GPU 0"});
   // Host memory labelled GPU.
@@ -401,11 +402,11 @@ TEST(GpuStagingTest, DeviceRulesAreCheckedAtSubmissionWithNamedErrors) {
          {"name must not be empty"});
   // None of these reached the store or broke the stager: CPU and GPU still work.
   auto cpu = st->PushPullAsync("cpu", host.view(), host.view(), 0);
-  ASSERT_TRUE(cpu.ok()) << cpu.status();
-  EXPECT_TRUE(cpu->Wait().ok());
+  ASSERT_OK(cpu);
+  EXPECT_OK(cpu->Wait());
   auto again = st->PushPullAsync("a", a.view(), a.view(), 0);
-  ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_TRUE(again->Wait().ok());
+  ASSERT_OK(again);
+  EXPECT_OK(again->Wait());
 }
 
 TEST(GpuStagingTest, NoDeviceIsAFailedPreconditionNamingTheTensor) {
@@ -446,7 +447,7 @@ TEST(GpuStagingTest, CopyFailuresNameTensorGpuAndCallAndBreakTheStager) {
     GpuStager* st = c.stagers[0].get();
     FakeGpuTensor a(c.shared[0].get(), DType::kFloat16, 100);
     auto h = st->PushPullAsync("a", a.view(), a.view(), 0);
-    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_OK(h);
     absl::Status s = h->Wait();
     EXPECT_TRUE(Mentions(s, "push_pull of 'a' (100 float16 elements on GPU 0)")) << s;
     EXPECT_EQ(s.code(), k.code) << s;
@@ -468,13 +469,13 @@ TEST(GpuStagingTest, ShutdownFinishesWhatIsQueuedAndRefusesLaterOperations) {
     ts.push_back(std::make_unique<FakeGpuTensor>(c.shared[0].get(), DType::kInt64, 1000));
     ts.back()->buf.Fill(0, 0, k);
     auto h = st->PushPullAsync(absl::StrCat("q", k), ts.back()->view(), ts.back()->view(), 0);
-    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_OK(h);
     hs.push_back(*h);
   }
   st->Shutdown();
   for (int k = 0; k < 5; ++k) {
     ASSERT_TRUE(hs[k].Done());
-    EXPECT_TRUE(hs[k].Wait().ok()) << hs[k].Wait();
+    EXPECT_OK(hs[k].Wait());
     EXPECT_EQ(ts[k]->buf.at(17), Value(17, 0, 0, k));
   }
   auto later = st->PushPullAsync("q0", ts[0]->view(), ts[0]->view(), 0);
@@ -496,7 +497,7 @@ TEST(GpuStagingTest, APeersFailureEndsTheOthersOperationAtItsDeadline) {
   c.Run([&](int rank, GpuStager* st, HostCopier::Shared* sh) {
     FakeGpuTensor a(sh, DType::kFloat32, 1000);
     auto h = st->PushPullAsync("a", a.view(), a.view(), 0);
-    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_OK(h);
     absl::Status s = h->Wait();
     ASSERT_FALSE(s.ok());
     if (rank == 0) {
@@ -514,7 +515,7 @@ TEST(GpuStagingTest, APeersFailureEndsTheOthersOperationAtItsDeadline) {
 // PsStore); CPU tensors go straight through: nothing staged, nothing queued, no GPU needed.
 TEST(GpuStagingTest, CudaBuildsStoreIsAPsGpuStoreThatPassesCpuTensorsThrough) {
   auto cluster = LocalCluster::Start(Config(2, 2));
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_OK(cluster);
   (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
     ASSERT_NE(dynamic_cast<PsStore*>(kv), nullptr);
     auto* gpu = dynamic_cast<PsGpuStore*>(kv);
@@ -523,7 +524,7 @@ TEST(GpuStagingTest, CudaBuildsStoreIsAPsGpuStoreThatPassesCpuTensorsThrough) {
     for (int round = 0; round < 3; ++round) {
       b.Fill(rank, round, 3);
       absl::Status s = kv->PushPull("cpu", b.view(), b.view());
-      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_OK(s);
       for (size_t i = 0; i < 5000; ++i) ASSERT_EQ(b.at(i), SumOver(2, i, round, 3));
     }
     GpuStager::Stats st = gpu->staging_stats();
@@ -551,23 +552,23 @@ TEST(StagingCacheTest, ReusesPerNameGrowsAndFreesEverything) {
         delete[] static_cast<char*>(p);
       });
   auto a = cache->Acquire("a", 100);
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   cache->Release("a", *a);
   auto a2 = cache->Acquire("a", 80);  // fits in the cached one
-  ASSERT_TRUE(a2.ok());
+  ASSERT_OK(a2);
   EXPECT_EQ(a2->data, a->data);
   auto a3 = cache->Acquire("a", 100);  // a second one in flight: a new buffer
-  ASSERT_TRUE(a3.ok());
+  ASSERT_OK(a3);
   EXPECT_NE(a3->data, a->data);
   EXPECT_EQ(allocs, 2);
   cache->Release("a", *a2);
   cache->Release("a", *a3);
   auto b = cache->Acquire("b", 100);  // another name never takes a's buffers
-  ASSERT_TRUE(b.ok());
+  ASSERT_OK(b);
   EXPECT_EQ(allocs, 3);
   cache->Release("b", *b);
   auto big = cache->Acquire("a", 1000);  // a grew: its smaller free buffers go
-  ASSERT_TRUE(big.ok());
+  ASSERT_OK(big);
   EXPECT_EQ(allocs, 4);
   EXPECT_EQ(live.size(), 2u);  // b's and the big one
   EXPECT_EQ(cache->cached_bytes(), 1100u);

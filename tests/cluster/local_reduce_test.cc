@@ -17,6 +17,7 @@
 #include "common/partition.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
+#include "tests/status_matchers.h"
 #include "worker/ps/local/local_reduce.h"
 #include "worker/ps/ps_store.h"
 
@@ -54,7 +55,7 @@ TEST_P(LocalReduceTest, OnePushPerNodeAndPartitionSpreadOverTheLocalRanks) {
   if (shape.threaded) c.local_inline_bytes = 1024;
   c.heartbeat_timeout = absl::Seconds(5);
   auto cluster = LocalCluster::Start(c);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_OK(cluster);
   const std::vector<std::string> segments_at_start = HybridpsSegments();
   const int n = c.workers;
   constexpr int kRounds = 3;
@@ -70,7 +71,7 @@ TEST_P(LocalReduceTest, OnePushPerNodeAndPartitionSpreadOverTheLocalRanks) {
     for (int round = 0; round < kRounds; ++round) {
       in.Fill(rank, round, 7);
       absl::Status st = kv->PushPull("grad", in.view(), out.view());
-      ASSERT_TRUE(st.ok()) << st;
+      ASSERT_OK(st);
       for (size_t i = 0; i < count; ++i) {
         double want = 0;
         for (int r = 0; r < n; ++r) want += Value(i, r, round, 7);
@@ -81,7 +82,7 @@ TEST_P(LocalReduceTest, OnePushPerNodeAndPartitionSpreadOverTheLocalRanks) {
     const int root = n - 1 - (shape.local > 1 ? 1 : 0);
     in.Fill(rank, 9, 8);
     absl::Status st = kv->Broadcast("weights", in.view(), root);
-    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_OK(st);
     for (size_t i = 0; i < count; i += 3) ASSERT_EQ(in.at(i), Value(i, root, 9, 8)) << i;
   });
   const size_t bparts =
@@ -151,12 +152,12 @@ TEST(NodeLayoutTest, IncompleteOrInconsistentNodesAreNamed) {
       << bad.status();
   EXPECT_TRUE(absl::StrContains(bad.status().message(), "HYBRIDPS_LOCAL_RANK"));
   auto single = NodeLayoutFromWelcome(w, 2);
-  ASSERT_TRUE(single.ok()) << single.status();
+  ASSERT_OK(single);
   EXPECT_EQ(single->node, 1);
   EXPECT_EQ(single->local_size, 1);
   w.mutable_workers(1)->set_local_rank(1);
   auto good = NodeLayoutFromWelcome(w, 1);
-  ASSERT_TRUE(good.ok()) << good.status();
+  ASSERT_OK(good);
   EXPECT_EQ(good->members, (std::vector<int>{0, 1}));
   EXPECT_EQ(good->node_of, (std::vector<int>{0, 0, 1}));
   w.mutable_workers(1)->set_local_size(3);  // disagrees on the node's size
@@ -171,7 +172,7 @@ TEST(LocalReduceFaultTest, MissingLocalRankFailsItsPeersAtTheDeadlineNamingIt) {
   c.servers = 1;
   c.op_timeout = absl::Milliseconds(1500);
   auto cluster = LocalCluster::Start(c);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_OK(cluster);
   std::vector<absl::Status> status(3);
   std::vector<absl::Duration> took(3);
   (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {

@@ -26,6 +26,7 @@
 #include "tests/cluster/host_copier.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
+#include "tests/status_matchers.h"
 #include "worker/ps/local/node_gpu_reduce.h"
 #if HYBRIDPS_WITH_CUDA
 #include "worker/ps/ps_gpu.h"
@@ -41,7 +42,7 @@ class NodeCluster {
  public:
   NodeCluster(const ClusterConfig& config, std::vector<HostCollectives::Faults> faults = {}) {
     auto cl = LocalCluster::Start(config);
-    EXPECT_TRUE(cl.ok()) << cl.status();
+    EXPECT_OK(cl);
     if (!cl.ok()) return;
     cluster = std::move(*cl);
     const int n = cluster->num_workers();
@@ -64,7 +65,7 @@ class NodeCluster {
             [f](ShmAllreduce* ex, const NodeLayout& layout) {
               return MakeHostCollectives(ex, layout, f);
             });
-        EXPECT_TRUE(r.ok()) << r.status();
+        EXPECT_OK(r);
         if (r.ok()) reducers[w] = std::move(*r);
       });
     }
@@ -117,7 +118,7 @@ void ExpectTheNodeGoesOn(NodeCluster& nc, const std::string& name) {
     FakeGpuTensor good(sh, DType::kFloat32, 1000);
     good.buf.Fill(rank, 0, 0);
     absl::Status s = PushPullInPlace(r, name, good);
-    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_OK(s);
     for (size_t e = 0; e < 1000; ++e) {
       double want = 0;
       for (int w = 0; w < n; ++w) want += Value(e, w, 0, 0);
@@ -171,12 +172,12 @@ TEST_P(NodeGpuReduceTest, SumsOverEveryWorkerWithOnePushPerNodeAndPartition) {
         in[i]->buf.Fill(rank, round, static_cast<int>(i));
         FakeGpuTensor* o = i % 2 == 0 ? in[i].get() : out[i].get();
         auto h = r->PushPullAsync(tensors[i].name, in[i]->view(), o->view(), 0);
-        ASSERT_TRUE(h.ok()) << h.status();
+        ASSERT_OK(h);
         handles[i] = *h;
       }
       for (size_t i = 0; i < tensors.size(); ++i) {
         absl::Status s = handles[i].Wait();
-        ASSERT_TRUE(s.ok()) << s;
+        ASSERT_OK(s);
         const FakeGpuTensor* o = i % 2 == 0 ? in[i].get() : out[i].get();
         for (size_t e = 0; e < tensors[i].count; ++e) {
           double want = 0;
@@ -247,7 +248,7 @@ TEST(NodeGpuReduceFaultTest, ShapeMismatchFailsEveryRankAtOnceNamingTheShapes) {
     FakeGpuTensor bad(sh, DType::kFloat32, rank == 0 ? 100 : 101);
     const absl::Time start = absl::Now();
     auto h = r->PushPullAsync("w", bad.view(), bad.view(), 0);
-    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_OK(h);
     absl::Status s = h->Wait();
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
     EXPECT_TRUE(absl::StrContains(s.message(), "100 float32")) << s;
@@ -271,7 +272,7 @@ TEST(NodeGpuReduceFaultTest, DeviceRulesAreCheckedAtSubmission) {
     ASSERT_NE(r, nullptr);
     FakeGpuTensor t0(sh, DType::kFloat32, 64, 0), t1(sh, DType::kFloat32, 64, 1);
     t0.buf.Fill(rank, 0, 0);
-    ASSERT_TRUE(PushPullInPlace(r, "first", t0).ok());
+    ASSERT_OK(PushPullInPlace(r, "first", t0));
     auto bad = r->PushPullAsync("other-gpu", t1.view(), t1.view(), 0);
     ASSERT_FALSE(bad.ok());
     EXPECT_TRUE(absl::StrContains(bad.status().message(), "'other-gpu'")) << bad.status();
@@ -300,7 +301,7 @@ TEST(NodeGpuReduceFaultTest, AFailedPushFailsTheOperationOnEveryLocalRank) {
     ASSERT_NE(r, nullptr);
     FakeGpuTensor bad(sh, DType::kFloat32, rank < 2 ? 100 : 101);
     auto h = r->PushPullAsync("w", bad.view(), bad.view(), 0);
-    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_OK(h);
     absl::Status s = h->Wait();
     EXPECT_FALSE(s.ok());
     EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
@@ -325,7 +326,7 @@ TEST(NodeGpuReduceFaultTest, MissingLocalRankIsNamedAtTheDeadline) {
     FakeGpuTensor t(sh, DType::kFloat32, 10);
     const absl::Time start = absl::Now();
     auto h = r->PushPullAsync("lonely", t.view(), t.view(), 0);
-    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_OK(h);
     absl::Status s = h->Wait();
     EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
     EXPECT_TRUE(absl::StrContains(s.message(), "local rank 1 (worker 1)")) << s;
@@ -344,10 +345,10 @@ TEST(NodeGpuReduceFaultTest, FailedCollectiveFailsTheWholeNodeInTime) {
     ASSERT_NE(r, nullptr);
     FakeGpuTensor t(sh, DType::kFloat32, 5000);
     t.buf.Fill(rank, 0, 1);
-    ASSERT_TRUE(PushPullInPlace(r, "a", t).ok());
+    ASSERT_OK(PushPullInPlace(r, "a", t));
     const absl::Time start = absl::Now();
     auto h = r->PushPullAsync("b", t.view(), t.view(), 0);
-    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_OK(h);
     absl::Status s = h->Wait();
     EXPECT_FALSE(s.ok());
     if (rank == 1) {
@@ -370,7 +371,7 @@ TEST(NodeGpuReduceFaultTest, ALocalRankThatLeavesIsNamedAtOnce) {
     ASSERT_NE(r, nullptr);
     FakeGpuTensor t(sh, DType::kFloat32, 100);
     t.buf.Fill(rank, 0, 0);
-    ASSERT_TRUE(PushPullInPlace(r, "together", t).ok());
+    ASSERT_OK(PushPullInPlace(r, "together", t));
     const absl::Time start = absl::Now();
     if (rank == 0) {
       r->Shutdown();
@@ -433,7 +434,7 @@ TEST(NodeGpuReduceStoreTest, GpuPushPullsTakeTheNodePathAndPathsDoNotOverlapOnAN
   c.servers = 2;
   c.worker_options = [](int, Options* o) { o->gpu_local_reduce = "nccl"; };
   auto cluster = LocalCluster::Start(c);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_OK(cluster);
   (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
     auto* store = dynamic_cast<PsGpuStore*>(kv);
     ASSERT_NE(store, nullptr);
@@ -443,9 +444,9 @@ TEST(NodeGpuReduceStoreTest, GpuPushPullsTakeTheNodePathAndPathsDoNotOverlapOnAN
       g.buf.Fill(rank, round, 1);
       cpu.Fill(rank, round, 2);
       absl::Status s = kv->PushPull("g", g.view(), g.view());
-      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_OK(s);
       s = kv->PushPull("c", cpu.view(), cpu.view());
-      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_OK(s);
       for (size_t e = 0; e < 30000; e += 7) {
         double wg = 0, wc = 0;
         for (int w = 0; w < 4; ++w) {
@@ -462,7 +463,7 @@ TEST(NodeGpuReduceStoreTest, GpuPushPullsTakeTheNodePathAndPathsDoNotOverlapOnAN
     const bool early = rank % 2 == 0;
     if (!early) absl::SleepFor(absl::Milliseconds(300));
     auto h = kv->PushPullAsync("x", g.view(), g.view());
-    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_OK(h);
     if (early) {
       auto refused = kv->PushPullAsync("x", cpu.view(), cpu.view());
       ASSERT_FALSE(refused.ok());
@@ -470,10 +471,10 @@ TEST(NodeGpuReduceStoreTest, GpuPushPullsTakeTheNodePathAndPathsDoNotOverlapOnAN
       EXPECT_TRUE(absl::StrContains(refused.status().message(), "'x': a GPU push_pull"))
           << refused.status();
     }
-    ASSERT_TRUE(h->Wait().ok());
+    ASSERT_OK(h->Wait());
     if (!early) absl::SleepFor(absl::Milliseconds(300));
     h = kv->PushPullAsync("y", cpu.view(), cpu.view());
-    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_OK(h);
     if (early) {
       auto refused = kv->PushPullAsync("y", g.view(), g.view());
       ASSERT_FALSE(refused.ok());
@@ -481,7 +482,7 @@ TEST(NodeGpuReduceStoreTest, GpuPushPullsTakeTheNodePathAndPathsDoNotOverlapOnAN
                                                                 "the host path"))
           << refused.status();
     }
-    ASSERT_TRUE(h->Wait().ok());
+    ASSERT_OK(h->Wait());
   });
   cluster->reset();
   PsGpuStore::SetNodeGpuPartsForTesting({});
@@ -496,7 +497,7 @@ TEST(NodeGpuReduceStoreTest, ADeadServerEndsTheNodesRoundsAtOnce) {
   ClusterConfig c = OneNodeOfTwo(absl::Seconds(30), absl::Seconds(1));
   c.worker_options = [](int, Options* o) { o->gpu_local_reduce = "nccl"; };
   auto cluster = LocalCluster::Start(c);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_OK(cluster);
   (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
     if (rank == 1) {  // never submits; kills the server instead
       absl::SleepFor(absl::Milliseconds(200));

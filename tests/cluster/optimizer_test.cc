@@ -21,6 +21,7 @@
 #include "optimizers/update_rule.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
+#include "tests/status_matchers.h"
 #include "worker/ps/ps_store.h"
 
 namespace hybridps::testing {
@@ -78,12 +79,12 @@ class Reference {
     const size_t nbuf = rule_->Layout(d.dtype).num_buffers();
     state_.assign(nbuf * d.count, 0.f);
     for (size_t b = 0; b < nbuf; ++b) ptrs_.push_back(state_.data() + b * d.count);
-    EXPECT_TRUE(rule_->InitState(Part(weight_.data())).ok());  // (grad unused)
+    EXPECT_OK(rule_->InitState(Part(weight_.data())));  // (grad unused)
   }
   // A new spec with the same state layout (SetOptimizerParam).
   void Respec(const OptimizerSpec& spec) {
     auto rule = optimizers::MakeUpdateRule(spec);
-    ASSERT_TRUE(rule.ok()) << rule.status();
+    ASSERT_OK(rule);
     rule_ = std::move(*rule);
   }
   void Step(const std::string& grad) {
@@ -91,7 +92,7 @@ class Reference {
     optimizers::StepArgs args = rule_->Step(t_, t_, def_.mult.lr_mult, def_.mult.wd_mult);
     args.layer_adaptation = !optimizers::IsLarsExemptName(def_.name);
     absl::Status s = rule_->Update(Part(grad.data()), args);
-    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_OK(s);
   }
   const std::string& weights() const { return weight_; }
 
@@ -145,7 +146,7 @@ std::unique_ptr<LocalCluster> Start(int workers, int servers, size_t partition_b
   c.servers = servers;
   c.partition_bytes = partition_bytes;
   auto cl = LocalCluster::Start(c);
-  EXPECT_TRUE(cl.ok()) << cl.status();
+  EXPECT_OK(cl);
   return cl.ok() ? std::move(*cl) : nullptr;
 }
 
@@ -164,9 +165,9 @@ void BroadcastAll(LocalCluster* cl, const std::vector<TensorDef>& defs) {
     for (size_t t = 0; t < defs.size(); ++t) {
       std::string w = Make(defs[t].dtype, defs[t].count,
                            [&](size_t i) { return rank == 0 ? Init(t, i) : 99.0; });
-      ASSERT_TRUE(kv->Broadcast(defs[t].name, TensorView{w.data(), defs[t].count, defs[t].dtype},
+      ASSERT_OK(kv->Broadcast(defs[t].name, TensorView{w.data(), defs[t].count, defs[t].dtype},
                                 0)
-                      .ok());
+                      );
       EXPECT_EQ(w, Make(defs[t].dtype, defs[t].count, [&](size_t i) { return Init(t, i); }));
     }
   });
@@ -193,10 +194,10 @@ std::vector<std::vector<std::string>> Train(LocalCluster* cl, const std::vector<
         // Half of the tensors in place (out aliases in).
         TensorView out = t % 2 == 0 ? in : TensorView{outs[t].data(), d.count, d.dtype};
         auto h = kv->PushPullAsync(d.name, in, out);
-        ASSERT_TRUE(h.ok()) << h.status();
+        ASSERT_OK(h);
         handles.push_back(*h);
       }
-      for (Handle& h : handles) ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+      for (Handle& h : handles) ASSERT_OK(h.Wait());
       for (size_t t = 0; t < defs.size(); ++t) {
         if (t % 2 == 0) outs[t] = grads[t];
       }
@@ -273,7 +274,7 @@ TEST_P(RuleTest, ClusterEqualsOneProcessOnSummedGradients) {
   const OptimizerSpec spec = SpecOf(c);
   cl->RunOnWorkers([&](int, KVStore* kv) {
     absl::Status s = kv->SetOptimizer(WithMultipliers(spec, defs));
-    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_OK(s);
   });
   TrainAndCompare(cl.get(), defs, spec, /*steps=*/4, c.ulps);
 }
@@ -306,7 +307,7 @@ TEST(OptimizerClusterTest, LargePartitionsEqualOneProcess) {
   ASSERT_NE(cl, nullptr);
   const OptimizerSpec spec = SpecOf(RuleCase{"adam", {{"wd", 0.01}}, true, LrScheduleKind::kFactor});
   cl->RunOnWorkers([&](int, KVStore* kv) {
-    ASSERT_TRUE(kv->SetOptimizer(WithMultipliers(spec, defs)).ok());
+    ASSERT_OK(kv->SetOptimizer(WithMultipliers(spec, defs)));
   });
   BroadcastAll(cl.get(), defs);
   TrainAndCompare(cl.get(), defs, spec, 3, 0);
@@ -319,14 +320,14 @@ TEST(OptimizerClusterTest, BroadcastWithAnotherSizeReplacesTheWeights) {
   ASSERT_NE(cl, nullptr);
   OptimizerSpec spec;
   spec.rule = "adam";
-  cl->RunOnWorkers([&](int, KVStore* kv) { ASSERT_TRUE(kv->SetOptimizer({spec, {}}).ok()); });
+  cl->RunOnWorkers([&](int, KVStore* kv) { ASSERT_OK(kv->SetOptimizer({spec, {}})); });
   BroadcastAll(cl.get(), {{"w", DType::kFloat32, 1000, {}}});  // 8 partitions
   const std::vector<TensorDef> defs = {{"w", DType::kFloat16, 100, {}}};
   BroadcastAll(cl.get(), defs);  // 1 partition
   spec.rule = "rmsprop";
   cl->RunOnWorkers([&](int, KVStore* kv) {
     absl::Status s = kv->SetOptimizer({spec, {}});
-    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_OK(s);
   });
   TrainAndCompare(cl.get(), defs, spec, 2, 0);
 }
@@ -350,7 +351,7 @@ class CheckedJob {
       d.mult = {};
       defs_.push_back(d);
     }
-    cluster_->RunOnWorkers([&](int, KVStore* kv) { ASSERT_TRUE(kv->SetOptimizer({spec, {}}).ok()); });
+    cluster_->RunOnWorkers([&](int, KVStore* kv) { ASSERT_OK(kv->SetOptimizer({spec, {}})); });
     BroadcastAll(cluster_.get(), defs_);
     for (size_t t = 0; t < defs_.size(); ++t) {
       refs_.emplace_back(spec, defs_[t], Make(defs_[t].dtype, defs_[t].count,
@@ -387,7 +388,7 @@ TEST(OptimizerClusterTest, LambAndLarsSplitTensorEqualsWholeTensor) {
     OptimizerSpec spec;
     spec.rule = rule;
     spec.params = {{"learning_rate", 0.05}, {"wd", 0.01}};
-    cl->RunOnWorkers([&](int, KVStore* kv) { ASSERT_TRUE(kv->SetOptimizer({spec, {}}).ok()); });
+    cl->RunOnWorkers([&](int, KVStore* kv) { ASSERT_OK(kv->SetOptimizer({spec, {}})); });
     BroadcastAll(cl.get(), defs);
     auto* ps = dynamic_cast<PsStore*>(cl->worker(0));
     ASSERT_NE(ps, nullptr);
@@ -450,7 +451,7 @@ TEST(OptimizerClusterTest, PushPullWithoutWeightsFailsNamingTheTensor) {
   auto cl = Start(2, 2);
   ASSERT_NE(cl, nullptr);
   cl->RunOnWorkers([&](int, KVStore* kv) {
-    ASSERT_TRUE(kv->SetOptimizer({Sgd(0.1), {}}).ok());
+    ASSERT_OK(kv->SetOptimizer({Sgd(0.1), {}}));
     ExpectPushPullFails(kv, "ghost", DType::kFloat32, 100, {"'ghost'", "Broadcast"});
   });
   // A push_pull of a tensor whose weights have another dtype names both.
@@ -468,7 +469,7 @@ TEST(OptimizerClusterTest, SetOptimizerParamChangesTheLearningRate) {
   ASSERT_NE(cl, nullptr);
   job.Step(0);
   KVStore* kv0 = cl->worker(0);
-  ASSERT_TRUE(kv0->SetOptimizerParam("learning_rate", 0.02).ok());
+  ASSERT_OK(kv0->SetOptimizerParam("learning_rate", 0.02));
   spec.params["learning_rate"] = 0.02;
   job.Respec(spec);
   job.Step(1);
@@ -481,7 +482,7 @@ TEST(OptimizerClusterTest, SetOptimizerParamChangesTheLearningRate) {
   s = kv0->SetOptimizerParam("momentum", 0);
   EXPECT_NE(s.message().find("SetOptimizer"), std::string::npos) << s;
   job.Step(2);
-  ASSERT_TRUE(cl->worker(1)->SetOptimizerParam("wd", 0.5).ok());
+  ASSERT_OK(cl->worker(1)->SetOptimizerParam("wd", 0.5));
   spec.params["wd"] = 0.5;
   job.Respec(spec);
   job.Step(3);
@@ -502,19 +503,19 @@ TEST(OptimizerClusterTest, SaveLoadIntoOtherServerCountContinuesIdentically) {
       auto a = Start(2, 3, 512);
       ASSERT_NE(a, nullptr);
       a->RunOnWorkers([&](int, KVStore* kv) {
-        ASSERT_TRUE(kv->SetOptimizer(WithMultipliers(spec, defs)).ok());
+        ASSERT_OK(kv->SetOptimizer(WithMultipliers(spec, defs)));
       });
       BroadcastAll(a.get(), defs);
       Train(a.get(), defs, 0, 3);
       absl::Status s = a->worker(1)->SaveOptimizerStates(path);
-      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_OK(s);
       expected = Train(a.get(), defs, 3, 2);
     }
     auto b = Start(2, 1, 1024);
     ASSERT_NE(b, nullptr);
     b->RunOnWorkers([&](int, KVStore* kv) {
       absl::Status s = kv->LoadOptimizerStates(path);
-      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_OK(s);
     });
     const auto got = Train(b.get(), defs, 3, 2);
     for (int step = 0; step < 2; ++step) {
@@ -554,7 +555,7 @@ TEST(OptimizerClusterTest, AllreduceHasNoServerOptimizer) {
   c.backend = "dist_allreduce";
   c.workers = 2;
   auto cl = LocalCluster::Start(c);
-  ASSERT_TRUE(cl.ok()) << cl.status();
+  ASSERT_OK(cl);
   KVStore* kv = (*cl)->worker(0);
   EXPECT_FALSE(kv->IsCapable(Capability::kOptimizer));
   absl::Status s = kv->SetOptimizer({Sgd(0.1), {}});

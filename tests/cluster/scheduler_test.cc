@@ -12,6 +12,7 @@
 #include "common/control_client.h"
 #include "common/transport.h"
 #include "scheduler/scheduler.h"
+#include "tests/status_matchers.h"
 
 namespace hybridps {
 namespace {
@@ -32,7 +33,7 @@ class SchedulerTest : public ::testing::Test {
     Options so = options_;
     so.role = Role::kScheduler;
     auto s = Scheduler::Create(ctx_, so);
-    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_OK(s);
     scheduler_ = std::move(*s);
     thread_ = std::thread([this] { run_status_ = scheduler_->Run(); });
   }
@@ -45,7 +46,7 @@ class SchedulerTest : public ::testing::Test {
     o.role = Role::kWorker;
     o.rank = rank;
     auto c = ControlClient::Connect(ctx_, o, {});
-    EXPECT_TRUE(c.ok()) << c.status();
+    EXPECT_OK(c);
     return c.ok() ? std::move(*c) : nullptr;
   }
   // Sends a request and pumps the client until its reply (bounded).
@@ -77,21 +78,21 @@ TEST_F(SchedulerTest, RendezvousStoreSetGetWait) {
   StartScheduler(1);
   auto c = Client(0);
   auto welcome = c->Register("");
-  ASSERT_TRUE(welcome.ok()) << welcome.status();
+  ASSERT_OK(welcome);
   EXPECT_EQ(welcome->rank(), 0);
 
   wire::Envelope get;
   get.mutable_kv_get()->set_key("nccl-id");
   auto r = Call(c.get(), get);
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   EXPECT_FALSE(r->kv_reply().found());
 
   wire::Envelope set;
   set.mutable_kv_set()->set_key("nccl-id");
   set.mutable_kv_set()->set_value(std::string("\x00\x01\x02", 3));
-  ASSERT_TRUE(Call(c.get(), set).ok());
+  ASSERT_OK(Call(c.get(), set));
   r = Call(c.get(), get);
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   ASSERT_TRUE(r->kv_reply().found());
   EXPECT_EQ(r->kv_reply().values(0), std::string("\x00\x01\x02", 3));
 
@@ -111,8 +112,8 @@ TEST_F(SchedulerTest, RendezvousStoreSetGetWait) {
 TEST_F(SchedulerTest, WaitIsAnsweredWhenAnotherNodeSetsTheKey) {
   StartScheduler(2);
   auto a = Client(0), b = Client(1);
-  std::thread tb([&] { ASSERT_TRUE(b->Register("").ok()); });
-  ASSERT_TRUE(a->Register("").ok());
+  std::thread tb([&] { ASSERT_OK(b->Register("")); });
+  ASSERT_OK(a->Register(""));
   tb.join();
   wire::Envelope wait;
   wait.mutable_kv_wait()->add_keys("gloo/rank1");
@@ -122,11 +123,11 @@ TEST_F(SchedulerTest, WaitIsAnsweredWhenAnotherNodeSetsTheKey) {
     wire::Envelope set;
     set.mutable_kv_set()->set_key("gloo/rank1");
     set.mutable_kv_set()->set_value("addr");
-    EXPECT_TRUE(Call(b.get(), set).ok());
+    EXPECT_OK(Call(b.get(), set));
   });
   auto r = Call(a.get(), wait);
   setter.join();
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   EXPECT_EQ(r->kv_reply().values(0), "addr");
 }
 
@@ -165,7 +166,7 @@ TEST_F(SchedulerTest, NodesOfAnotherJobAreRefusedByTheirToken) {
     o.rank = 0;
     o.job_token = c.token;
     auto stray = ControlClient::Connect(ctx_, o, {});
-    ASSERT_TRUE(stray.ok()) << stray.status();
+    ASSERT_OK(stray);
     auto r = (*stray)->Register("");
     ASSERT_FALSE(r.ok()) << "token '" << c.token << "' was let in";
     EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
@@ -176,7 +177,7 @@ TEST_F(SchedulerTest, NodesOfAnotherJobAreRefusedByTheirToken) {
   // The refused ones took no place: the job's own worker still gets rank 0.
   auto own = Client(0);
   auto welcome = own->Register("");
-  ASSERT_TRUE(welcome.ok()) << welcome.status();
+  ASSERT_OK(welcome);
   EXPECT_EQ(welcome->rank(), 0);
 }
 
@@ -186,7 +187,7 @@ TEST_F(SchedulerTest, ANodeWithATokenIsRefusedByASchedulerWithout) {
   o.role = Role::kWorker;
   o.job_token = "some-token";
   auto stray = ControlClient::Connect(ctx_, o, {});
-  ASSERT_TRUE(stray.ok()) << stray.status();
+  ASSERT_OK(stray);
   auto r = (*stray)->Register("");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("has a HYBRIDPS_JOB_TOKEN, but the job of the scheduler"),
@@ -208,8 +209,8 @@ TEST_F(SchedulerTest, StartTimeoutSaysWhoIsMissing) {
 TEST_F(SchedulerTest, BarrierAndOrderlyShutdown) {
   StartScheduler(2);
   auto a = Client(0), b = Client(1);
-  std::thread tb([&] { ASSERT_TRUE(b->Register("").ok()); });
-  ASSERT_TRUE(a->Register("").ok());
+  std::thread tb([&] { ASSERT_OK(b->Register("")); });
+  ASSERT_OK(a->Register(""));
   tb.join();
   wire::Envelope barrier;
   barrier.mutable_barrier()->set_group(wire::GROUP_WORKERS);
@@ -219,21 +220,21 @@ TEST_F(SchedulerTest, BarrierAndOrderlyShutdown) {
   EXPECT_FALSE(ra.has_value());  // a waits for b
   auto rb = Call(b.get(), barrier);
   tbar.join();
-  ASSERT_TRUE(rb.ok()) << rb.status();
+  ASSERT_OK(rb);
   ASSERT_TRUE(ra.has_value() && ra->ok());
   wire::Envelope fin;
   fin.mutable_finalize();
-  ASSERT_TRUE(Call(a.get(), fin).ok());
-  ASSERT_TRUE(Call(b.get(), fin).ok());
+  ASSERT_OK(Call(a.get(), fin));
+  ASSERT_OK(Call(b.get(), fin));
   thread_.join();  // Run ends by itself once every worker finished.
-  EXPECT_TRUE(run_status_.ok()) << run_status_;
+  EXPECT_OK(run_status_);
 }
 
 TEST_F(SchedulerTest, SilentWorkerIsDeclaredDeadAndOthersAreTold) {
   StartScheduler(2);
   auto a = Client(0), b = Client(1);
-  std::thread tb([&] { ASSERT_TRUE(b->Register("").ok()); });
-  ASSERT_TRUE(a->Register("").ok());
+  std::thread tb([&] { ASSERT_OK(b->Register("")); });
+  ASSERT_OK(a->Register(""));
   tb.join();
   b.reset();  // b goes silent
   // A barrier cannot complete without b: it fails, naming b, within the heartbeat timeout.

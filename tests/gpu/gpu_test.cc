@@ -19,6 +19,7 @@
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
 #include "tests/gpu/device_buffer.h"
+#include "tests/status_matchers.h"
 #include "worker/allreduce/allreduce_store.h"
 
 namespace hybridps::testing {
@@ -38,7 +39,7 @@ class GpuTest : public ::testing::TestWithParam<int> {
     c.workers = n();
     c.op_timeout = absl::Seconds(60);  // the first collective also creates the communicator
     auto cl = LocalCluster::Start(c);
-    ASSERT_TRUE(cl.ok()) << cl.status();
+    ASSERT_OK(cl);
     cluster_ = std::move(*cl);
   }
   AllreduceStore::Stats Stats(int w) {
@@ -56,7 +57,7 @@ TEST_P(GpuTest, SumsAreExactOverRoundsInPlaceAndOutOfPlace) {
         const bool in_place = round % 2 == 0;
         absl::Status s = kv->PushPull(absl::StrCat("g.", DTypeName(dtype)), in.view(),
                                       in_place ? in.view() : out.view());
-        ASSERT_TRUE(s.ok()) << s;
+        ASSERT_OK(s);
         DeviceBuffer& got = in_place ? in : out;
         got.Refetch();
         for (size_t i = 0; i < 1001; ++i) {
@@ -77,7 +78,7 @@ TEST_P(GpuTest, EveryDTypeSumsExactly) {
       DeviceBuffer b(dtype, 257, rank);
       b.Fill(rank, 0, ++salt);
       absl::Status s = kv->PushPull(absl::StrCat("t.", DTypeName(dtype)), b.view(), b.view());
-      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_OK(s);
       for (size_t i = 0; i < 257; ++i) {
         ASSERT_EQ(b.at(i), SumOver(n(), i, 0, salt)) << DTypeName(dtype) << " element " << i;
       }
@@ -91,7 +92,7 @@ TEST_P(GpuTest, BroadcastFromEveryRoot) {
       DeviceBuffer b(DType::kFloat32, 333, rank);
       b.Fill(rank, 1, root);
       absl::Status s = kv->Broadcast("w", b.view(), root);
-      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_OK(s);
       for (size_t i = 0; i < 333; ++i) ASSERT_EQ(b.at(i), Value(i, root, 1, root));
     }
   });
@@ -109,10 +110,10 @@ TEST_P(GpuTest, ManySmallTensorsShareNcclGroups) {
     }
     for (int i = 0; i < 24; ++i) {  // all at once: they are ready in the same round
       auto h = kv->PushPullAsync(absl::StrCat("s", i), bufs[i]->view(), bufs[i]->view(), i % 3);
-      ASSERT_TRUE(h.ok()) << h.status();
+      ASSERT_OK(h);
       handles.push_back(*h);
     }
-    for (auto& h : handles) ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+    for (auto& h : handles) ASSERT_OK(h.Wait());
     for (int i = 2; i < 24; ++i) {
       for (size_t k = 0; k < 1000; k += 37) ASSERT_EQ(bufs[i]->at(k), SumOver(n(), k, 0, i));
     }
@@ -143,7 +144,7 @@ TEST_P(GpuTest, CpuAndGpuTensorsMixInOneStore) {
       handles.push_back(*g);
       handles.push_back(*c);
     }
-    for (auto& h : handles) ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+    for (auto& h : handles) ASSERT_OK(h.Wait());
     for (int i = 0; i < 6; ++i) {
       for (size_t k = 0; k < 50000; k += 997) {
         ASSERT_EQ(gpu[i]->at(k), SumOver(n(), k, 0, i));

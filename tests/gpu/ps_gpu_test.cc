@@ -16,6 +16,7 @@
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
 #include "tests/gpu/device_buffer.h"
+#include "tests/status_matchers.h"
 #include "worker/ps/ps_gpu.h"
 
 namespace hybridps::testing {
@@ -41,7 +42,7 @@ class PsGpuTest : public ::testing::TestWithParam<Shape> {
     c.local_size = GetParam().local_size;
     c.partition_bytes = 64 << 10;  // several partitions per tensor
     auto cl = LocalCluster::Start(c);
-    ASSERT_TRUE(cl.ok()) << cl.status();
+    ASSERT_OK(cl);
     cluster_ = std::move(*cl);
   }
   GpuStager::Stats Stats(int w) {
@@ -64,7 +65,7 @@ TEST_P(PsGpuTest, EveryDTypeSumsExactlyInPlaceAndOutOfPlaceOverRounds) {
         const bool in_place = round != 1;
         absl::Status s = kv->PushPull(absl::StrCat("t.", DTypeName(dtype)), in.view(),
                                       in_place ? in.view() : out.view());
-        ASSERT_TRUE(s.ok()) << s;
+        ASSERT_OK(s);
         DeviceBuffer& got = in_place ? in : out;
         got.Refetch();
         for (size_t i = 0; i < 50001; ++i) {
@@ -89,12 +90,12 @@ TEST_P(PsGpuTest, InPlaceOperationsInARowReadTheEarlierResult) {
     std::vector<Handle> hs;
     for (int k = 0; k < 3; ++k) {
       auto h = kv->PushPullAsync("x", x.view(), x.view(), 0);
-      ASSERT_TRUE(h.ok()) << h.status();
+      ASSERT_OK(h);
       hs.push_back(*h);
     }
     absl::Status s = kv->PushPull("other", other.view(), other.view());
-    ASSERT_TRUE(s.ok()) << s;
-    for (Handle& h : hs) ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+    ASSERT_OK(s);
+    for (Handle& h : hs) ASSERT_OK(h.Wait());
     for (size_t i = 0; i < 300000; i += 7) {
       ASSERT_EQ(x.at(i), n() * n() * SumOver(n(), i, 0, 5)) << "element " << i;
       ASSERT_EQ(other.at(i), SumOver(n(), i, 0, 6)) << "element " << i;
@@ -109,7 +110,7 @@ TEST_P(PsGpuTest, BroadcastFromEveryRoot) {
       DeviceBuffer b(DType::kFloat32, 100000, 0);
       b.Fill(rank, 1, root);
       absl::Status s = kv->Broadcast("w", b.view(), root);
-      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_OK(s);
       for (size_t i = 0; i < 100000; ++i) ASSERT_EQ(b.at(i), Value(i, root, 1, root));
     }
   });
@@ -132,13 +133,13 @@ TEST_P(PsGpuTest, MixedCpuAndGpuTensorsInFlightTogether) {
         cpu[k]->Fill(rank, round + 10, k);
         // Names alternate: "g<k>" GPU only; "c<k>" a GPU round then a CPU round.
         auto h = kv->PushPullAsync(absl::StrCat("g", k), gpu[k]->view(), gpu[k]->view(), k);
-        ASSERT_TRUE(h.ok()) << h.status();
+        ASSERT_OK(h);
         hs.push_back(*h);
         auto c = kv->PushPullAsync(absl::StrCat("c", k), cpu[k]->view(), cpu[k]->view());
-        ASSERT_TRUE(c.ok()) << c.status();
+        ASSERT_OK(c);
         hs.push_back(*c);
       }
-      for (Handle& h : hs) ASSERT_TRUE(h.Wait().ok()) << h.Wait();
+      for (Handle& h : hs) ASSERT_OK(h.Wait());
       for (int k = 0; k < kTensors; ++k) {
         gpu[k]->Refetch();
         for (size_t i = 0; i < cpu[k]->count; i += 7) {
@@ -156,16 +157,16 @@ TEST_P(PsGpuTest, ServerOptimizerSgdOnGpuTensors) {
     opt.spec.rule = "sgd";
     opt.spec.params["learning_rate"] = 0.5;
     absl::Status s = kv->SetOptimizer(opt);
-    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_OK(s);
     DeviceBuffer w(DType::kFloat32, 30000, 0), g(DType::kFloat32, 30000, 0);
     w.Fill(0, 0, 1);
-    ASSERT_TRUE(kv->Broadcast("w", w.view(), 0).ok());
+    ASSERT_OK(kv->Broadcast("w", w.view(), 0));
     std::vector<double> want(30000);
     for (size_t i = 0; i < want.size(); ++i) want[i] = Value(i, 0, 0, 1);
     for (int step = 0; step < 3; ++step) {
       g.Fill(rank, step, 2);
       s = kv->PushPull("w", g.view(), w.view());
-      ASSERT_TRUE(s.ok()) << s;
+      ASSERT_OK(s);
       w.Refetch();
       for (size_t i = 0; i < want.size(); ++i) {
         want[i] -= 0.5 * SumOver(n(), i, step, 2);
@@ -196,7 +197,7 @@ TEST_P(PsGpuTest, RefusalsAtSubmissionNameTheTensor) {
   h = kv->PushPullAsync("far", far, far);
   ASSERT_FALSE(h.ok());
   EXPECT_TRUE(absl::StrContains(h.status().message(), "'far'")) << h.status();
-  ASSERT_TRUE(kv->PushPull("ok", d.view(), d.view()).ok());
+  ASSERT_OK(kv->PushPull("ok", d.view(), d.view()));
 }
 
 INSTANTIATE_TEST_SUITE_P(

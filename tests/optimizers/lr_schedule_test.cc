@@ -5,13 +5,14 @@
 #include <numbers>
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace hybridps {
 namespace optimizers {
 namespace {
 
 double At(const LrSchedule& s, int64_t n, std::optional<double> lr = std::nullopt) {
-  EXPECT_TRUE(ValidateLrSchedule(s).ok()) << ValidateLrSchedule(s);
+  EXPECT_OK(ValidateLrSchedule(s));
   return ScheduledLearningRate(s, lr, n);
 }
 

@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "optimizers/update_rule.h"
 #include "tests/optimizers/test_util.h"
+#include "tests/status_matchers.h"
 
 namespace hybridps {
 namespace optimizers {
@@ -42,7 +43,7 @@ TEST_P(SplitTest, PartitionedEqualsWhole) {
   spec.params = c.params;
   spec.multi_precision = c.multi_precision;
   auto rule = MakeUpdateRule(spec);
-  ASSERT_TRUE(rule.ok()) << rule.status();
+  ASSERT_OK(rule);
   const UpdateRule& r = **rule;
 
   constexpr size_t kCount = 4099;
@@ -57,8 +58,8 @@ TEST_P(SplitTest, PartitionedEqualsWhole) {
   for (size_t j = 0; j + 1 < bounds.size(); ++j) {
     parts.push_back(split.View(bounds[j], bounds[j + 1] - bounds[j]));
   }
-  ASSERT_TRUE(r.InitState(whole.Whole()).ok());
-  for (const Partition& p : parts) ASSERT_TRUE(r.InitState(p).ok());
+  ASSERT_OK(r.InitState(whole.Whole()));
+  for (const Partition& p : parts) ASSERT_OK(r.InitState(p));
 
   for (int t = 1; t <= 50; ++t) {
     for (size_t i = 0; i < kCount; ++i) {
@@ -67,15 +68,15 @@ TEST_P(SplitTest, PartitionedEqualsWhole) {
       split.set_grad(i, g);
     }
     StepArgs args = r.Step(t, t);
-    ASSERT_TRUE(r.Update(whole.Whole(), args).ok());
+    ASSERT_OK(r.Update(whole.Whole(), args));
     NormPartials total;
     for (const Partition& p : parts) {  // phase 1, as if on different servers
       absl::StatusOr<NormPartials> mine = r.Prepare(p, args);
-      ASSERT_TRUE(mine.ok()) << mine.status();
+      ASSERT_OK(mine);
       total += *mine;
     }
     const TensorNorms norms = FinishNorms(total);
-    for (const Partition& p : parts) ASSERT_TRUE(r.Apply(p, args, norms).ok());
+    for (const Partition& p : parts) ASSERT_OK(r.Apply(p, args, norms));
   }
 
   for (size_t i = 0; i < kCount; ++i) {
@@ -110,11 +111,11 @@ TEST(SplitTest, ElementwiseRulesReportNoNorms) {
   OptimizerSpec spec;
   spec.rule = "adam";
   auto rule = MakeUpdateRule(spec);
-  ASSERT_TRUE(rule.ok());
+  ASSERT_OK(rule);
   EXPECT_FALSE((*rule)->needs_tensor_norms());
   OwnedTensor x(DType::kFloat32, 16, 2);
   absl::StatusOr<NormPartials> p = (*rule)->Prepare(x.Whole(), (*rule)->Step(1, 1));
-  ASSERT_TRUE(p.ok());
+  ASSERT_OK(p);
   EXPECT_EQ(p->weight_sq, 0);
   EXPECT_EQ(p->update_sq, 0);
   EXPECT_EQ(x.state(0)[0], 0);  // Prepare left the state alone
@@ -141,8 +142,8 @@ TEST(SplitTest, LarsExemptParametersTakePlainSgd) {
   }
   StepArgs args = (*a)->Step(1, 1);
   args.layer_adaptation = false;
-  ASSERT_TRUE((*a)->Update(x.Whole(), args).ok());
-  ASSERT_TRUE((*b)->Update(y.Whole(), (*b)->Step(1, 1)).ok());
+  ASSERT_OK((*a)->Update(x.Whole(), args));
+  ASSERT_OK((*b)->Update(y.Whole(), (*b)->Step(1, 1)));
   for (size_t i = 0; i < 100; ++i) EXPECT_EQ(x.weight(i), y.weight(i));
   EXPECT_TRUE(IsLarsExemptName("dense0_bias"));
   EXPECT_TRUE(IsLarsExemptName("batchnorm0_gamma"));

@@ -24,6 +24,7 @@
 #include "optimizers/update_rule.h"
 #include "tests/optimizers/reference.h"
 #include "tests/optimizers/test_util.h"
+#include "tests/status_matchers.h"
 
 namespace hybridps {
 namespace optimizers {
@@ -127,7 +128,7 @@ std::unique_ptr<UpdateRule> MakeRule(const RuleCase& c, bool multi_precision) {
   spec.schedule = c.schedule;
   spec.multi_precision = multi_precision;
   absl::StatusOr<std::unique_ptr<UpdateRule>> rule = MakeUpdateRule(spec);
-  EXPECT_TRUE(rule.ok()) << rule.status();
+  EXPECT_OK(rule);
   return rule.ok() ? std::move(*rule) : nullptr;
 }
 
@@ -154,7 +155,7 @@ TEST_P(RuleTest, MatchesScalarReference) {
     x.set_weight(i, normal(rng));
     ref_w[i] = x.weight(i);
   }
-  ASSERT_TRUE(rule->InitState(x.Whole()).ok());
+  ASSERT_OK(rule->InitState(x.Whole()));
   ScalarReference ref(rule->name(), rule->hyper_parameters(), kCount);
 
   std::vector<double> ref_g(kCount);
@@ -167,7 +168,7 @@ TEST_P(RuleTest, MatchesScalarReference) {
     }
     const StepArgs args = rule->Step(t, t);
     const absl::Status s = rule->Update(x.Whole(), args);
-    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_OK(s);
     ref.Step(args, &ref_w, ref_g, master ? &stored : nullptr);
     if (rounded) {
       for (double& v : ref_w) v = RoundTo(d.dtype, static_cast<float>(v));
@@ -209,7 +210,7 @@ TEST_P(RuleTest, SmallSizes) {
       x.set_weight(i, normal(rng));
       ref_w[i] = x.weight(i);
     }
-    ASSERT_TRUE(rule->InitState(x.Whole()).ok());
+    ASSERT_OK(rule->InitState(x.Whole()));
     ScalarReference ref(rule->name(), rule->hyper_parameters(), count);
     for (int t = 1; t <= 3; ++t) {
       for (size_t i = 0; i < count; ++i) {
@@ -218,7 +219,7 @@ TEST_P(RuleTest, SmallSizes) {
         stored[i] = x.weight(i);
       }
       const StepArgs args = rule->Step(t, t);
-      ASSERT_TRUE(rule->Update(x.Whole(), args).ok());
+      ASSERT_OK(rule->Update(x.Whole(), args));
       ref.Step(args, &ref_w, ref_g, master ? &stored : nullptr);
       if (d.dtype != DType::kFloat32 && !master) {
         for (double& v : ref_w) v = RoundTo(d.dtype, static_cast<float>(v));
@@ -241,10 +242,10 @@ std::vector<unsigned char> RunWithIsa(const char* isa, const RuleCase& c, const 
   std::mt19937 rng(99);
   std::normal_distribution<float> normal(0.f, 1.f);
   for (size_t i = 0; i < kCount; ++i) x.set_weight(i, normal(rng));
-  EXPECT_TRUE(rule->InitState(x.Whole()).ok());
+  EXPECT_OK(rule->InitState(x.Whole()));
   for (int t = 1; t <= 20; ++t) {
     for (size_t i = 0; i < kCount; ++i) x.set_grad(i, normal(rng));
-    EXPECT_TRUE(rule->Update(x.Whole(), rule->Step(t, t)).ok());
+    EXPECT_OK(rule->Update(x.Whole(), rule->Step(t, t)));
   }
   std::vector<unsigned char> out = x.weight_bytes();
   for (size_t j = 0; j < rule->Layout(d.dtype).num_buffers(); ++j) {
@@ -278,8 +279,8 @@ TEST_P(RuleTest, WeightCopyOverTheGradientEqualsPlainUpdate) {
   std::mt19937 rng(7);
   SetSameWeights(&rng, &plain, &fused);
   std::normal_distribution<float> normal(0.f, 1.f);
-  ASSERT_TRUE(rule->InitState(plain.Whole()).ok());
-  ASSERT_TRUE(rule->InitState(fused.Whole()).ok());
+  ASSERT_OK(rule->InitState(plain.Whole()));
+  ASSERT_OK(rule->InitState(fused.Whole()));
   for (int t = 1; t <= 5; ++t) {
     for (size_t i = 0; i < kCount; ++i) {
       const float g = normal(rng);
@@ -287,12 +288,12 @@ TEST_P(RuleTest, WeightCopyOverTheGradientEqualsPlainUpdate) {
       fused.set_grad(i, g);
     }
     const StepArgs args = rule->Step(t, t);
-    ASSERT_TRUE(rule->Update(plain.Whole(), args).ok());
+    ASSERT_OK(rule->Update(plain.Whole(), args));
     Partition p = fused.Whole();
     absl::StatusOr<NormPartials> sums = rule->Prepare(p, args);
-    ASSERT_TRUE(sums.ok()) << sums.status();
+    ASSERT_OK(sums);
     p.weight_copy = const_cast<void*>(p.grad);
-    ASSERT_TRUE(rule->Apply(p, args, FinishNorms(*sums)).ok());
+    ASSERT_OK(rule->Apply(p, args, FinishNorms(*sums)));
     ASSERT_EQ(plain.weight_bytes(), fused.weight_bytes()) << "step " << t;
     for (size_t i = 0; i < kCount; ++i) {
       ASSERT_EQ(fused.grad(i), fused.weight(i)) << "step " << t << " element " << i;

@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "optimizers/update_rule.h"
 #include "tests/optimizers/test_util.h"
+#include "tests/status_matchers.h"
 
 namespace hybridps {
 namespace optimizers {
@@ -32,9 +33,9 @@ std::string Error(const OptimizerSpec& spec) {
 TEST(SpecTest, KnownRules) {
   EXPECT_THAT(KnownRules(), ElementsAre("adagrad", "adam", "adamw", "lamb", "lars", "nag",
                                         "rmsprop", "sgd", "signum"));
-  for (const std::string& r : KnownRules()) EXPECT_TRUE(MakeUpdateRule(Spec(r)).ok()) << r;
+  for (const std::string& r : KnownRules()) EXPECT_OK(MakeUpdateRule(Spec(r))) << r;
   auto adam = MakeUpdateRule(Spec("Adam"));  // case-insensitive, like MXNet
-  ASSERT_TRUE(adam.ok());
+  ASSERT_OK(adam);
   EXPECT_EQ((*adam)->name(), "adam");
 }
 
@@ -96,7 +97,7 @@ TEST(SpecTest, BadScheduleIsRejected) {
 TEST(SpecTest, MxnetDefaults) {
   auto check = [](const char* rule, std::map<std::string, double> want) {
     auto r = MakeUpdateRule(Spec(rule));
-    ASSERT_TRUE(r.ok());
+    ASSERT_OK(r);
     for (const auto& [k, v] : want) EXPECT_EQ((*r)->param(k), v) << rule << " " << k;
   };
   check("sgd", {{"momentum", 0}, {"wd", 0}, {"rescale_grad", 1}});
@@ -122,7 +123,7 @@ TEST(SpecTest, StepAppliesMultipliers) {
   s.schedule.step = 2;
   s.schedule.factor = 0.5;
   auto r = MakeUpdateRule(s);
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   const StepArgs a = (*r)->Step(3, 3, 2.0, 0.0);
   EXPECT_EQ(a.t, 3);
   EXPECT_DOUBLE_EQ(a.lr, 0.1 * 0.5 * 2.0);  // learning_rate replaces the schedule's base_lr
@@ -133,7 +134,7 @@ TEST(SpecTest, StepAppliesMultipliers) {
 TEST(SpecTest, Layouts) {
   auto layout = [](OptimizerSpec s, DType d) {
     auto r = MakeUpdateRule(s);
-    EXPECT_TRUE(r.ok());
+    EXPECT_OK(r);
     return (*r)->Layout(d).buffers;
   };
   using V = std::vector<std::string>;
@@ -154,13 +155,13 @@ TEST(SpecTest, InitStateCopiesTheMasterAndZeroesTheRest) {
   OptimizerSpec s = Spec("adam");
   s.multi_precision = true;
   auto r = MakeUpdateRule(s);
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   OwnedTensor x(DType::kFloat16, 5, 3);
   for (size_t i = 0; i < 5; ++i) {
     x.set_weight(i, 0.1f * static_cast<float>(i));
     x.state(1)[i] = 7;
   }
-  ASSERT_TRUE((*r)->InitState(x.Whole()).ok());
+  ASSERT_OK((*r)->InitState(x.Whole()));
   for (size_t i = 0; i < 5; ++i) {
     EXPECT_EQ(x.state(0)[i], x.weight(i));
     EXPECT_EQ(x.state(1)[i], 0);
@@ -170,13 +171,13 @@ TEST(SpecTest, InitStateCopiesTheMasterAndZeroesTheRest) {
 
 TEST(SpecTest, BadPartitionsAndArgsAreRejectedUnchanged) {
   auto r = MakeUpdateRule(Spec("sgd", {{"momentum", 0.9}}));
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   const UpdateRule& rule = **r;
   OwnedTensor x(DType::kFloat32, 8, 1);
   x.set_weight(0, 1.f);
   x.set_grad(0, 1.f);
   const StepArgs ok = rule.Step(1, 1);
-  EXPECT_TRUE(rule.Apply(x.Whole(), ok, {}).ok());
+  EXPECT_OK(rule.Apply(x.Whole(), ok, {}));
   const float after_one = x.weight(0);
 
   OwnedTensor no_state(DType::kFloat32, 8, 0);

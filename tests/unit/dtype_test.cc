@@ -7,6 +7,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace hybridps {
 namespace {
@@ -59,7 +60,7 @@ TEST(DTypeTest, SizesAndNames) {
 TEST(DTypeTest, ParseRoundTripsEveryName) {
   for (DType t : kAllDTypes) {
     absl::StatusOr<DType> parsed = ParseDType(DTypeName(t));
-    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    ASSERT_OK(parsed);
     EXPECT_EQ(*parsed, t);
   }
 }

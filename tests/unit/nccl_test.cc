@@ -1,6 +1,7 @@
 // What of the NCCL path runs without a GPU (built only with HYBRIDPS_WITH_NCCL): the
 // dtype mapping, the error statuses, and a clear error — not a crash — when CUDA has no
 // such device.
+#include "tests/status_matchers.h"
 #include "worker/comm/nccl_comm.h"
 
 #include <gtest/gtest.h>
@@ -25,12 +26,12 @@ TEST(NcclTest, EveryDTypeMapsToTheNcclTypeOfTheSameElement) {
 }
 
 TEST(NcclTest, ErrorsNameTheCallAndTheLibrarysReason) {
-  EXPECT_TRUE(CudaStatus(cudaSuccess, "cudaSetDevice(0)").ok());
+  EXPECT_OK(CudaStatus(cudaSuccess, "cudaSetDevice(0)"));
   absl::Status c = CudaStatus(cudaErrorInvalidDevice, "cudaSetDevice(3)");
   EXPECT_FALSE(c.ok());
   EXPECT_TRUE(absl::StrContains(c.message(), "cudaSetDevice(3) failed: ")) << c;
   EXPECT_TRUE(absl::StrContains(c.message(), "cudaErrorInvalidDevice")) << c;
-  EXPECT_TRUE(NcclStatus(ncclSuccess, "ncclAllReduce").ok());
+  EXPECT_OK(NcclStatus(ncclSuccess, "ncclAllReduce"));
   absl::Status n = NcclStatus(ncclInvalidArgument, "ncclAllReduce");
   EXPECT_FALSE(n.ok());
   EXPECT_TRUE(absl::StrContains(n.message(), "ncclAllReduce failed: ")) << n;

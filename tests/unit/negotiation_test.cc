@@ -1,5 +1,6 @@
 // The dist_allreduce negotiation: wire format (round trip, malformed input refused) and
 // the plan every rank derives from the gathered lists.
+#include "tests/status_matchers.h"
 #include "worker/node/negotiation.h"
 
 #include <gtest/gtest.h>
@@ -41,7 +42,7 @@ std::vector<RankList> RoundTrip(const std::vector<RankList>& lists,
   std::vector<RankList> out;
   for (size_t r = 0; r < lists.size(); ++r) {
     auto p = Parse((*wire)[r], static_cast<int>(r));
-    EXPECT_TRUE(p.ok()) << p.status();
+    EXPECT_OK(p);
     out.push_back(p.ok() ? *p : RankList{});
   }
   return out;
@@ -59,7 +60,7 @@ TEST(NegotiationTest, RoundTripKeepsEveryFieldAndAlignsPayloads) {
   std::string wire;
   Serialize(l, 2, &wire);
   auto p = Parse(wire, 2);
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   EXPECT_TRUE(p->leaving);
   ASSERT_EQ(p->entries.size(), 2u);
   const Entry& q = p->entries[0];

@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "tests/status_matchers.h"
 
 namespace hybridps {
 namespace {
@@ -44,7 +45,7 @@ class OptionsTest : public ::testing::Test {
 
 TEST_F(OptionsTest, DefaultsWhenNothingIsSet) {
   auto o = OptionsFromEnvironment();
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->partition_bytes, 4u << 20);
   EXPECT_EQ(o->wire_chunk_bytes, 256u << 10);
   EXPECT_EQ(o->server_window_bytes, 4u << 20);
@@ -64,17 +65,17 @@ TEST_F(OptionsTest, LocalInlineBytesFollowTheCpusPerLocalRank) {
   setenv("HYBRIDPS_LOCAL_RANK", "0", 1);
   setenv("HYBRIDPS_LOCAL_SIZE", absl::StrCat(std::max(2, cpus)).c_str(), 1);
   auto o = OptionsFromEnvironment();
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->local_inline_bytes, Options::kInlineEverything);
   setenv("HYBRIDPS_LOCAL_INLINE_BYTES", "4096", 1);
   o = OptionsFromEnvironment();
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->local_inline_bytes, 4096u);
   unsetenv("HYBRIDPS_LOCAL_INLINE_BYTES");
   if (cpus > 2) {  // fewer local ranks than CPUs: the default
     setenv("HYBRIDPS_LOCAL_SIZE", "2", 1);
     o = OptionsFromEnvironment();
-    ASSERT_TRUE(o.ok()) << o.status();
+    ASSERT_OK(o);
     EXPECT_EQ(o->local_inline_bytes, 1u << 20);
   }
 }
@@ -94,7 +95,7 @@ TEST_F(OptionsTest, ReadsVariables) {
   setenv("HYBRIDPS_RANK", "2", 1);
   setenv("HYBRIDPS_SCHEDULER_PORT", "9000", 1);
   auto o = OptionsFromEnvironment();
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->role, Role::kServer);
   EXPECT_EQ(o->num_workers, 4);
   EXPECT_EQ(o->num_servers, 3);
@@ -150,13 +151,13 @@ TEST_F(OptionsTest, BadValuesNameTheVariable) {
 TEST_F(OptionsTest, AllreduceBackendNeedsNoServers) {
   setenv("HYBRIDPS_BACKEND", "dist_allreduce", 1);
   auto o = OptionsFromEnvironment();
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->num_servers, 0);
 }
 
 TEST_F(OptionsTest, AllreduceFusionCycleAndStallSettings) {
   auto d = OptionsFromEnvironment();
-  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_OK(d);
   EXPECT_EQ(d->fusion_bytes, size_t{64} << 20);
   EXPECT_EQ(d->fusion_max_tensor_bytes, size_t{2} << 20);
   EXPECT_EQ(d->cycle_time, absl::Milliseconds(1));
@@ -164,7 +165,7 @@ TEST_F(OptionsTest, AllreduceFusionCycleAndStallSettings) {
   EXPECT_EQ(d->caller_rounds, 1);
   setenv("HYBRIDPS_CALLER_ROUNDS", "0", 1);
   auto off = OptionsFromEnvironment();
-  ASSERT_TRUE(off.ok()) << off.status();
+  ASSERT_OK(off);
   EXPECT_EQ(off->caller_rounds, 0);
   setenv("HYBRIDPS_CALLER_ROUNDS", "2", 1);
   auto two = OptionsFromEnvironment();
@@ -199,7 +200,7 @@ TEST_F(OptionsTest, AllreduceFusionCycleAndStallSettings) {
   setenv("HYBRIDPS_CYCLE_TIME_MS", "5", 1);
   setenv("HYBRIDPS_STALL_WARNING_MS", "2000", 1);
   auto o = OptionsFromEnvironment();
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->fusion_bytes, 0u);
   EXPECT_EQ(o->fusion_max_tensor_bytes, 4096u);
   EXPECT_EQ(o->cycle_time, absl::Milliseconds(5));
@@ -221,7 +222,7 @@ TEST_F(OptionsTest, MpiAndSlurmVariablesForWorkers) {
   setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "4", 1);
   setenv("SLURM_PROCID", "7", 1);  // Open MPI's come first
   auto o = OptionsFromEnvironment();
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->rank, 5);
   EXPECT_EQ(o->num_workers, 8);
   EXPECT_EQ(o->local_rank, 1);
@@ -229,7 +230,7 @@ TEST_F(OptionsTest, MpiAndSlurmVariablesForWorkers) {
   setenv("HYBRIDPS_RANK", "2", 1);
   setenv("HYBRIDPS_NUM_WORKERS", "3", 1);
   o = OptionsFromEnvironment();
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->rank, 2);
   EXPECT_EQ(o->num_workers, 3);
   unsetenv("HYBRIDPS_RANK");
@@ -243,7 +244,7 @@ TEST_F(OptionsTest, MpiAndSlurmVariablesForWorkers) {
   setenv("MPI_LOCALRANKID", "0", 1);
   setenv("MPI_LOCALNRANKS", "2", 1);
   o = OptionsFromEnvironment();
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->rank, 3);
   EXPECT_EQ(o->num_workers, 6);
   EXPECT_EQ(o->local_size, 2);
@@ -257,7 +258,7 @@ TEST_F(OptionsTest, MpiAndSlurmVariablesForWorkers) {
   setenv("SLURM_NODEID", "3", 1);
   setenv("SLURM_PROCID", "6", 1);
   o = OptionsFromEnvironment();
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->rank, 6);
   EXPECT_EQ(o->num_workers, 7);
   EXPECT_EQ(o->local_rank, 0);
@@ -266,7 +267,7 @@ TEST_F(OptionsTest, MpiAndSlurmVariablesForWorkers) {
   setenv("SLURM_PROCID", "3", 1);
   setenv("SLURM_LOCALID", "1", 1);
   o = OptionsFromEnvironment();
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->local_size, 2);
   setenv("SLURM_NODEID", "9", 1);
   o = OptionsFromEnvironment();
@@ -277,7 +278,7 @@ TEST_F(OptionsTest, MpiAndSlurmVariablesForWorkers) {
   setenv("HYBRIDPS_ROLE", "server", 1);
   setenv("HYBRIDPS_NUM_SERVERS", "2", 1);
   o = OptionsFromEnvironment();
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->rank, -1);
   EXPECT_EQ(o->num_workers, 1);
 }
@@ -287,7 +288,7 @@ TEST_F(OptionsTest, DeploymentAndExtraServers) {
   setenv("HYBRIDPS_DEPLOYMENT", "mixed", 1);
   setenv("HYBRIDPS_EXTRA_SERVERS", "2", 1);
   auto o = OptionsFromEnvironment();
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->deployment, "mixed");
   EXPECT_EQ(o->extra_servers, 2);
   setenv("HYBRIDPS_EXTRA_SERVERS", "6", 1);
@@ -311,11 +312,11 @@ void CheckChoice(const char* env, std::string Options::*field, const char* def,
                  const char* other, const char* bad, const char* name) {
   SCOPED_TRACE(env);
   auto o = OptionsFromEnvironment();
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ((*o).*field, def);
   setenv(env, other, 1);
   o = OptionsFromEnvironment();
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ((*o).*field, other);
   setenv(env, bad, 1);
   o = OptionsFromEnvironment();

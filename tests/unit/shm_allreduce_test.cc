@@ -2,6 +2,7 @@
 // the local ranks (each maps the segment on its own, as a process would): exact sums in
 // every dtype over sizes that span several chunks, in place and out of place; a rank
 // that never arrives is named at the deadline; Abort ends the others' waits at once.
+#include "tests/status_matchers.h"
 #include "worker/node/shm_allreduce.h"
 
 #include <gtest/gtest.h>
@@ -40,7 +41,7 @@ void OnRanks(const std::string& name, int n,
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       auto s = ShmAllreduce::Open(name, r, n, kChunk, absl::Now() + absl::Seconds(10));
-      ASSERT_TRUE(s.ok()) << s.status();
+      ASSERT_OK(s);
       fn(r, s->get());
     });
   }
@@ -66,7 +67,7 @@ TEST(ShmAllreduceTest, ExactSumsInEveryDTypeAcrossChunks) {
             const bool inplace = round == 1;
             absl::Status st = s->Allreduce(dt, in.data(), inplace ? in.data() : out.data(),
                                            count, absl::Seconds(20));
-            ASSERT_TRUE(st.ok()) << st;
+            ASSERT_OK(st);
             const char* res = inplace ? in.data() : out.data();
             for (size_t i = 0; i < count; ++i) {
               double want = 0;
@@ -100,7 +101,7 @@ TEST(ShmAllreduceTest, AllgatherGivesEveryRanksMessageAndRefusesTooBigOnesEveryw
       }
       const std::string mine = msg(r, round);
       auto got = s->Allgather(mine, absl::Seconds(20));
-      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_OK(got);
       ASSERT_EQ(got->size(), static_cast<size_t>(kRanks));
       for (int k = 0; k < kRanks; ++k) {
         ASSERT_EQ((*got)[k], msg(k, round)) << "round " << round << " rank " << k;
@@ -109,7 +110,7 @@ TEST(ShmAllreduceTest, AllgatherGivesEveryRanksMessageAndRefusesTooBigOnesEveryw
       if (round % 3 == 0) {  // allreduces between exchanges use other memory
         float x[100];
         for (float& v : x) v = static_cast<float>(r);
-        ASSERT_TRUE(s->Allreduce(DType::kFloat32, x, x, 100, absl::Seconds(20)).ok());
+        ASSERT_OK(s->Allreduce(DType::kFloat32, x, x, 100, absl::Seconds(20)));
         ASSERT_EQ(x[99], 0.0f + 1.0f + 2.0f);
         for (int k = 0; k < kRanks; ++k) ASSERT_EQ(previous[k], msg(k, round));
       }
@@ -118,7 +119,7 @@ TEST(ShmAllreduceTest, AllgatherGivesEveryRanksMessageAndRefusesTooBigOnesEveryw
     too_big[r] = s->Allgather(big, absl::Seconds(20)).status().code();
     // Still usable afterwards.
     auto after = s->Allgather("after", absl::Seconds(20));
-    ASSERT_TRUE(after.ok()) << after.status();
+    ASSERT_OK(after);
     EXPECT_EQ((*after)[(r + 1) % kRanks], "after");
   });
   for (int r = 0; r < kRanks; ++r) {
@@ -136,7 +137,7 @@ TEST(ShmAllreduceTest, BroadcastsFromEveryRootBackToBack) {
       for (int root = 0; root < kRanks; ++root) {
         std::vector<char> data(count * DTypeSize(dt));
         for (size_t i = 0; i < count; ++i) SetElement(dt, data.data(), i, Val(i, r, root));
-        ASSERT_TRUE(s->Broadcast(dt, data.data(), count, root, absl::Seconds(20)).ok());
+        ASSERT_OK(s->Broadcast(dt, data.data(), count, root, absl::Seconds(20)));
         for (size_t i = 0; i < count; ++i) {
           ASSERT_EQ(GetElement(dt, data.data(), i), Val(i, root, root))
               << DTypeName(dt) << " root " << root << " element " << i;

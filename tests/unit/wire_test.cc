@@ -1,4 +1,5 @@
 #include "common/wire.h"
+#include "tests/status_matchers.h"
 
 #include <gtest/gtest.h>
 
@@ -28,13 +29,13 @@ TEST(Wire, RoundTripWithPayload) {
                                              reinterpret_cast<char*>(data.data()), 12)));
   ASSERT_EQ(m.size(), 3u);
   auto d = Decode(std::move(m), /*from_router=*/true);
-  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_OK(d);
   EXPECT_EQ(d->peer, "peer");
   EXPECT_EQ(d->env.id(), 7u);
   EXPECT_EQ(d->env.data_request().key(), 42u);
   ASSERT_TRUE(d->payload.has_value());
   EXPECT_EQ(d->payload->size(), 12u);
-  EXPECT_TRUE(ValidateDataRequest(d->env.data_request(), d->payload).ok());
+  EXPECT_OK(ValidateDataRequest(d->env.data_request(), d->payload));
 }
 
 TEST(Wire, RejectsMalformedMessages) {
@@ -82,7 +83,7 @@ TEST(Wire, ValidatesPayloadAgainstHeader) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("15 bytes"), absl::string_view::npos) << s;
   std::optional<Frame> ok(Frame(std::string(16, 'x')));
-  EXPECT_TRUE(ValidateDataRequest(env.data_request(), ok).ok());
+  EXPECT_OK(ValidateDataRequest(env.data_request(), ok));
   auto bad_dtype = DataEnv(4, 99);
   EXPECT_FALSE(ValidateDataRequest(bad_dtype.data_request(), ok).ok());
   auto overflow = DataEnv(~0ull);
@@ -92,12 +93,12 @@ TEST(Wire, ValidatesPayloadAgainstHeader) {
   EXPECT_FALSE(ValidateDataRequest(bad_op.data_request(), ok).ok());
   auto bcast = DataEnv(4);
   bcast.mutable_data_request()->set_op(wire::OP_BROADCAST);
-  EXPECT_TRUE(ValidateDataRequest(bcast.data_request(), none).ok());  // non-root: no data
+  EXPECT_OK(ValidateDataRequest(bcast.data_request(), none));  // non-root: no data
 }
 
 TEST(Wire, HelloChecksMagicAndVersion) {
   auto hello = MakeHello(Role::kWorker, 3);
-  EXPECT_TRUE(CheckHello(hello.hello()).ok());
+  EXPECT_OK(CheckHello(hello.hello()));
   EXPECT_EQ(hello.hello().rank(), 3);
   auto bad = hello;
   bad.mutable_hello()->set_magic(0x12345678);
