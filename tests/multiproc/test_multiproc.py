@@ -144,7 +144,11 @@ class Lines:
                 self._cond.wait(min(left, 0.1))
 
     def join(self, timeout: float) -> None:
+        """Waits until the stream ended (every line is in ``lines``), at most ``timeout``."""
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise AssertionError(f"the output did not end within {timeout:g} s of the "
+                                 f"process's exit (a child holds it open?):\n{self.text()}")
 
     def text(self) -> str:
         return "\n".join(line for _, line in self.lines)
@@ -202,8 +206,8 @@ class HybridRun:
             raise AssertionError(f"hybridrun still running after {timeout:g} s:\n"
                                  f"{self.out.text()}\n{self.err.text()}") from None
         ended = time.monotonic()
-        self.out.join(5.0)
-        self.err.join(5.0)
+        self.out.join(10.0)
+        self.err.join(10.0)
         return code, self.out.text(), self.err.text(), ended
 
 
@@ -277,7 +281,8 @@ class DirectJob:
         self.output[label] = Lines(proc.stdout)
 
     def wait(self, label: str, timeout: float) -> int:
-        """Waits for one process's exit (recording when it came); its return code."""
+        """Waits for one process's exit (recording when it came) and for the end of its
+        output, so that ``lines(label)`` holds all of it; its return code."""
         proc = self.procs[label]
         try:
             code = proc.wait(timeout=timeout)
@@ -285,6 +290,7 @@ class DirectJob:
             raise AssertionError(f"{label} still running after {timeout:g} s:\n"
                                  f"{self.text()}") from None
         self.exited.setdefault(label, time.monotonic())
+        self.output[label].join(10.0)
         return code
 
     def wait_all(self, timeout: float) -> dict[str, int]:
@@ -300,8 +306,6 @@ class DirectJob:
                     raise AssertionError(f"{running} still running {timeout:g} s on:\n"
                                          f"{self.text()}")
                 time.sleep(0.02)
-        for lines in self.output.values():
-            lines.join(5.0)
         return codes
 
     def lines(self, label: str) -> list[str]:
