@@ -1,7 +1,9 @@
 #include "server/key_store.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/dtype.h"
 #include "common/reduce.h"
 #include "common/wire.h"
@@ -32,17 +34,26 @@ void KeyStore::ReplyError(const std::string& peer, uint64_t id, const wire::Data
   emit_(std::move(r));
 }
 
-void KeyStore::Handle(const std::string& peer, int rank, uint64_t id,
+std::string KeyStore::NodeName(int node) const {
+  if (node < 0 || static_cast<size_t>(node) >= workers_of_node_.size()) {
+    return absl::StrCat("worker ", node);
+  }
+  const std::vector<int>& w = workers_of_node_[node];
+  if (w.size() == 1) return absl::StrCat("worker ", w[0]);
+  return absl::StrCat("node ", node, " (workers ", absl::StrJoin(w, ", "), ")");
+}
+
+void KeyStore::Handle(const std::string& peer, int node, uint64_t id,
                       const wire::DataRequest& req, std::optional<Frame> payload) {
   if (!failed_.ok()) return ReplyError(peer, id, req, failed_);
-  if (rank < 0 || rank >= num_workers_) {
+  if (node < 0 || node >= num_nodes_) {
     return ReplyError(peer, id, req, absl::InvalidArgumentError(absl::StrCat(
-        "worker rank ", rank, " is out of range [0, ", num_workers_, ")")));
+        "worker node ", node, " is out of range [0, ", num_nodes_, ")")));
   }
   Part& p = parts_[PartKey{req.key(), req.part()}];
   if (p.arrived.empty()) {
     p.name = req.name();
-    p.arrived.assign(num_workers_, false);
+    p.arrived.assign(num_nodes_, false);
   } else if (p.name != req.name()) {
     return ReplyError(peer, id, req, absl::InvalidArgumentError(absl::StrCat(
         "tensor names '", req.name(), "' and '", p.name,
@@ -50,7 +61,7 @@ void KeyStore::Handle(const std::string& peer, int rank, uint64_t id,
   }
   if (req.round() < p.round) {
     return ReplyError(peer, id, req, absl::FailedPreconditionError(absl::StrCat(
-        Where(req), ": worker ", rank, " is at round ", req.round(), " but the server is at "
+        Where(req), ": ", NodeName(node), " is at round ", req.round(), " but the server is at "
         "round ", p.round, "; the workers issued different sequences of operations on it")));
   }
   if (req.round() > p.round) {
@@ -59,39 +70,46 @@ void KeyStore::Handle(const std::string& peer, int rank, uint64_t id,
     // by a failure (a worker gave up on it): abandon it rather than mix its data in.
     if (p.num_arrived > 0) {
       FailRound(p, absl::AbortedError(absl::StrCat(
-          Where(req), " was abandoned: worker ", rank, " moved on to round ", req.round(),
+          Where(req), " was abandoned: ", NodeName(node), " moved on to round ", req.round(),
           " after an earlier failure")));
       ResetRound(p);
     }
     p.round = req.round();
   }
-  if (p.arrived[rank]) {
+  if (p.arrived[node]) {
     return ReplyError(peer, id, req, absl::FailedPreconditionError(absl::StrCat(
-        Where(req), ": worker ", rank, " sent it twice in one round")));
+        Where(req), ": ", NodeName(node), " sent it twice in one round")));
   }
-  p.arrived[rank] = true;
+  p.arrived[node] = true;
   ++p.num_arrived;
   if (p.num_arrived == 1) {
     p.op = req.op();
     p.dtype = req.dtype();
     p.count = req.count();
     p.root = req.root();
-    p.first_rank = rank;
+    p.first_node = node;
     p.first = req;
     p.total_count = req.total_count();
   } else if (p.error.ok()) {
     std::string what;
     if (req.op() != p.op) {
-      what = absl::StrCat("worker ", rank, " called ", OpName(req.op()), " but worker ",
-                          p.first_rank, " called ", OpName(p.op));
+      what = absl::StrCat(NodeName(node), " called ", OpName(req.op()), " but ",
+                          NodeName(p.first_node), " called ", OpName(p.op));
     } else if (req.total_count() != p.total_count || req.dtype() != p.dtype ||
                req.count() != p.count) {
-      what = absl::StrCat("worker ", rank, " sent ", Shape(req.total_count(), req.dtype()),
-                          " but worker ", p.first_rank, " sent ",
+      what = absl::StrCat(NodeName(node), " sent ", Shape(req.total_count(), req.dtype()),
+                          " but ", NodeName(p.first_node), " sent ",
                           Shape(p.total_count, p.dtype));
     } else if (req.op() == wire::OP_BROADCAST && req.root() != p.root) {
-      what = absl::StrCat("worker ", rank, " broadcasts from root ", req.root(),
-                          " but worker ", p.first_rank, " from root ", p.root);
+      // The server knows the root's node only: "root worker 3", or "a root on node 1
+      // (workers 2, 3)".
+      auto root = [&](int n) {
+        const std::string name = NodeName(n);
+        return absl::StartsWith(name, "node ") ? absl::StrCat("a root on ", name)
+                                               : absl::StrCat("root ", name);
+      };
+      what = absl::StrCat(NodeName(node), " broadcasts from ", root(req.root()), " but ",
+                          NodeName(p.first_node), " from ", root(p.root));
     }
     if (!what.empty()) {
       FailRound(p, absl::InvalidArgumentError(absl::StrCat("mismatched ", OpName(p.op), " of ",
@@ -103,11 +121,11 @@ void KeyStore::Handle(const std::string& peer, int rank, uint64_t id,
     FailRound(p, absl::InvalidArgumentError(absl::StrCat(Where(req), ": ", req.fail())));
   }
   if (p.error.ok() && p.op == wire::OP_BROADCAST) {
-    if (p.root < 0 || p.root >= num_workers_) {
+    if (p.root < 0 || p.root >= num_nodes_) {
       FailRound(p, absl::InvalidArgumentError(absl::StrCat(
-          "broadcast of ", Where(req), ": root rank ", p.root, " is out of range [0, ",
-          num_workers_, ")")));
-    } else if (rank == p.root && !payload) {
+          "broadcast of ", Where(req), ": the root's node ", p.root, " is out of range [0, ",
+          num_nodes_, ")")));
+    } else if (node == p.root && !payload) {
       FailRound(p, absl::InvalidArgumentError(absl::StrCat(
           "broadcast of ", Where(req), ": the root sent no data")));
     }
@@ -115,7 +133,7 @@ void KeyStore::Handle(const std::string& peer, int rank, uint64_t id,
   if (!p.error.ok()) {
     ReplyError(peer, id, req, p.error);
   } else {
-    p.waiters.push_back(Waiter{peer, id, rank});
+    p.waiters.push_back(Waiter{peer, id, node});
     if (p.op == wire::OP_PUSHPULL) {
       const DType dt = static_cast<DType>(p.dtype);
       if (!p.acc) {
@@ -127,7 +145,7 @@ void KeyStore::Handle(const std::string& peer, int rank, uint64_t id,
       } else {
         SumInto(dt, p.acc->data(), payload->data(), p.count);
       }
-    } else if (rank == p.root) {
+    } else if (node == p.root) {
       p.acc = std::move(payload);
     }
   }
@@ -143,7 +161,7 @@ void KeyStore::SumDone(uint64_t key, uint32_t part, uint64_t round) {
 }
 
 void KeyStore::MaybeEndRound(Part& p, uint64_t key, uint32_t part) {
-  if (p.num_arrived < num_workers_ || p.updating) return;
+  if (p.num_arrived < num_nodes_ || p.updating) return;
   if (p.error.ok()) {
     if (p.pending_sums > 0) return;  // SumDone ends it.
     absl::StatusOr<bool> taken = false;
@@ -179,7 +197,7 @@ void KeyStore::UpdateDone(uint64_t key, uint32_t part, uint64_t round,
 }
 
 void KeyStore::ResetRound(Part& p) {
-  p.arrived.assign(num_workers_, false);
+  p.arrived.assign(num_nodes_, false);
   p.num_arrived = 0;
   p.pending_sums = 0;
   p.updating = false;
@@ -200,7 +218,7 @@ void KeyStore::CloseRound(Part& p, uint64_t key, uint32_t part) {
     resp->set_round(p.round);
     resp->set_count(p.count);
     resp->set_dtype(p.dtype);
-    if (!(p.op == wire::OP_BROADCAST && w.rank == p.root)) r.payload = p.acc->Share();
+    if (!(p.op == wire::OP_BROADCAST && w.node == p.root)) r.payload = p.acc->Share();
     emit_(std::move(r));
   }
   p.value = std::move(p.acc);
@@ -218,11 +236,11 @@ void KeyStore::FailRound(Part& p, const absl::Status& status) {
   p.acc.reset();
 }
 
-void KeyStore::Leave(int rank, const std::string& reason) {
-  if (rank < 0 || rank >= num_workers_) return;
-  if (left_.empty()) left_.resize(num_workers_);
-  if (!left_[rank].empty()) return;
-  left_[rank] = reason;
+void KeyStore::Leave(int node, const std::string& reason) {
+  if (node < 0 || node >= num_nodes_) return;
+  if (left_.empty()) left_.resize(num_nodes_);
+  if (!left_[node].empty()) return;
+  left_[node] = reason;
   for (auto& [k, p] : parts_) {
     if (p.num_arrived > 0 && p.error.ok()) FailIfSomeoneLeft(p);
   }

@@ -61,12 +61,19 @@ class KeyStore {
   static constexpr size_t kInlineSumBytes = 64 << 10;
 
   // `emit` sends a reply (called on the owning thread). Without `offload` every sum runs
-  // inline.
-  KeyStore(int num_workers, Emit emit, Offload offload = nullptr)
-      : num_workers_(num_workers), emit_(std::move(emit)), offload_(std::move(offload)) {}
+  // inline. A round collects one request from each of `num_nodes` worker nodes (a node
+  // reduces its local ranks before it pushes). `workers_of_node`, by node: its worker
+  // ranks, for errors ("node 1 (workers 2, 3)"); empty: every node is one worker, whose
+  // rank is the node's index ("worker 1").
+  KeyStore(int num_nodes, Emit emit, Offload offload = nullptr,
+           std::vector<std::vector<int>> workers_of_node = {})
+      : num_nodes_(num_nodes),
+        workers_of_node_(std::move(workers_of_node)),
+        emit_(std::move(emit)),
+        offload_(std::move(offload)) {}
 
-  // A validated request (ValidateDataRequest passed) from worker `rank` via `peer`.
-  void Handle(const std::string& peer, int rank, uint64_t id, const wire::DataRequest& req,
+  // A validated request (ValidateDataRequest passed) from worker node `node` via `peer`.
+  void Handle(const std::string& peer, int node, uint64_t id, const wire::DataRequest& req,
               std::optional<Frame> payload);
   void SetOptimizerHooks(Update update, Broadcast broadcast) {
     update_ = std::move(update);
@@ -79,10 +86,10 @@ class KeyStore {
   void SumDone(uint64_t key, uint32_t part, uint64_t round);
   // Answers every waiting request with `status` and every later one too: the job failed.
   void FailAll(const absl::Status& status);
-  // Node `rank` left the job (a worker of it shut its store down; `reason` says which): it
+  // Node `node` left the job (a worker of it shut its store down; `reason` says which): it
   // pushes nothing more, so every round it has not joined fails now, and every later one
   // at its first request. Rounds it joined close as usual.
-  void Leave(int rank, const std::string& reason);
+  void Leave(int node, const std::string& reason);
 
   size_t num_partitions() const { return parts_.size(); }
 
@@ -90,20 +97,20 @@ class KeyStore {
   struct Waiter {
     std::string peer;
     uint64_t id;
-    int rank;
+    int node;
   };
   struct Part {
     std::string name;
     uint64_t round = 0;
     // The open round.
-    std::vector<bool> arrived;  // by worker rank
+    std::vector<bool> arrived;  // by node
     int num_arrived = 0;
     wire::DataOp op = wire::OP_NONE;
     uint32_t dtype = 0;
     uint64_t count = 0;
     uint64_t total_count = 0;
     int root = -1;
-    int first_rank = -1;
+    int first_node = -1;
     wire::DataRequest first;  // the first request's fields (no payload)
     bool updating = false;    // the optimizer has the round's sum
     std::optional<Frame> acc;
@@ -129,8 +136,11 @@ class KeyStore {
   void MaybeEndRound(Part& p, uint64_t key, uint32_t part);
   void ResetRound(Part& p);
   void CloseRound(Part& p, uint64_t key, uint32_t part);
+  // "worker 3" for a node of one worker, else "node 1 (workers 2, 3)".
+  std::string NodeName(int node) const;
 
-  const int num_workers_;
+  const int num_nodes_;
+  const std::vector<std::vector<int>> workers_of_node_;
   Emit emit_;
   Offload offload_;
   Update update_;

@@ -112,6 +112,14 @@ absl::Status Server::Run() {
     }));
   }
   // A round collects one push per node: the local ranks of a node reduce first.
+  std::vector<std::vector<int>> workers_of_node;
+  for (int r = 0; r < static_cast<int>(node_of_.size()); ++r) {
+    if (node_of_[r] < 0 || node_of_[r] >= static_cast<int>(node_of_.size())) continue;
+    if (workers_of_node.size() <= static_cast<size_t>(node_of_[r])) {
+      workers_of_node.resize(node_of_[r] + 1);
+    }
+    workers_of_node[node_of_[r]].push_back(r);
+  }
   store_ = std::make_unique<KeyStore>(
       welcome.num_nodes() > 0 ? welcome.num_nodes() : welcome.num_workers(),
       [this](KeyStore::Reply r) {
@@ -122,7 +130,8 @@ absl::Status Server::Run() {
       },
       [this](KeyStore::SumTask t) {
         engines_[EngineOf(t.key, t.part, engines_.size())]->Post(std::move(t));
-      });
+      },
+      std::move(workers_of_node));
   store_->SetOptimizerHooks(
       [this](const wire::DataRequest& req, std::optional<Frame>* sum) -> absl::StatusOr<bool> {
         if (!optimizer_.active()) return false;

@@ -8,6 +8,7 @@
 #include "common/dtype.h"
 #include "common/reduce.h"
 #include "common/wire.h"
+#include "tests/status_matchers.h"
 
 namespace hybridps {
 namespace {
@@ -64,13 +65,58 @@ TEST_F(KeyStoreTest, SumsARoundAndAnswersEveryoneWhenTheLastArrives) {
   EXPECT_EQ(AsFloats(*replies_[2].payload), (std::vector<float>{3, 3}));
 }
 
+// A round counts nodes; its errors name a node by its workers ("node 1 (workers 2, 3)"),
+// and a node of one worker by that worker.
+TEST(KeyStoreNamesTest, MismatchesNameTheNodesAndTheirWorkers) {
+  std::vector<KeyStore::Reply> replies;
+  KeyStore store(3, [&](KeyStore::Reply r) { replies.push_back(std::move(r)); }, nullptr,
+                 {{0, 1}, {2, 3}, {4}});
+  auto req = [](uint64_t count, wire::DataOp op = wire::OP_PUSHPULL, int root = -1) {
+    wire::DataRequest r;
+    r.set_key(7);
+    r.set_round(0);
+    r.set_op(op);
+    r.set_dtype(static_cast<uint32_t>(DType::kFloat32));
+    r.set_count(count);
+    r.set_total_count(count);
+    r.set_root(root);
+    r.set_name("w");
+    return r;
+  };
+  auto floats = [](size_t n) { return Frame(std::string(n * 4, '\0')); };
+  store.Handle("a", 0, 1, req(2), floats(2));
+  store.Handle("b", 1, 2, req(3), floats(3));
+  ASSERT_EQ(replies.size(), 2u);
+  for (auto& r : replies) {
+    ASSERT_TRUE(r.env.has_error()) << r.env.DebugString();
+    EXPECT_NE(r.env.error().message().find("node 1 (workers 2, 3) sent 3 float32 elements but "
+                                           "node 0 (workers 0, 1) sent 2"),
+              std::string::npos)
+        << r.env.error().message();
+  }
+  replies.clear();
+  store.Handle("c", 2, 3, req(2), floats(2));  // the failed round ends with the third node
+  replies.clear();
+  wire::DataRequest b0 = req(2, wire::OP_BROADCAST, 2), b1 = req(2, wire::OP_BROADCAST, 0);
+  b0.set_round(1);
+  b1.set_round(1);
+  store.Handle("c", 2, 4, b0, floats(2));
+  store.Handle("a", 0, 5, b1, floats(2));
+  ASSERT_EQ(replies.size(), 2u);
+  EXPECT_NE(replies[1].env.error().message().find(
+                "node 0 (workers 0, 1) broadcasts from a root on node 0 (workers 0, 1) but "
+                "worker 4 from root worker 4"),
+            std::string::npos)
+      << replies[1].env.error().message();
+}
+
 // A node whose local ranks disagreed sends a failing request (no payload): the round
 // fails for every node at once with its message, and the next round is unaffected.
 TEST_F(KeyStoreTest, AFailingRequestFailsTheRoundForEveryNode) {
   store_.Handle("a", 0, 1, Req("w", 0, 2), Floats({1, 2}));
   wire::DataRequest fail = Req("w", 0, 2);
   fail.set_fail("local rank 1 sent 12 float32 elements but local rank 0 sent 2");
-  ASSERT_TRUE(ValidateDataRequest(fail, std::nullopt).ok());
+  ASSERT_OK(ValidateDataRequest(fail, std::nullopt));
   EXPECT_FALSE(ValidateDataRequest(fail, Floats({1, 2})).ok());  // no payload with it
   store_.Handle("b", 1, 2, fail, std::nullopt);
   ASSERT_EQ(replies_.size(), 2u);
@@ -124,7 +170,7 @@ TEST_F(KeyStoreTest, RejectsEarlierRoundsDuplicatesAndBadRanks) {
   EXPECT_NE(replies_[1].env.error().message().find("twice"), std::string::npos);
   store_.Handle("z", 7, 4, Req("w", 1, 1), Floats({1}));
   ASSERT_EQ(replies_.size(), 3u);
-  EXPECT_NE(replies_[2].env.error().message().find("rank 7"), std::string::npos);
+  EXPECT_NE(replies_[2].env.error().message().find("node 7 is out of range"), std::string::npos);
 }
 
 TEST_F(KeyStoreTest, ALaterRoundAbandonsAStaleOpenOne) {
