@@ -77,8 +77,7 @@ absl::Status PsStore::Start() {
   if (num_servers_ < 1) {
     return absl::FailedPreconditionError("dist_hybrid needs at least one server");
   }
-  unanswered_.assign(num_servers_, 0);
-  unanswered_order_.assign(num_servers_, {});
+  windows_ = ServerWindows(num_servers_, options_.server_window_bytes);
   RETURN_IF_ERROR(ConnectServers());
   if (layout_.local_size > 1) {
     // Events come from inside Pump, on the I/O thread, which takes them right after, or
@@ -406,25 +405,16 @@ void PsStore::ReleaseFrame(void* /*data*/, void* hint) {
   delete h;
 }
 
-size_t PsStore::UnansweredBefore(int server, const GlobalOrder& order, size_t cap) const {
-  size_t sum = 0;
-  for (const auto& [o, bytes] : unanswered_order_[server]) {
-    if (!(o < order) || sum > cap) break;
-    sum += bytes;
-  }
-  return sum;
-}
-
 void PsStore::Dispatch() {
-  // Partitions for servers whose window is full wait aside (Options::server_window_bytes)
-  // and go back into ready_ at the end, in their order.
+  // Partitions for servers whose window is full wait aside (ServerWindows) and go back
+  // into ready_ at the end, in their order.
   std::vector<PartTask> windowed;
   bool past_window = false;  // patience ran out: the next partition goes whatever its window
   while (true) {
     if (ready_.empty()) {
       // Only windowed partitions are left: once nothing has been sent for
       // server_window_patience, the best of them goes (a safety net; the shared order
-      // below already keeps windows from waiting on each other).
+      // keeps windows from waiting on each other).
       if (windowed.empty() || past_window ||
           absl::Now() - last_send_ < options_.server_window_patience) {
         break;
@@ -442,23 +432,9 @@ void PsStore::Dispatch() {
       continue;
     }
     const Partition& part = op->parts[t.part];
-    const size_t es = DTypeSize(op->in.dtype);
-    const size_t bytes = part.count * es;
-    const size_t window = options_.server_window_bytes;
+    const size_t bytes = part.count * DTypeSize(op->in.dtype);
     const GlobalOrder order{-static_cast<int64_t>(t.priority), op->key, part.index};
-    // The window counts the unanswered pushes to this server that come before this
-    // partition in the order every worker shares. Pushes after it (sent early, e.g. the
-    // first half of a burst that was dispatched in two) are answered only once the other
-    // workers reach them, so they must not hold it up; all unanswered pushes together
-    // stay within two windows. The earliest partition always goes, so windows cannot wait
-    // on each other when workers issued tensors in other orders.
-    size_t ahead = 0;
-    if (window > 0 && !past_window && t.fail.empty() &&
-        unanswered_[part.server] + bytes > window) {
-      ahead = UnansweredBefore(part.server, order, window);
-    }
-    if (ahead > 0 &&
-        (ahead + bytes > window || unanswered_[part.server] + bytes > 2 * window)) {
+    if (!past_window && t.fail.empty() && !windows_.Admits(part.server, order, bytes)) {
       ready_.pop();
       windowed.push_back(std::move(t));
       continue;
@@ -466,74 +442,82 @@ void PsStore::Dispatch() {
     if (!HasCredit(bytes)) break;
     past_window = false;
     ready_.pop();
-    wire::Envelope env;
-    const uint64_t id = next_request_id_++;
-    env.set_id(id);
-    auto* req = env.mutable_data_request();
-    req->set_key(op->key);
-    req->set_part(part.index);
-    req->set_round(op->rounds[part.index]);
-    req->set_op(op->kind);
-    req->set_dtype(static_cast<uint32_t>(op->in.dtype));
-    req->set_count(part.count);
-    req->set_total_count(op->in.count);
-    req->set_root(op->root >= 0 ? layout_.node_of[op->root] : op->root);
-    req->set_name(op->name);
-    req->set_offset(part.offset);
-    req->set_num_parts(static_cast<uint32_t>(op->parts.size()));
-    req->set_fail(t.fail);
-    std::optional<Frame> payload;
-    const bool pushes_data = op->kind == wire::OP_PUSHPULL ||
-                             (t.local ? t.data != nullptr : rank_ == op->root);
-    if (pushes_data && t.fail.empty()) {
-      char* base = t.local ? const_cast<char*>(t.data)
-                           : static_cast<char*>(op->in.data) + part.offset * es;
-      if (bytes == 0) {
-        payload.emplace(absl::string_view());  // an empty tensor still takes part
-      } else if (inproc_[part.server]) {
-        // inproc:// hands the receiver our very buffer; the server keeps and sums into
-        // what it receives, so it must get memory of its own.
-        payload.emplace(absl::string_view(base, bytes));
-      } else {
-        op->zc_pending.fetch_add(1, std::memory_order_acq_rel);
-        credits_->queued.fetch_add(bytes);
-        payload.emplace(base, bytes, &PsStore::ReleaseFrame,
-                        new SendHint{active_.at(op->seq), credits_, bytes});
-      }
-    }
-    const size_t lane = op->lanes[t.part];
-    Socket* sock = data_[lane].get();
-    Message msg = Encode("", env, std::move(payload));
-    absl::Status s = sock ? sock->Send(msg) : broken_;
-    if (!s.ok()) {
-      absl::Status err = absl::UnavailableError(
-          absl::StrCat("send to server ", part.server, " failed: ", s.message()));
-      if (!t.local) {
-        FinishPart(op, err);
-      } else if (t.fail.empty()) {
-        local_->Publish(op, part.index, err, std::nullopt);
-      }
-      continue;
-    }
-    if (!t.fail.empty()) {  // its answer is the failure every node gets
-      if (!t.local) FinishPart(op, absl::AbortedError(t.fail));
-      continue;
-    }
-    pushes_per_lane_[lane].fetch_add(1, std::memory_order_relaxed);
-    const size_t pushed = pushes_data ? bytes : 0;
-    if (pushed > 0) {
-      unanswered_[part.server] += pushed;
-      unanswered_order_[part.server].emplace(order, pushed);
-      if (unanswered_[part.server] > max_unanswered_.load(std::memory_order_relaxed)) {
-        max_unanswered_.store(unanswered_[part.server], std::memory_order_relaxed);
-      }
-    }
-    last_send_ = absl::Now();
-    in_flight_.emplace(id, InFlight{active_.at(op->seq), part.index, op->rounds[part.index],
-                                    part.server, pushed, order});
+    SendPart(t, order);
   }
   windowed_waiting_ = !windowed.empty();
   for (PartTask& w : windowed) ready_.push(std::move(w));
+}
+
+void PsStore::SendPart(const PartTask& t, const GlobalOrder& order) {
+  Op* op = t.op.get();
+  const Partition& part = op->parts[t.part];
+  const size_t es = DTypeSize(op->in.dtype);
+  const size_t bytes = part.count * es;
+  wire::Envelope env;
+  const uint64_t id = next_request_id_++;
+  env.set_id(id);
+  auto* req = env.mutable_data_request();
+  req->set_key(op->key);
+  req->set_part(part.index);
+  req->set_round(op->rounds[part.index]);
+  req->set_op(op->kind);
+  req->set_dtype(static_cast<uint32_t>(op->in.dtype));
+  req->set_count(part.count);
+  req->set_total_count(op->in.count);
+  req->set_root(op->root >= 0 ? layout_.node_of[op->root] : op->root);
+  req->set_name(op->name);
+  req->set_offset(part.offset);
+  req->set_num_parts(static_cast<uint32_t>(op->parts.size()));
+  req->set_fail(t.fail);
+  std::optional<Frame> payload;
+  const bool pushes_data = op->kind == wire::OP_PUSHPULL ||
+                           (t.local ? t.data != nullptr : rank_ == op->root);
+  if (pushes_data && t.fail.empty()) {
+    char* base = t.local ? const_cast<char*>(t.data)
+                         : static_cast<char*>(op->in.data) + part.offset * es;
+    if (bytes == 0) {
+      payload.emplace(absl::string_view());  // an empty tensor still takes part
+    } else if (inproc_[part.server]) {
+      // inproc:// hands the receiver our very buffer; the server keeps and sums into
+      // what it receives, so it must get memory of its own.
+      payload.emplace(absl::string_view(base, bytes));
+    } else {
+      op->zc_pending.fetch_add(1, std::memory_order_acq_rel);
+      credits_->queued.fetch_add(bytes);
+      payload.emplace(base, bytes, &PsStore::ReleaseFrame,
+                      new SendHint{active_.at(op->seq), credits_, bytes});
+    }
+  }
+  const size_t lane = op->lanes[t.part];
+  Socket* sock = data_[lane].get();
+  Message msg = Encode("", env, std::move(payload));
+  absl::Status s = sock ? sock->Send(msg) : broken_;
+  if (!s.ok()) {
+    absl::Status err = absl::UnavailableError(
+        absl::StrCat("send to server ", part.server, " failed: ", s.message()));
+    if (!t.local) {
+      FinishPart(op, err);
+    } else if (t.fail.empty()) {
+      local_->Publish(op, part.index, err, std::nullopt);
+    }
+    return;
+  }
+  if (!t.fail.empty()) {  // its answer is the failure every node gets
+    if (!t.local) FinishPart(op, absl::AbortedError(t.fail));
+    return;
+  }
+  pushes_per_lane_[lane].fetch_add(1, std::memory_order_relaxed);
+  const size_t pushed = pushes_data ? bytes : 0;
+  if (pushed > 0) {
+    windows_.Sent(part.server, order, pushed);
+    const size_t unanswered = windows_.unanswered(part.server);
+    if (unanswered > max_unanswered_.load(std::memory_order_relaxed)) {
+      max_unanswered_.store(unanswered, std::memory_order_relaxed);
+    }
+  }
+  last_send_ = absl::Now();
+  in_flight_.emplace(id, InFlight{active_.at(op->seq), part.index, op->rounds[part.index],
+                                  part.server, pushed, order});
 }
 
 bool PsStore::HasCredit(size_t bytes) {
@@ -572,9 +556,7 @@ void PsStore::HandleReply(int server, Message raw) {
   std::shared_ptr<Op> op = std::move(it->second.op);
   const uint32_t pi = it->second.part;
   if (it->second.bytes > 0) {
-    unanswered_[it->second.server] -= it->second.bytes;
-    auto& orders = unanswered_order_[it->second.server];
-    orders.erase(orders.find(it->second.order));  // any of equal order: same bytes
+    windows_.Answered(it->second.server, it->second.order, it->second.bytes);
   }
   in_flight_.erase(it);
   const Partition& part = op->parts[pi];

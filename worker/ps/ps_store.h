@@ -30,6 +30,7 @@
 #include "worker/kvstore.h"
 #include "worker/ps/local/local_reduce.h"
 #include "worker/ps/local/node_sum_sink.h"
+#include "worker/ps/server_window.h"
 
 namespace hybridps {
 
@@ -119,15 +120,13 @@ class PsStore : public KVStore, public NodeSumSink {
       return part > o.part;
     }
   };
-  // A partition's place in an order every worker agrees on (the submission sequence
-  // differs between workers): higher priority first, then key, then partition.
-  using GlobalOrder = std::tuple<int64_t, uint64_t, uint32_t>;
+  using GlobalOrder = ServerWindows::Order;
   struct InFlight {
     std::shared_ptr<Op> op;
     uint32_t part;
     uint64_t round;
     int server;
-    size_t bytes;  // payload pushed (counted in unanswered_)
+    size_t bytes;  // payload pushed (counted in windows_)
     GlobalOrder order;
   };
   // A command for the I/O thread.
@@ -155,7 +154,8 @@ class PsStore : public KVStore, public NodeSumSink {
   void Dispatch();
   // Unanswered payload bytes pushed to `server` that come before `order` in the shared
   // order (counting stops once past `cap`).
-  size_t UnansweredBefore(int server, const GlobalOrder& order, size_t cap) const;
+  // Sends partition task `t` (its place in the shared order: `order`) to its server.
+  void SendPart(const PartTask& t, const GlobalOrder& order);
   bool HasCredit(size_t bytes);
   void HandleReply(int server, Message msg);
   // Opens the data connections to every server and completes their handshakes within
@@ -218,9 +218,7 @@ class PsStore : public KVStore, public NodeSumSink {
   std::vector<PartTask> held_;
   absl::Time holding_since_ = absl::InfiniteFuture();  // InfiniteFuture: not gathering
   absl::flat_hash_map<uint64_t, InFlight> in_flight_;
-  std::vector<size_t> unanswered_;  // by server: payload bytes pushed, reply not yet in
-  // By server: those pushes in the shared order, with their payload bytes.
-  std::vector<std::multimap<GlobalOrder, size_t>> unanswered_order_;
+  ServerWindows windows_;  // Options::server_window_bytes
   absl::Time last_send_ = absl::InfinitePast();
   bool windowed_waiting_ = false;  // the last Dispatch left windowed partitions
   uint64_t next_request_id_ = 1;
