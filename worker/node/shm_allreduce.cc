@@ -19,6 +19,7 @@
 #include "common/reduce.h"
 #include "common/status.h"
 #include "worker/node/negotiation.h"
+#include "worker/node/shm_segment.h"
 
 namespace hybridps {
 namespace {
@@ -83,11 +84,6 @@ size_t TotalBytes(int local_size, size_t chunk_bytes) {
          static_cast<size_t>(local_size + 1) * chunk_bytes;
 }
 
-absl::Status Errno(absl::string_view what, const std::string& name) {
-  return absl::UnavailableError(
-      absl::StrCat("shared-memory allreduce: ", what, " ", name, ": ", std::strerror(errno)));
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Open(const std::string& name,
@@ -101,46 +97,14 @@ absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Open(const std::stri
                      ", chunks of ", chunk_bytes, " bytes"));
   }
   const size_t total = TotalBytes(local_size, chunk_bytes);
-  int fd = -1;
-  if (local_rank == 0) {
-    shm_unlink(name.c_str());  // a stale one of a job that died with the same name
-    fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) return Errno("creating", name);
-    // Reserve the pages now: a tmpfs too small for them (a container's /dev/shm) fails
-    // here with ENOSPC instead of killing the process with SIGBUS at the first touch.
-    const int rc = posix_fallocate(fd, 0, static_cast<off_t>(total));
-    if (rc != 0) {
-      errno = rc;
-      absl::Status s = Errno(absl::StrCat("reserving ", total, " bytes of"), name);
-      close(fd);
-      shm_unlink(name.c_str());
-      return s;
-    }
-  } else {
-    while (true) {
-      fd = shm_open(name.c_str(), O_RDWR, 0600);
-      struct stat st {};
-      if (fd >= 0 && fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= total) break;
-      if (fd >= 0) close(fd);
-      fd = -1;
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "shared-memory allreduce: local rank 0 did not create ", name, " in time"));
-      }
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-  }
-  void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  // Any rank that gives up removes the name: the job is not going to use it, and local
-  // rank 0 may be the one that died (nothing else would remove it).
-  if (base == MAP_FAILED) {
-    absl::Status s = Errno("mapping", name);
-    shm_unlink(name.c_str());
-    return s;
+  absl::StatusOr<void*> base = local_rank == 0 ? CreateShmSegment(name, total)
+                                               : AttachShmSegment(name, total, deadline);
+  if (!base.ok()) {
+    return absl::Status(base.status().code(),
+                        absl::StrCat("shared-memory allreduce: ", base.status().message()));
   }
   std::unique_ptr<ShmAllreduce> me(new ShmAllreduce(local_rank, local_size, chunk_bytes));
-  me->header_ = static_cast<Header*>(base);
+  me->header_ = static_cast<Header*>(*base);
   me->mapped_bytes_ = total;
   Header* h = me->header_;
   if (local_rank == 0) {

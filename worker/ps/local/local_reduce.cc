@@ -23,6 +23,7 @@
 #include "common/partition.h"
 #include "common/reduce.h"
 #include "common/status.h"
+#include "worker/node/shm_segment.h"
 #include "worker/ps/local/local_reduce_shm.h"
 
 
@@ -48,7 +49,6 @@ absl::StatusOr<std::unique_ptr<LocalReducer>> LocalReducer::Create(const Options
 }
 
 absl::Status LocalReducer::Attach() {
-  const int L = layout_.local_size;
   const size_t header = RoundUp(sizeof(Shared), kPage);
   const size_t slot_headers = RoundUp(options_.local_slots * sizeof(SlotHeader), kPage);
   map_bytes_ = header + slot_headers;
@@ -61,57 +61,47 @@ absl::Status LocalReducer::Attach() {
   shm_name_ = absl::StrFormat("/%s%016x", prefix, layout_.job_id);
   job_prefix_ = shm_name_.substr(1) + "-";
   const absl::Time deadline = absl::Now() + options_.start_timeout;
+  RETURN_IF_ERROR(MapSegment(prefix, deadline));
+  return OpenDoorbells(deadline);
+}
+
+// Local rank 0 creates the node's segment (after removing those of crashed jobs under
+// `stale_prefix`) and lays it out; the others map it and check that they agree on it.
+absl::Status LocalReducer::MapSegment(const std::string& stale_prefix, absl::Time deadline) {
+  const int L = layout_.local_size;
   const int me = layout_.local_rank;
-  int fd = -1;
+  absl::StatusOr<void*> mapped;
   if (me == 0) {
     if (DIR* dir = opendir("/dev/shm")) {
       while (dirent* e = readdir(dir)) {
-        if (absl::StartsWith(e->d_name, prefix)) {
+        if (absl::StartsWith(e->d_name, stale_prefix)) {
           HPS_LOG(INFO) << "removing stale shared memory /" << e->d_name;
           shm_unlink(absl::StrCat("/", e->d_name).c_str());
         }
       }
       closedir(dir);
     }
-    fd = shm_open(shm_name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) {
-      return absl::InternalError(absl::StrCat("shm_open(", shm_name_, ") for node ",
-                                              layout_.node, ": ", strerror(errno)));
-    }
-    // Reserve the memory now: a full /dev/shm is an error here, not a SIGBUS later.
-    const int err = posix_fallocate(fd, 0, static_cast<off_t>(map_bytes_));
-    if (err != 0) {
-      close(fd);
-      shm_unlink(shm_name_.c_str());
+    mapped = CreateShmSegment(shm_name_, map_bytes_);
+    if (absl::IsResourceExhausted(mapped.status())) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "cannot reserve ", map_bytes_, " bytes of shared memory for node ", layout_.node,
-          "'s local reduction (", strerror(err), "): lower HYBRIDPS_LOCAL_SLOTS (",
-          options_.local_slots, ") or enlarge /dev/shm"));
+          "node ", layout_.node, "'s local reduction: ", mapped.status().message(),
+          ": lower HYBRIDPS_LOCAL_SLOTS (", options_.local_slots, ") or enlarge /dev/shm"));
     }
   } else {
-    while (true) {
-      fd = shm_open(shm_name_.c_str(), O_RDWR, 0600);
-      struct stat st;
-      if (fd >= 0 && fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) >= map_bytes_) {
-        break;
-      }
-      if (fd >= 0) close(fd);
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "local rank 0 (worker ", layout_.members[0], ") of node ", layout_.node,
-            " did not create the node's shared memory ", shm_name_, " within ",
-            absl::FormatDuration(options_.start_timeout)));
-      }
-      absl::SleepFor(absl::Milliseconds(1));
+    mapped = AttachShmSegment(shm_name_, map_bytes_, deadline);
+    if (absl::IsDeadlineExceeded(mapped.status())) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "local rank 0 (worker ", layout_.members[0], ") of node ", layout_.node,
+          " did not create the node's shared memory ", shm_name_, " within ",
+          absl::FormatDuration(options_.start_timeout)));
     }
   }
-  void* p = mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) {
-    if (me == 0) shm_unlink(shm_name_.c_str());
-    return absl::InternalError(absl::StrCat("mmap of ", map_bytes_, " bytes of ", shm_name_,
-                                            ": ", strerror(errno)));
+  if (!mapped.ok()) {
+    return absl::Status(mapped.status().code(),
+                        absl::StrCat("node ", layout_.node, "'s local reduction: ",
+                                     mapped.status().message()));
   }
+  void* p = *mapped;
   shared_ = static_cast<Shared*>(p);
   if (me == 0) {
     shared_->job_id = layout_.job_id;
@@ -135,68 +125,80 @@ absl::Status LocalReducer::Attach() {
           "): give every local rank the same HYBRIDPS_LOCAL_SLOTS"));
     }
   }
-  // Doorbells: a FIFO per local rank and executor, next to the segment. A local rank rings
-  // the others by writing a byte to theirs; each executor polls its own (the inline one
-  // with the I/O thread's sockets), so a wake-up from another process reaches the thread
-  // that acts on it. Every FIFO is opened read-write and non-blocking by every local
-  // rank: a write never blocks, and never raises SIGPIPE when the owner died (we hold a
-  // read end ourselves).
-  auto bell_path = [&](int e, int lr) {
-    return absl::StrCat("/dev/shm/", job_prefix_, e == kInline ? "bell" : "bellt", lr);
-  };
-  auto open_bell = [&](int e, int lr) -> absl::Status {
-    const std::string path = bell_path(e, lr);
-    const int fd = open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) {
-      return absl::InternalError(absl::StrCat("cannot open the doorbell ", path, " of ",
-                                              Who(lr), ": ", strerror(errno)));
-    }
-    exec_[e].bells[lr] = fd;
-    return absl::OkStatus();
-  };
+  return absl::OkStatus();
+}
+
+// Doorbells: a FIFO per local rank and executor, next to the segment. A local rank rings
+// the others by writing a byte to theirs; each executor polls its own (the inline one
+// with the I/O thread's sockets), so a wake-up from another process reaches the thread
+// that acts on it. Every FIFO is opened read-write and non-blocking by every local rank:
+// a write never blocks, and never raises SIGPIPE when the owner died (we hold a read end
+// ourselves).
+absl::Status LocalReducer::OpenDoorbells(absl::Time deadline) {
+  const int L = layout_.local_size;
+  const int me = layout_.local_rank;
   for (int e : {kInline, kThreaded}) {
     exec_[e].bells.assign(L, -1);
     exec_[e].last_beat.assign(L, 0);
     exec_[e].last_change.assign(L, absl::Now());
-    if (mkfifo(bell_path(e, me).c_str(), 0600) != 0 && errno != EEXIST) {
+    if (mkfifo(BellPath(e, me).c_str(), 0600) != 0 && errno != EEXIST) {
       return absl::InternalError(
-          absl::StrCat("mkfifo(", bell_path(e, me), "): ", strerror(errno)));
+          absl::StrCat("mkfifo(", BellPath(e, me), "): ", strerror(errno)));
     }
-    RETURN_IF_ERROR(open_bell(e, me));
+    RETURN_IF_ERROR(OpenBell(e, me));
   }
   // Every local rank waits for all to attach (their doorbells exist then), opens the
   // others' doorbells and says so; local rank 0 then removes every name: everyone has
   // what it needs mapped or open, so nothing is left behind whatever happens.
-  auto wait_all = [&](std::atomic<uint32_t>& counter, absl::string_view what) -> absl::Status {
-    while (counter.load(std::memory_order_acquire) < static_cast<uint32_t>(L)) {
-      if (absl::Now() >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "only ", counter.load(), " of node ", layout_.node, "'s ", L, " local ranks ",
-            what, " within ", absl::FormatDuration(options_.start_timeout)));
-      }
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-    return absl::OkStatus();
-  };
   auto unlink_all = [&] {
     shm_unlink(shm_name_.c_str());
     for (int lr = 0; lr < L; ++lr) {
-      for (int e : {kInline, kThreaded}) unlink(bell_path(e, lr).c_str());
+      for (int e : {kInline, kThreaded}) unlink(BellPath(e, lr).c_str());
     }
   };
   shared_->attached.fetch_add(1, std::memory_order_acq_rel);
-  absl::Status s = wait_all(shared_->attached, "attached to its shared memory");
+  absl::Status s = WaitAll(shared_->attached, deadline, "attached to its shared memory");
   for (int lr = 0; lr < L && s.ok(); ++lr) {
     for (int e : {kInline, kThreaded}) {
-      if (lr != me && s.ok()) s = open_bell(e, lr);
+      if (lr != me && s.ok()) s = OpenBell(e, lr);
     }
   }
   if (s.ok()) {
     shared_->bells_open.fetch_add(1, std::memory_order_acq_rel);
-    if (me == 0) s = wait_all(shared_->bells_open, "opened the node's doorbells");
+    if (me == 0) s = WaitAll(shared_->bells_open, deadline, "opened the node's doorbells");
   }
   if (me == 0) unlink_all();
   return s;
+}
+
+std::string LocalReducer::BellPath(int e, int local_rank) const {
+  return absl::StrCat("/dev/shm/", job_prefix_, e == kInline ? "bell" : "bellt", local_rank);
+}
+
+absl::Status LocalReducer::OpenBell(int e, int local_rank) {
+  const std::string path = BellPath(e, local_rank);
+  const int fd = open(path.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("cannot open the doorbell ", path, " of ",
+                                            Who(local_rank), ": ", strerror(errno)));
+  }
+  exec_[e].bells[local_rank] = fd;
+  return absl::OkStatus();
+}
+
+// Waits until `counter` (in the node's segment) counts every local rank.
+absl::Status LocalReducer::WaitAll(const std::atomic<uint32_t>& counter, absl::Time deadline,
+                                   absl::string_view what) const {
+  const int L = layout_.local_size;
+  while (counter.load(std::memory_order_acquire) < static_cast<uint32_t>(L)) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "only ", counter.load(), " of node ", layout_.node, "'s ", L, " local ranks ", what,
+          " within ", absl::FormatDuration(options_.start_timeout)));
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return absl::OkStatus();
 }
 
 LocalReducer::~LocalReducer() {

@@ -52,6 +52,10 @@
 
 namespace hybridps {
 
+namespace local_reduce_shm {
+struct SlotHeader;
+}  // namespace local_reduce_shm
+
 class LocalReducer {
  public:
   // One partition of one operation at this local rank.
@@ -158,14 +162,43 @@ class LocalReducer {
   LocalReducer(const Options& options, const NodeLayout& layout, Notify notify, Wake wake)
       : options_(options), layout_(layout), notify_(std::move(notify)), wake_(std::move(wake)) {}
   absl::Status Attach();
+  // Attach's parts: the node's segment, then the doorbells.
+  absl::Status MapSegment(const std::string& stale_prefix, absl::Time deadline);
+  absl::Status OpenDoorbells(absl::Time deadline);
+  std::string BellPath(int e, int local_rank) const;
+  absl::Status OpenBell(int e, int local_rank);
+  absl::Status WaitAll(const std::atomic<uint32_t>& counter, absl::Time deadline,
+                       absl::string_view what) const;
   // Runs executor `e`'s tasks as far as they go now; returns when to run it next.
   absl::Time Run(int e);
+  // Run's parts: the queued work, the other local ranks' liveness, the deadlines.
+  void TakeInbox(int e);
+  void CheckLiveness(int e, absl::Time now);
+  absl::Time FailOverdue(int e, absl::Time now);
+  std::string WhyOverdue(const Pending& t);
   void ThreadLoop();
   void Queue(int e, const std::function<void(Inbox&)>& add);
   void Ring(int e);  // the other local ranks' doorbells of executor e
   void RingAll();
   void Emit(int e, Event ev);  // notify_, counted
   bool Step(Pending& t);
+  // The stages of Step, one each; true when the task has ended.
+  bool StepClaim(Pending& t);
+  bool StepArrivals(Pending& t);
+  bool StepWaitPublish(Pending& t);
+  bool StepWaitResult(Pending& t);
+  bool StepCopyOut(Pending& t);
+  // Joins the round of t's slot: claims the slot when it is free, else compares t with the
+  // slot's first claim (a disagreement fails the round for every local rank). kWait: the
+  // slot's previous round is still being copied out; kFailed: `*failed` says why, with
+  // `*mismatch` when the local ranks disagreed.
+  enum class Join { kJoined, kWait, kFailed };
+  Join JoinSlot(Pending& t, absl::Status* failed, bool* mismatch);
+  std::string Disagreement(const local_reduce_shm::SlotHeader& slot, const Task& k) const;
+  bool FailFromSlot(Pending& t, const absl::Status& status, bool local_mismatch);
+  void EmitPush(const Pending& t, const char* data, std::string fail);
+  char* Region(const Pending& t, int local_rank) const;
+  uint64_t FullMask() const;
   void Leave(Pending& t, const absl::Status& status);
   absl::StatusOr<int> FindSlot(uint64_t key, uint32_t part);
   absl::StatusOr<char*> TensorSegment(uint64_t key, uint64_t bytes);
