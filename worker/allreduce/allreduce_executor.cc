@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/reduce.h"
+#include "common/status.h"
 #include "worker/allreduce/allreduce_op.h"
 #include "worker/allreduce/allreduce_store.h"
 #include "worker/comm/gloo_comm.h"
@@ -179,21 +180,75 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
   verdict_awaited_ = false;
   std::vector<std::shared_ptr<Op>> listed;
   nego::RankList mine;
-  {
-    absl::MutexLock lock(&mu_);
-    ExpireDeadlines(now);
-    absl::flat_hash_map<absl::string_view, bool> heads;
-    for (auto& [seq, op] : queued_) {
-      if (!heads.try_emplace(op->name, true).second) continue;  // not the oldest of its name
-      // GPU work needs the executor's thread (its CUDA device, the NCCL communicator): a
-      // waiting thread's round leaves it for a later one.
-      if (caller && op->in.device == Device::kGPU) continue;
-      op->in_round = true;
-      ++op->rounds_listed;
-      listed.push_back(op);
+  mine.leaving = ListHeads(caller, now, &listed);
+  ListMine(listed, now, &mine);
+  std::vector<nego::RankList> lists;
+  const absl::Time t0 = absl::Now();
+  absl::Status failure = GatherLists(mine, &lists);
+  const absl::Time t1 = absl::Now();
+  nego::Plan plan;
+  if (failure.ok()) {
+    plan = nego::Decide(lists, rank_, fusion_bytes_, fusion_max_tensor_bytes_);
+    // The next round's receives now, while this one runs: the peers' next messages then
+    // leave as soon as they are sent. Not when a rank leaves (there is no next round). A
+    // failure here is the next round's (GlooComm keeps it): this round may still end
+    // cleanly, e.g. with a peer that left after it.
+    if (plan.leaving.empty() && !mine.leaving && !one_node_) {
+      comm_->PostNextExchange(slot_bytes_);
     }
-    mine.leaving = stopping_ && queued_.empty();
+    if (LogEnabled(LogLevel::DEBUG) && plan.any_entries) {
+      size_t runs = 0;
+      for (const nego::Action& a : plan.actions) runs += a.entries.size();
+      HPS_LOG(DEBUG) << "round: listed " << listed.size() << " (slot " << slot_bytes_ << "), "
+                     << plan.actions.size() << " actions for " << runs << " operations, "
+                     << plan.missing.size() << " not ready here, " << plan.foreign.size()
+                     << " not submitted here; allgather " << absl::FormatDuration(t1 - t0);
+    }
+    failure = RunPlan(plan, listed);
+    Warn(plan, listed, now);
   }
+  if (failure.code() == absl::StatusCode::kUnavailable) AwaitPeerVerdict();
+  absl::MutexLock lock(&mu_);
+  ++stats_.rounds;
+  stats_.negotiating += t1 - t0;
+  stats_.executing += absl::Now() - t1;
+  for (auto& op : listed) op->in_round = false;
+  if (!failure.ok()) {
+    BreakLocked(failure);
+    return false;
+  }
+  *job_active = plan.pending;
+  if (!plan.leaving.empty()) {
+    if (mine.leaving) return false;
+    peers_left_ = broken_.ok();
+    if (peers_left_) HPS_LOG(INFO) << Ranks(plan.leaving) << " left the job";
+    BreakLocked(absl::FailedPreconditionError(absl::StrCat(
+        Ranks(plan.leaving), " left the job (shut down their store); no collective can run "
+        "without ", plan.leaving.size() == 1 ? "it" : "them")));
+    return false;
+  }
+  return true;
+}
+
+bool AllreduceStore::ListHeads(bool caller, absl::Time now,
+                               std::vector<std::shared_ptr<Op>>* listed) {
+  absl::MutexLock lock(&mu_);
+  ExpireDeadlines(now);
+  absl::flat_hash_map<absl::string_view, bool> heads;
+  for (auto& [seq, op] : queued_) {
+    if (!heads.try_emplace(op->name, true).second) continue;  // not the oldest of its name
+    // GPU work needs the executor's thread (its CUDA device, the NCCL communicator): a
+    // waiting thread's round leaves it for a later one.
+    if (caller && op->in.device == Device::kGPU) continue;
+    op->in_round = true;
+    ++op->rounds_listed;
+    listed->push_back(op);
+  }
+  return stopping_ && queued_.empty();
+}
+
+void AllreduceStore::ListMine(const std::vector<std::shared_ptr<Op>>& listed, absl::Time now,
+                              nego::RankList* mine) {
   // Operations carry their data in the negotiation message (eagerly) when that is cheaper
   // than negotiating and then running the ring (Options::eager_bytes). Each rank receives
   // n-1 copies where the ring moves 2(n-1)/n of the tensor, so a tensor goes eagerly up to
@@ -249,93 +304,51 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
         eager_bytes += half;
       }
     }
-    mine.entries.push_back(std::move(e));
+    mine->entries.push_back(std::move(e));
   }
+}
+
+absl::Status AllreduceStore::GatherLists(const nego::RankList& mine,
+                                         std::vector<nego::RankList>* lists) {
   // Framed for AllgatherFramed (8 bytes for the length, then the message): the eager
   // payloads are copied once, here, and sent from this buffer, kept from round to round.
   msg_.assign(sizeof(uint64_t), '\0');
   nego::Serialize(mine, rank_, &msg_);
-  absl::Status failure;
-  std::vector<nego::RankList> lists;
-  const absl::Time t0 = absl::Now();
   absl::StatusOr<std::vector<absl::string_view>> gathered = Exchange();
-  const absl::Time t1 = absl::Now();
+  if (!gathered.ok()) return gathered.status();
   size_t largest = 0;
-  if (!gathered.ok()) {
-    failure = gathered.status();
-  } else {
-    for (int r = 0; r < num_workers_ && failure.ok(); ++r) {
-      largest = std::max(largest, (*gathered)[r].size());
-      auto parsed = nego::Parse((*gathered)[r], r);
-      if (parsed.ok()) {
-        lists.push_back(std::move(*parsed));
-      } else {
-        failure = parsed.status();
-      }
-    }
+  for (int r = 0; r < num_workers_; ++r) {
+    largest = std::max(largest, (*gathered)[r].size());
+    ASSIGN_OR_RETURN(nego::RankList parsed, nego::Parse((*gathered)[r], r));
+    lists->push_back(std::move(parsed));
   }
-  nego::Plan plan;
-  if (failure.ok()) {
-    plan = nego::Decide(lists, rank_, fusion_bytes_, fusion_max_tensor_bytes_);
-    // The next slot, from data every rank holds.
-    recent_sizes_.push_back(largest + sizeof(uint64_t));
-    if (recent_sizes_.size() > kSlotHistory) recent_sizes_.pop_front();
-    const size_t want = *std::max_element(recent_sizes_.begin(), recent_sizes_.end());
-    slot_bytes_ = std::clamp((want + kSlotGrain - 1) / kSlotGrain * kSlotGrain,
-                             kMinSlotBytes, kMaxSlot);
-    // The next round's receives now, while this one runs: the peers' next messages then
-    // leave as soon as they are sent. Not when a rank leaves (there is no next round). A
-    // failure here is the next round's (GlooComm keeps it): this round may still end
-    // cleanly, e.g. with a peer that left after it.
-    if (plan.leaving.empty() && !mine.leaving && !one_node_) {
-      comm_->PostNextExchange(slot_bytes_);
-    }
-    if (LogEnabled(LogLevel::DEBUG) && plan.any_entries) {
-      size_t runs = 0;
-      for (const nego::Action& a : plan.actions) runs += a.entries.size();
-      HPS_LOG(DEBUG) << "round: listed " << listed.size() << ", " << largest
-                     << " bytes at most per rank (slot " << slot_bytes_ << "), "
-                     << plan.actions.size() << " actions for " << runs << " operations, "
-                     << plan.missing.size() << " not ready here, " << plan.foreign.size()
-                     << " not submitted here; allgather " << absl::FormatDuration(t1 - t0);
-    }
-    for (const nego::Action& a : plan.actions) {
-      if (!failure.ok()) break;
-      failure = Execute(a, listed);
-    }
+  // The next slot, from data every rank holds.
+  recent_sizes_.push_back(largest + sizeof(uint64_t));
+  if (recent_sizes_.size() > kSlotHistory) recent_sizes_.pop_front();
+  const size_t want = *std::max_element(recent_sizes_.begin(), recent_sizes_.end());
+  slot_bytes_ =
+      std::clamp((want + kSlotGrain - 1) / kSlotGrain * kSlotGrain, kMinSlotBytes, kMaxSlot);
+  return absl::OkStatus();
+}
+
+absl::Status AllreduceStore::RunPlan(const nego::Plan& plan,
+                                     const std::vector<std::shared_ptr<Op>>& listed) {
+  absl::Status failure;
+  for (const nego::Action& a : plan.actions) {
+    if (!failure.ok()) break;
+    failure = Execute(a, listed);
+  }
 #if HYBRIDPS_WITH_NCCL
-    failure = FinishGpu(failure);
+  failure = FinishGpu(failure);
 #endif
-    for (const nego::Missing& m : plan.missing) {
-      Op* op = listed[m.entry].get();
-      std::vector<bool> seen(num_workers_, true);
-      for (int r : m.ranks) seen[r] = false;
-      if (op->seen.empty()) op->seen = seen;
-      for (int r = 0; r < num_workers_; ++r) op->seen[r] = op->seen[r] || seen[r];
-    }
-    Warn(plan, listed, now);
+  for (const nego::Missing& m : plan.missing) {
+    Op* op = listed[m.entry].get();
+    std::vector<bool> seen(num_workers_, true);
+    for (int r : m.ranks) seen[r] = false;
+    if (op->seen.empty()) op->seen = seen;
+    for (int r = 0; r < num_workers_; ++r) op->seen[r] = op->seen[r] || seen[r];
   }
-  if (failure.code() == absl::StatusCode::kUnavailable) AwaitPeerVerdict();
-  absl::MutexLock lock(&mu_);
-  ++stats_.rounds;
-  stats_.negotiating += t1 - t0;
-  stats_.executing += absl::Now() - t1;
-  for (auto& op : listed) op->in_round = false;
-  if (!failure.ok()) {
-    BreakLocked(failure);
-    return false;
-  }
-  *job_active = plan.pending;
-  if (!plan.leaving.empty()) {
-    if (mine.leaving) return false;
-    peers_left_ = broken_.ok();
-    if (peers_left_) HPS_LOG(INFO) << Ranks(plan.leaving) << " left the job";
-    BreakLocked(absl::FailedPreconditionError(absl::StrCat(
-        Ranks(plan.leaving), " left the job (shut down their store); no collective can run "
-        "without ", plan.leaving.size() == 1 ? "it" : "them")));
-    return false;
-  }
-  return true;
+  return failure;
 }
 
 absl::StatusOr<std::vector<absl::string_view>> AllreduceStore::Exchange() {

@@ -156,6 +156,17 @@ class AllreduceStore : public KVStore {
   // One round: list, exchange, decide, run. False: stop. A `caller` (HelpWith) lists no
   // GPU operation.
   bool RunRound(bool caller, bool* job_active);
+  // RunRound's parts: the oldest operation of each name, taken into the round (true: this
+  // rank is leaving and has nothing left); this rank's list with the payloads that go
+  // along; every rank's list, gathered and parsed (and the next round's slot size); what
+  // the plan runs.
+  bool ListHeads(bool caller, absl::Time now, std::vector<std::shared_ptr<Op>>* listed);
+  void ListMine(const std::vector<std::shared_ptr<Op>>& listed, absl::Time now,
+                negotiation::RankList* mine);
+  absl::Status GatherLists(const negotiation::RankList& mine,
+                           std::vector<negotiation::RankList>* lists);
+  absl::Status RunPlan(const negotiation::Plan& plan,
+                       const std::vector<std::shared_ptr<Op>>& listed);
   // A round's allgather of the negotiation messages (msg_): in shared memory on one host
   // (one_node_), else (or when a message is too big for it) Gloo's exchange.
   absl::StatusOr<std::vector<absl::string_view>> Exchange();

@@ -215,125 +215,25 @@ void NodeGpuReducer::Loop() {
 }
 
 bool NodeGpuReducer::Round() {
-  bool leaving = false;
-  {
-    absl::MutexLock lock(&mu_);
-    for (OpPtr& op : incoming_) by_name_[op->name].push_back(std::move(op));
-    incoming_.clear();
-    leaving = stopping_ && outstanding_ == 0;
-  }
+  const bool leaving = TakeIncoming();
   // Deadlines, checked before the round so that a rank that lost a peer does not wait in
   // the exchange on top.
   const absl::Time now = absl::Now();
-  for (auto& [name, q] : by_name_) {
-    const OpPtr& op = q.front();
-    if (now > op->deadline) {
-      auto it = missing_.find(name);
-      Break(absl::DeadlineExceededError(absl::StrCat(
-          op->Describe(), " did not complete within ",
-          absl::FormatDuration(options_.op_timeout),
-          it == missing_.end() ? std::string(" on this node")
-                               : absl::StrCat(": ", Who(it->second), " of this node ",
-                                              it->second.size() == 1 ? "has" : "have",
-                                              " not submitted it"))));
-      return false;
-    }
-  }
-  ng::RankList mine;
-  mine.leaving = leaving;
-  std::vector<OpPtr> listed;
-  std::vector<std::pair<std::string, absl::Status>> my_errors;
-  size_t budget = kListBudget;
-  for (auto& [name, q] : by_name_) {
-    const OpPtr& op = q.front();
-    ng::Entry e;
-    e.kind = ng::OpKind::kPushPull;
-    if (op->reduced) {
-      if (!op->pushed.load(std::memory_order_acquire)) continue;  // step 3 still runs
-      // A push that failed here is listed as a broadcast, so that the node's ranks
-      // disagree and all fail the operation (below).
-      e.name = absl::StrCat(std::string(1, kPushedMark), name);
-      if (!op->push_status.ok()) {
-        e.kind = ng::OpKind::kBroadcast;
-        e.root = layout_.local_rank;
-        my_errors.emplace_back(e.name, op->push_status);
-      }
-    } else {
-      e.name = name;
-    }
-    if (e.name.size() + 64 > budget) break;
-    budget -= e.name.size() + 64;
-    e.occurrence = op->occurrence;
-    e.dtype = op->in.dtype;
-    e.count = op->in.count;
-    e.gpu = true;
-    e.priority = op->priority;
-    e.age_ms = static_cast<uint32_t>(absl::ToInt64Milliseconds(now - op->submitted));
-    mine.entries.push_back(std::move(e));
-    listed.push_back(op);
-  }
-  std::string list;
-  ng::Serialize(mine, layout_.local_rank, &list);
-  // Twice the heartbeat timeout: a dead or hung local rank is named by the scheduler
-  // first (the store then aborts the rounds with that); this bound is for a rank whose
-  // process lives on but whose reducer thread stopped.
-  auto views = exchange_->Allgather(PackRound(list, my_errors), 2 * options_.heartbeat_timeout);
-  last_round_ = absl::Now();
-  if (!views.ok()) {
-    Break(absl::Status(views.status().code(),
-                       absl::StrCat("the node's GPU reduction stopped: ",
-                                    views.status().message())));
-    return false;
-  }
-  std::vector<ng::RankList> lists;
-  std::vector<std::map<std::string, absl::Status>> errors(layout_.local_size);
-  for (int lr = 0; lr < layout_.local_size; ++lr) {
-    absl::string_view bytes;
-    absl::StatusOr<ng::RankList> l = absl::InvalidArgumentError("malformed message");
-    if (UnpackRound((*views)[lr], &bytes, &errors[lr])) l = ng::Parse(bytes, lr);
-    if (!l.ok()) {
-      Break(absl::InternalError(absl::StrCat("the node's GPU reduction got a bad list from ",
-                                             Who({lr}), ": ", l.status().message())));
-      return false;
-    }
-    lists.push_back(std::move(*l));
-  }
-  ng::Plan plan = ng::Decide(lists, layout_.local_rank, /*fusion_bytes=*/0);
+  if (!CheckDeadlines(now)) return false;
+  RoundLists r;
+  ListMine(now, leaving, &r);
+  if (!Exchange(&r)) return false;
+  ng::Plan plan = ng::Decide(r.all, layout_.local_rank, /*fusion_bytes=*/0);
   {
     absl::MutexLock lock(&mu_);
     ++stats_.rounds;
   }
   missing_.clear();
   for (const ng::Missing& m : plan.missing) {
-    const std::string& n = mine.entries[m.entry].name;
+    const std::string& n = r.mine.entries[m.entry].name;
     missing_[n[0] == kPushedMark ? n.substr(1) : n] = m.ranks;
   }
-  // The round's steps 2 and 4 each run as one NCCL group, in plan order (the same on every
-  // rank): the operations finishing first, then the new ones.
-  std::vector<OpPtr> firsts, seconds;
-  for (const ng::Action& a : plan.actions) {
-    for (size_t idx : a.entries) {
-      const OpPtr& op = listed[idx];
-      if (a.type == ng::Action::Type::kAllreduce && a.entries.size() == 1) {
-        (op->reduced ? seconds : firsts).push_back(op);
-        continue;
-      }
-      if (a.type != ng::Action::Type::kFail) {
-        Break(absl::InternalError(absl::StrCat(op->Describe(),
-                                               ": unexpected plan step for the node")));
-        return false;
-      }
-      const std::string& listed_name = mine.entries[idx].name;
-      if (op->reduced) {
-        Finish(op, FailedPush(op, listed_name, errors));
-      } else {
-        FailDisagreement(op, listed_name, lists, a.error);
-      }
-    }
-  }
-  if (!seconds.empty()) RunSecond(seconds);
-  if (!firsts.empty() && broken().ok()) RunFirst(firsts);
-  if (!broken().ok()) return false;
+  if (!RunPlan(plan, r)) return false;
   {
     absl::MutexLock lock(&mu_);
     pending_ = plan.pending;
@@ -353,6 +253,123 @@ bool NodeGpuReducer::Round() {
   }
   FailAll(left, /*abort=*/false);
   return false;
+}
+
+bool NodeGpuReducer::TakeIncoming() {
+  absl::MutexLock lock(&mu_);
+  for (OpPtr& op : incoming_) by_name_[op->name].push_back(std::move(op));
+  incoming_.clear();
+  return stopping_ && outstanding_ == 0;
+}
+
+bool NodeGpuReducer::CheckDeadlines(absl::Time now) {
+  for (auto& [name, q] : by_name_) {
+    const OpPtr& op = q.front();
+    if (now > op->deadline) {
+      auto it = missing_.find(name);
+      Break(absl::DeadlineExceededError(absl::StrCat(
+          op->Describe(), " did not complete within ",
+          absl::FormatDuration(options_.op_timeout),
+          it == missing_.end() ? std::string(" on this node")
+                               : absl::StrCat(": ", Who(it->second), " of this node ",
+                                              it->second.size() == 1 ? "has" : "have",
+                                              " not submitted it"))));
+      return false;
+    }
+  }
+  return true;
+}
+
+void NodeGpuReducer::ListMine(absl::Time now, bool leaving, RoundLists* r) {
+  r->mine.leaving = leaving;
+  size_t budget = kListBudget;
+  for (auto& [name, q] : by_name_) {
+    const OpPtr& op = q.front();
+    ng::Entry e;
+    e.kind = ng::OpKind::kPushPull;
+    if (op->reduced) {
+      if (!op->pushed.load(std::memory_order_acquire)) continue;  // step 3 still runs
+      // A push that failed here is listed as a broadcast, so that the node's ranks
+      // disagree and all fail the operation (RunPlan).
+      e.name = absl::StrCat(std::string(1, kPushedMark), name);
+      if (!op->push_status.ok()) {
+        e.kind = ng::OpKind::kBroadcast;
+        e.root = layout_.local_rank;
+        r->my_errors.emplace_back(e.name, op->push_status);
+      }
+    } else {
+      e.name = name;
+    }
+    if (e.name.size() + 64 > budget) break;
+    budget -= e.name.size() + 64;
+    e.occurrence = op->occurrence;
+    e.dtype = op->in.dtype;
+    e.count = op->in.count;
+    e.gpu = true;
+    e.priority = op->priority;
+    e.age_ms = static_cast<uint32_t>(absl::ToInt64Milliseconds(now - op->submitted));
+    r->mine.entries.push_back(std::move(e));
+    r->listed.push_back(op);
+  }
+}
+
+bool NodeGpuReducer::Exchange(RoundLists* r) {
+  std::string list;
+  ng::Serialize(r->mine, layout_.local_rank, &list);
+  // Twice the heartbeat timeout: a dead or hung local rank is named by the scheduler
+  // first (the store then aborts the rounds with that); this bound is for a rank whose
+  // process lives on but whose reducer thread stopped.
+  auto views =
+      exchange_->Allgather(PackRound(list, r->my_errors), 2 * options_.heartbeat_timeout);
+  last_round_ = absl::Now();
+  if (!views.ok()) {
+    Break(absl::Status(views.status().code(),
+                       absl::StrCat("the node's GPU reduction stopped: ",
+                                    views.status().message())));
+    return false;
+  }
+  r->errors.resize(layout_.local_size);
+  for (int lr = 0; lr < layout_.local_size; ++lr) {
+    absl::string_view bytes;
+    absl::StatusOr<ng::RankList> l = absl::InvalidArgumentError("malformed message");
+    if (UnpackRound((*views)[lr], &bytes, &r->errors[lr])) l = ng::Parse(bytes, lr);
+    if (!l.ok()) {
+      Break(absl::InternalError(absl::StrCat("the node's GPU reduction got a bad list from ",
+                                             Who({lr}), ": ", l.status().message())));
+      return false;
+    }
+    r->all.push_back(std::move(*l));
+  }
+  return true;
+}
+
+// The round's steps 2 and 4 each run as one NCCL group, in plan order (the same on every
+// rank): the operations finishing first, then the new ones.
+bool NodeGpuReducer::RunPlan(const ng::Plan& plan, const RoundLists& r) {
+  std::vector<OpPtr> firsts, seconds;
+  for (const ng::Action& a : plan.actions) {
+    for (size_t idx : a.entries) {
+      const OpPtr& op = r.listed[idx];
+      if (a.type == ng::Action::Type::kAllreduce && a.entries.size() == 1) {
+        (op->reduced ? seconds : firsts).push_back(op);
+        continue;
+      }
+      if (a.type != ng::Action::Type::kFail) {
+        Break(absl::InternalError(absl::StrCat(op->Describe(),
+                                               ": unexpected plan step for the node")));
+        return false;
+      }
+      const std::string& listed_name = r.mine.entries[idx].name;
+      if (op->reduced) {
+        Finish(op, FailedPush(op, listed_name, r.errors));
+      } else {
+        FailDisagreement(op, listed_name, r.all, a.error);
+      }
+    }
+  }
+  if (!seconds.empty()) RunSecond(seconds);
+  if (!firsts.empty() && broken().ok()) RunFirst(firsts);
+  return broken().ok();
 }
 
 void NodeGpuReducer::FailDisagreement(const OpPtr& op, const std::string& listed_name,

@@ -42,6 +42,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -148,6 +149,22 @@ class NodeGpuReducer {
   void Loop();
   // One round; false when the loop must stop (every rank left, or broken).
   bool Round();
+  // One round's lists (Round and its parts, on the loop thread).
+  struct RoundLists {
+    negotiation::RankList mine;
+    std::vector<OpPtr> listed;  // by entry of `mine`
+    std::vector<std::pair<std::string, absl::Status>> my_errors;  // failed step 3s, listed
+    std::vector<negotiation::RankList> all;                       // by local rank
+    std::vector<std::map<std::string, absl::Status>> errors;      // by local rank
+  };
+  // Round's parts: the submitted operations join by_name_ (true: this rank is leaving and
+  // has nothing left); the deadlines (false: broken); this rank's list; the node's lists
+  // gathered (false: broken); what the plan says run or fail (false: broken).
+  bool TakeIncoming();
+  bool CheckDeadlines(absl::Time now);
+  void ListMine(absl::Time now, bool leaving, RoundLists* r);
+  bool Exchange(RoundLists* r);
+  bool RunPlan(const negotiation::Plan& plan, const RoundLists& r);
   // Steps 2 and 3 of operations the node agreed on in one round (one NCCL group for all).
   void RunFirst(const std::vector<OpPtr>& ops);
   // Step 4 of operations whose step 3 every local rank has finished (one group).
