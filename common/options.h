@@ -86,8 +86,7 @@ struct Options {
   // ones on a reducer thread (their copies and sums overlap the network). Every local
   // rank of a node must use the same value. Unset, it is 1 MiB, or every tensor when the
   // node has at most one CPU per local rank (kInlineEverything): the reducer thread then
-  // has no core to overlap on (bench/RESULTS.md, 2026-11-26: 2 ranks on 2 vCPUs, 1–23 %
-  // faster at 2–64 MiB).
+  // has no core to overlap on (docs/design-notes.md).
   size_t local_inline_bytes = 1 << 20;
   static constexpr size_t kInlineEverything = ~size_t{0};
   // HYBRIDPS_SERVER_THREADS: engine threads of a server (0: one per core, at most 4).
@@ -113,14 +112,11 @@ struct Options {
   // HYBRIDPS_MAX_SERVER_LANES: TCP connections a worker opens to one server (1..16). A
   // server gets its byte share (partition.h's ServerShare) over the smallest server's
   // share, rounded, connections, at most this many; even placements (colocated,
-  // dedicated) use one. TCP divides a congested link between connections, not bytes: with
-  // one connection each, the mixed placement's extra servers, which should get 2-3 times
-  // a colocated server's bytes, got an equal share of every worker's uplink and ran 1.4
-  // times their bound under CUBIC (bench/RESULTS.md). A partition always uses the same
-  // connection, so its rounds stay in order. The window above stays per server: every
-  // server's downlink takes the same bytes per second whatever its connections, and
-  // scaling the window with them let the workers run twice as far apart at the extra
-  // servers (their answers started ~1 s late; 1.30 -> 1.09 times the bound without).
+  // dedicated) use one. TCP divides a congested link between connections, not bytes, so
+  // a server that should get more bytes gets more connections. A partition always uses
+  // the same connection, so its rounds stay in order. The window above stays per server:
+  // every server's downlink takes the same bytes per second whatever its connections
+  // (docs/design-notes.md).
   int max_server_lanes = 4;
   // A partition held by a window goes anyway once nothing was sent for this long (a
   // safety net: the shared order already rules out waiting on each other). Not read from
@@ -138,10 +134,9 @@ struct Options {
   // whatever the thread timing, and every worker's first window holds the same
   // partitions (a server answers a round only when every worker's push of it arrived).
   // An operation submitted to an idle store, or after a longer gap, leaves at once.
-  // 0: no gathering. 1 ms rather than 200 µs: a submitter descheduled for 200 µs split
-  // the burst on some workers only, their first windows differed, and the emulated
-  // cluster's servers waited ~0.5 s per iteration for their first complete round. The
-  // price: while a burst is gathered (10 ms at most) only earlier work is on the link.
+  // 0: no gathering. Long enough that a briefly descheduled submitter does not split the
+  // burst on some workers only (docs/design-notes.md). The price: while a burst is
+  // gathered (10 ms at most) only earlier work is on the link.
   absl::Duration burst_gather = absl::Milliseconds(1);
   // HYBRIDPS_MAX_MESSAGE_BYTES: larger inbound messages are refused by the transport.
   size_t max_message_bytes = size_t{1} << 30;
@@ -162,9 +157,8 @@ struct Options {
   // HYBRIDPS_FUSION_MAX_TENSOR_BYTES (dist_allreduce, CPU tensors): a push_pull larger
   // than this is reduced alone, in place, instead of being copied into a fusion buffer and
   // back. Fusion pays for small tensors, whose allreduces are bound by latency; for a
-  // large one the two copies cost more than its own collective's start (ResNet-50's 161
-  // tensors, 2 workers on a 16-core host: 85 ms with everything fused, 61 ms with this at
-  // 2 MiB; bench/RESULTS.md). GPU tensors are always fused (device copies are cheap).
+  // large one the two copies cost more than its own collective's start
+  // (docs/design-notes.md). GPU tensors are always fused (device copies are cheap).
   // Rank 0's value (and its fusion_bytes) is used by every worker.
   size_t fusion_max_tensor_bytes = 2 << 20;
   // HYBRIDPS_LOCAL_ALLREDUCE (dist_allreduce, CPU tensors): 1: when every worker of the
@@ -191,9 +185,8 @@ struct Options {
   int hierarchical_allreduce = 0;
   // HYBRIDPS_EAGER_BYTES (dist_allreduce, CPU tensors): a push_pull of up to this size
   // divided by (workers - 1), or a broadcast, travels inside the negotiation message and
-  // is summed from it: no collective after the negotiation. At most 2 MiB; 0: off. With 2
-  // workers eager 1 MiB took 1142 us at the median against 1238 us through the ring on the
-  // 2-vCPU VM; on a 16-core host the ring was ~8 % faster at 1 MiB (bench/RESULTS.md).
+  // is summed from it: no collective after the negotiation. At most 2 MiB; 0: off
+  // (docs/design-notes.md).
   size_t eager_bytes = 1 << 20;
   // HYBRIDPS_TWO_SHOT_BYTES (dist_allreduce, 2 workers, CPU tensors): push_pulls larger
   // than the eager ones and up to this size are two-shots: each worker sends the other's
