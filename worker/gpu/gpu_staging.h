@@ -207,7 +207,7 @@ class GpuStager {
   bool CopyDone(const OpPtr& op, absl::string_view what, bool* failed);
   void Finish(const OpPtr& op, absl::Status status);
   void Fail(const OpPtr& op, absl::Status status);  // finishes op, breaks the stager
-  void Unpend(const std::string& name);
+  void Unpend(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stages the operations held behind name's GPU operations, in order, up to the next GPU
   // one while a GPU operation of the name is unfinished.
   void ReleaseHeld(const std::string& name);
