@@ -314,8 +314,9 @@ absl::StatusOr<std::unique_ptr<UpdateRule>> MakeUpdateRule(const OptimizerSpec& 
   }
   const std::vector<ParamDef> defs = AllParams(*def);
   for (const auto& [key, value] : spec.params) {
-    const auto it =
-        std::find_if(defs.begin(), defs.end(), [&](const ParamDef& d) { return key == d.name; });
+    // An init-capture: clang before 16 cannot capture a structured binding (clang-check).
+    const auto it = std::find_if(defs.begin(), defs.end(),
+                                 [&k = key](const ParamDef& d) { return k == d.name; });
     if (it == defs.end()) {
       std::string hint;
       if (key == "multi_precision") hint = " (set OptimizerSpec::multi_precision)";
