@@ -33,7 +33,8 @@ class HostCopier : public DeviceCopier {
   };
   struct Shared {  // what a test looks at while the copier belongs to a stager
     absl::Mutex mu;
-    std::map<const char*, std::pair<size_t, int>> memory;  // start -> bytes, device
+    std::map<const char*, std::pair<size_t, int>> memory  // start -> bytes, device
+        ABSL_GUARDED_BY(mu);
     std::atomic<int> copies{0};
     std::atomic<int> allocs{0};
     std::atomic<int> frees{0};

@@ -183,14 +183,13 @@ absl::Status PsStore::RunOnIo(std::function<void()> fn) {
 absl::StatusOr<std::vector<wire::OptimizerResponse>> PsStore::CallServers(
     std::vector<std::pair<int, wire::OptimizerRequest>> requests) {
   struct State {
+    explicit State(size_t n) : pending(n), replies(n, absl::UnknownError("no reply")) {}
     absl::Mutex mu;
-    size_t pending;
-    std::vector<absl::StatusOr<wire::Envelope>> replies;
+    size_t pending ABSL_GUARDED_BY(mu);
+    std::vector<absl::StatusOr<wire::Envelope>> replies ABSL_GUARDED_BY(mu);
     absl::Notification done;
   };
-  auto st = std::make_shared<State>();
-  st->pending = requests.size();
-  st->replies.assign(requests.size(), absl::UnknownError("no reply"));
+  auto st = std::make_shared<State>(requests.size());
   if (requests.empty()) return std::vector<wire::OptimizerResponse>{};
   RETURN_IF_ERROR(RunOnIo([this, st, requests = std::move(requests)]() mutable {
     for (size_t i = 0; i < requests.size(); ++i) {
@@ -223,8 +222,13 @@ absl::StatusOr<std::vector<wire::OptimizerResponse>> PsStore::CallServers(
     }
   }));
   st->done.WaitForNotification();
+  std::vector<absl::StatusOr<wire::Envelope>> replies;
+  {
+    absl::MutexLock lock(&st->mu);
+    replies = std::move(st->replies);
+  }
   std::vector<wire::OptimizerResponse> out;
-  for (auto& r : st->replies) {
+  for (auto& r : replies) {
     if (!r.ok()) return r.status();
     if (r->body_case() != wire::Envelope::kOptimizerResponse) {
       return absl::InternalError("a server sent a malformed optimizer reply");
