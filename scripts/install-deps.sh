@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs every dependency of hybridps, idempotently: a second run changes nothing.
 #   Debian packages: build tools, ZeroMQ, Protobuf, abseil, GoogleTest, Google Benchmark,
-#   Gloo, pybind11 and the Python headers, iproute2 (network namespaces for the emulated cluster).
+#   Gloo, pybind11 and the Python headers, iproute2 (network namespaces for the emulated cluster),
+#   clang (the thread-safety analysis of scripts/clang-check.sh).
 #   Python packages: a virtual environment in .venv (override with HYBRIDPS_VENV) with
 #   numpy==1.23.5, mxnet==1.9.1, pytest and scikit-learn.
 # CUDA and NCCL are optional: they are used when /usr/local/cuda has them.
@@ -12,7 +13,7 @@ venv=${HYBRIDPS_VENV:-$root/.venv}
 debs=(build-essential cmake pkg-config git
       libzmq3-dev cppzmq-dev libprotobuf-dev protobuf-compiler libabsl-dev
       libgtest-dev libgmock-dev googletest libbenchmark-dev libgloo-dev pybind11-dev
-      python3-dev python3-venv libquadmath0 iproute2 procps iperf3)
+      python3-dev python3-venv libquadmath0 iproute2 procps iperf3 clang)
 
 missing=()
 for p in "${debs[@]}"; do
