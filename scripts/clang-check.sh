@@ -148,12 +148,14 @@ PY
 
 export clangxx timeout_s
 # Two at a time; each clang ends by itself or by timeout (TERM, then KILL 10 s later).
+# --foreground keeps clang in this script's process group, so that Ctrl-C or a kill of the
+# group reaches it (clang's front end runs in the driver's process: nothing escapes).
 # The wrapper always exits 0 so that xargs runs every file; N.rc holds clang's status.
 find "$work" -name '*.rsp' -print0 | sort -z |
   xargs -0 -P2 -n1 bash -c '
     job=${1%.rsp}
     cd "$(cat "$job.dir")" &&
-      timeout -k 10 "$timeout_s" "$clangxx" @"$1" > "$job.out" 2>&1 < /dev/null
+      timeout --foreground -k 10 "$timeout_s" "$clangxx" @"$1" > "$job.out" 2>&1 < /dev/null
     echo $? > "$job.rc"' _
 
 total=0 failed=0

@@ -44,7 +44,7 @@ FROM_ENTRY = """\
 def run(build, *files):
     # An empty build directory: the file's flags are the script's defaults (abseil from
     # /usr/include), whatever state the real build is in.
-    env = dict(os.environ, HYBRIDPS_BUILD_DIR=str(build))
+    env = dict(os.environ, HYBRIDPS_BUILD_DIR=str(build), HYBRIDPS_CLANG_TIMEOUT="60")
     return subprocess.run(["bash", str(CHECK), *map(str, files)], capture_output=True,
                           text=True, timeout=120, env=env)
 
