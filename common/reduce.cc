@@ -7,9 +7,9 @@
 #include <cstring>
 
 #include "absl/strings/string_view.h"
+#include "common/isa_dispatch.h"
 
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -239,33 +239,15 @@ constexpr KernelTable kAvx2Table = {
      Avx2Sum2<I32Op, PortableSum2<uint32_t>>, Avx2Sum2<I64Op, PortableSum2<uint64_t>>,
      Avx2Sum2<U8Op, PortableSum2<uint8_t>>}};
 
-bool CpuHasAvx2() {
-  __builtin_cpu_init();  // also checks that the OS saves the YMM registers
-  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
-  // F16C from CPUID leaf 1: older clangs reject __builtin_cpu_supports("f16c").
-  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
-  return __builtin_cpu_supports("avx2") && f16c;
-}
 #endif  // defined(__x86_64__)
 
-const KernelTable* DetectTable() {
 #if defined(__x86_64__)
-  if (CpuHasAvx2()) return &kAvx2Table;
+IsaDispatch<KernelTable> g_tables(&kPortableTable, &kAvx2Table);
+#else
+IsaDispatch<KernelTable> g_tables(&kPortableTable, nullptr);
 #endif
-  return &kPortableTable;
-}
 
-// nullptr until the first call; then the detected (or test-forced) table.
-std::atomic<const KernelTable*> g_table{nullptr};
-
-const KernelTable& Table() {
-  const KernelTable* t = g_table.load(std::memory_order_acquire);
-  if (t == nullptr) {
-    t = DetectTable();  // idempotent, so a race only repeats the detection
-    g_table.store(t, std::memory_order_release);
-  }
-  return *t;
-}
+const KernelTable& Table() { return g_tables.Get(); }
 
 Sum2Fn Kernel(DType dtype) {
   const auto index = static_cast<size_t>(dtype);
@@ -288,23 +270,6 @@ void Sum2(DType dtype, void* dst, const void* a, const void* b, size_t count) {
 
 const char* ReduceKernelIsa() { return Table().isa; }
 
-bool reduce_internal::ForceIsaForTesting(const char* isa) {
-  if (isa == nullptr) {
-    g_table.store(DetectTable(), std::memory_order_release);
-    return true;
-  }
-  const absl::string_view name(isa);
-  if (name == kPortableIsa) {
-    g_table.store(&kPortableTable, std::memory_order_release);
-    return true;
-  }
-#if defined(__x86_64__)
-  if (name == "avx2" && CpuHasAvx2()) {
-    g_table.store(&kAvx2Table, std::memory_order_release);
-    return true;
-  }
-#endif
-  return false;
-}
+bool reduce_internal::ForceIsaForTesting(const char* isa) { return g_tables.Force(isa); }
 
 }  // namespace hybridps

@@ -7,9 +7,9 @@
 
 #include "absl/strings/string_view.h"
 #include "common/dtype.h"
+#include "common/isa_dispatch.h"
 
 #if defined(__x86_64__)
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -261,53 +261,19 @@ constexpr KernelTable MakeAvx2Table() {
 }
 constexpr KernelTable kAvx2Table = MakeAvx2Table();
 
-bool CpuHasAvx2() {
-  __builtin_cpu_init();  // also checks that the OS saves the YMM registers
-  unsigned int eax = 0, ebx = 0, ecx = 0, edx = 0;
-  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
-  return __builtin_cpu_supports("avx2") && f16c;
-}
 #endif
 
-const KernelTable* DetectTable() {
 #if defined(__x86_64__)
-  if (CpuHasAvx2()) return &kAvx2Table;
+IsaDispatch<KernelTable> g_tables(&kPortableTable, &kAvx2Table);
+#else
+IsaDispatch<KernelTable> g_tables(&kPortableTable, nullptr);
 #endif
-  return &kPortableTable;
-}
-
-// nullptr until the first call; then the detected (or test-forced) table.
-std::atomic<const KernelTable*> g_table{nullptr};
 
 }  // namespace
 
-const KernelTable& Kernels() {
-  const KernelTable* t = g_table.load(std::memory_order_acquire);
-  if (t == nullptr) {
-    t = DetectTable();  // idempotent, so a race only repeats the detection
-    g_table.store(t, std::memory_order_release);
-  }
-  return *t;
-}
+const KernelTable& Kernels() { return g_tables.Get(); }
 
-bool ForceKernelIsaForTesting(const char* isa) {
-  if (isa == nullptr) {
-    g_table.store(DetectTable(), std::memory_order_release);
-    return true;
-  }
-  const absl::string_view name(isa);
-  if (name == kPortableIsa) {
-    g_table.store(&kPortableTable, std::memory_order_release);
-    return true;
-  }
-#if defined(__x86_64__)
-  if (name == "avx2" && CpuHasAvx2()) {
-    g_table.store(&kAvx2Table, std::memory_order_release);
-    return true;
-  }
-#endif
-  return false;
-}
+bool ForceKernelIsaForTesting(const char* isa) { return g_tables.Force(isa); }
 
 }  // namespace internal
 }  // namespace optimizers
