@@ -3,14 +3,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/hash.h"
+
 namespace hybridps {
 
 uint64_t TensorKey(absl::string_view name) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : name) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
+  uint64_t h = Fnv1a64(name);
   // splitmix64 finaliser: FNV alone leaves the low bits poorly mixed for short names.
   h ^= h >> 30;
   h *= 0xbf58476d1ce4e5b9ull;

@@ -21,7 +21,7 @@ REMOTE_TIMEOUT_S = 10.0
 
 
 def fnv1a64(text: str) -> int:
-    """64-bit FNV-1a of the UTF-8 bytes, as worker/ps/local/local_reduce_shm.h computes it."""
+    """64-bit FNV-1a of the UTF-8 bytes, as common/hash.h computes it."""
     h = 1469598103934665603
     for byte in text.encode():
         h = ((h ^ byte) * 1099511628211) % (1 << 64)

@@ -368,7 +368,7 @@ def test_killed_rank_stops_every_host(cluster: Cluster) -> None:
             ("HYBRIDPS_SCHEDULER_ADDR", "HYBRIDPS_SCHEDULER_PORT", "HYBRIDPS_JOB_TOKEN")}
     where = (f"tcp://{said['HYBRIDPS_SCHEDULER_ADDR']}:{said['HYBRIDPS_SCHEDULER_PORT']}|"
              f"{said['HYBRIDPS_JOB_TOKEN']}")
-    h = 1469598103934665603  # FNV-1a, as worker/ps/local/local_reduce_shm.h names the segments
+    h = 1469598103934665603  # FNV-1a (common/hash.h), as the local reduction names its segments
     for byte in where.encode():
         h = ((h ^ byte) * 1099511628211) % (1 << 64)
     left = [n for n in os.listdir("/dev/shm") if n.startswith(f"hybridps-{h:016x}-")]

@@ -57,7 +57,7 @@ absl::Status LocalReducer::Attach() {
   std::string where = absl::StrCat(options_.SchedulerEndpoint(), "|", options_.job_token);
   if (absl::StartsWith(where, "inproc://")) absl::StrAppend(&where, "|", getpid());
   const std::string prefix =
-      absl::StrFormat("hybridps-%016x-n%d-", Fnv(where), layout_.node);
+      absl::StrFormat("hybridps-%016x-n%d-", Fnv1a64(where), layout_.node);
   shm_name_ = absl::StrFormat("/%s%016x", prefix, layout_.job_id);
   job_prefix_ = shm_name_.substr(1) + "-";
   const absl::Time deadline = absl::Now() + options_.start_timeout;

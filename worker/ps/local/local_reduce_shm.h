@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "common/hash.h"
 #include "common/log.h"
 #include "worker/ps/local/local_reduce.h"
 
@@ -51,12 +52,6 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 inline size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
-
-inline uint64_t Fnv(absl::string_view s) {
-  uint64_t h = 1469598103934665603ull;
-  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  return h;
-}
 
 inline std::string OpName(uint32_t op) {
   return op == wire::OP_BROADCAST ? "broadcast" : "push_pull";
