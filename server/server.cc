@@ -305,7 +305,7 @@ void Server::HandleData(Message raw) {
     }
     Peer& p = peers_[d->peer];
     p.hello = true;
-    p.rank = env.hello().rank();
+    p.node = env.hello().rank();  // a worker's data Hello carries its node
     wire::Envelope ack;
     ack.set_id(env.id());
     ack.mutable_hello_ack();
@@ -331,7 +331,7 @@ void Server::HandleData(Message raw) {
         "tensor '", req.name(), "' partition ", req.part(), ": ", s.message())));
   }
   stats_.data_requests.fetch_add(1, std::memory_order_relaxed);
-  store_->Handle(d->peer, it->second.rank, env.id(), req, std::move(d->payload));
+  store_->Handle(d->peer, it->second.node, env.id(), req, std::move(d->payload));
 }
 
 }  // namespace hybridps

@@ -48,7 +48,7 @@ class Server {
  private:
   struct Peer {
     bool hello = false;
-    int rank = -1;
+    int node = -1;  // the worker node it speaks for (its Hello)
   };
   explicit Server(const Options& options) : options_(options) {}
   void HandleData(Message msg);

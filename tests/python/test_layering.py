@@ -20,7 +20,7 @@ def run(root):
 def tree(tmp_path):
     """A copy of the sources the check reads."""
     for d in ("common", "optimizers", "scheduler", "server", "worker", "mxnet_kvstore",
-              "tests", "bench", "examples"):
+              "tests", "bench", "examples", "docs", "scripts"):
         shutil.copytree(ROOT / d, tmp_path / d, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "README.md", tmp_path / "README.md")
     return tmp_path

@@ -183,9 +183,8 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
   mine.leaving = ListHeads(caller, now, &listed);
   ListMine(listed, now, &mine);
   std::vector<nego::RankList> lists;
-  const absl::Time t0 = absl::Now();
-  absl::Status failure = GatherLists(mine, &lists);
-  const absl::Time t1 = absl::Now();
+  absl::Time t0, t1;  // around the exchange itself (stats_.negotiating)
+  absl::Status failure = GatherLists(mine, &lists, &t0, &t1);
   nego::Plan plan;
   if (failure.ok()) {
     plan = nego::Decide(lists, rank_, fusion_bytes_, fusion_max_tensor_bytes_);
@@ -199,7 +198,8 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
     if (LogEnabled(LogLevel::DEBUG) && plan.any_entries) {
       size_t runs = 0;
       for (const nego::Action& a : plan.actions) runs += a.entries.size();
-      HPS_LOG(DEBUG) << "round: listed " << listed.size() << " (slot " << slot_bytes_ << "), "
+      HPS_LOG(DEBUG) << "round: listed " << listed.size() << " (next slot " << slot_bytes_
+                     << " bytes), "
                      << plan.actions.size() << " actions for " << runs << " operations, "
                      << plan.missing.size() << " not ready here, " << plan.foreign.size()
                      << " not submitted here; allgather " << absl::FormatDuration(t1 - t0);
@@ -309,12 +309,15 @@ void AllreduceStore::ListMine(const std::vector<std::shared_ptr<Op>>& listed, ab
 }
 
 absl::Status AllreduceStore::GatherLists(const nego::RankList& mine,
-                                         std::vector<nego::RankList>* lists) {
+                                         std::vector<nego::RankList>* lists, absl::Time* t0,
+                                         absl::Time* t1) {
   // Framed for AllgatherFramed (8 bytes for the length, then the message): the eager
   // payloads are copied once, here, and sent from this buffer, kept from round to round.
   msg_.assign(sizeof(uint64_t), '\0');
   nego::Serialize(mine, rank_, &msg_);
+  *t0 = absl::Now();
   absl::StatusOr<std::vector<absl::string_view>> gathered = Exchange();
+  *t1 = absl::Now();
   if (!gathered.ok()) return gathered.status();
   size_t largest = 0;
   for (int r = 0; r < num_workers_; ++r) {

@@ -158,13 +158,14 @@ class AllreduceStore : public KVStore {
   bool RunRound(bool caller, bool* job_active);
   // RunRound's parts: the oldest operation of each name, taken into the round (true: this
   // rank is leaving and has nothing left); this rank's list with the payloads that go
-  // along; every rank's list, gathered and parsed (and the next round's slot size); what
-  // the plan runs.
+  // along; every rank's list, gathered and parsed (and the next round's slot size; the
+  // exchange itself runs from *t0 to *t1); what the plan runs.
   bool ListHeads(bool caller, absl::Time now, std::vector<std::shared_ptr<Op>>* listed);
   void ListMine(const std::vector<std::shared_ptr<Op>>& listed, absl::Time now,
                 negotiation::RankList* mine);
   absl::Status GatherLists(const negotiation::RankList& mine,
-                           std::vector<negotiation::RankList>* lists);
+                           std::vector<negotiation::RankList>* lists, absl::Time* t0,
+                           absl::Time* t1);
   absl::Status RunPlan(const negotiation::Plan& plan,
                        const std::vector<std::shared_ptr<Op>>& listed);
   // A round's allgather of the negotiation messages (msg_): in shared memory on one host

@@ -152,8 +152,6 @@ class PsStore : public KVStore, public NodeSumSink {
   void Activate(Op* op);
   void ReleaseHeld(absl::Time now, bool force);
   void Dispatch();
-  // Unanswered payload bytes pushed to `server` that come before `order` in the shared
-  // order (counting stops once past `cap`).
   // Sends partition task `t` (its place in the shared order: `order`) to its server.
   void SendPart(const PartTask& t, const GlobalOrder& order);
   bool HasCredit(size_t bytes);
