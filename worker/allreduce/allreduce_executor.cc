@@ -69,7 +69,7 @@ void AllreduceStore::ExecLoop() {
   CloseGpu(!broken_ok);
 #endif
   comm_->Close();
-  if (leaders_) leaders_->Close();
+  cpu_->Close();
   io_waker_.Wake();
 }
 
@@ -192,9 +192,7 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
     // leave as soon as they are sent. Not when a rank leaves (there is no next round). A
     // failure here is the next round's (GlooComm keeps it): this round may still end
     // cleanly, e.g. with a peer that left after it.
-    if (plan.leaving.empty() && !mine.leaving && !one_node_) {
-      comm_->PostNextExchange(slot_bytes_);
-    }
+    if (plan.leaving.empty() && !mine.leaving) cpu_->PostNextExchange(slot_bytes_);
     if (LogEnabled(LogLevel::DEBUG) && plan.any_entries) {
       size_t runs = 0;
       for (const nego::Action& a : plan.actions) runs += a.entries.size();
@@ -256,18 +254,21 @@ void AllreduceStore::ListMine(const std::vector<std::shared_ptr<Op>>& listed, ab
   // of an exchange and two ring steps; with more ranks the extra bytes stay under
   // eager_bytes per round. A round carries at most twice that per rank. An operation runs
   // eagerly when every rank sent its data in the same round; otherwise it takes the ring.
-  // In shared memory (shm_) the allreduce is cheaper than the eager path's copies above
-  // kShmEagerBytes.
+  // In shared memory on one node the allreduce is cheaper than the eager path's copies
+  // above kShmEagerBytes.
   const size_t copies = std::max(1, num_workers_ - 1);
   const size_t eager_tensor =
-      std::min(options_.eager_bytes / copies, one_node_ ? kShmEagerBytes : SIZE_MAX);
+      std::min(options_.eager_bytes / copies,
+               cpu_->kind() == CpuCollectives::Kind::kSharedMemory ? kShmEagerBytes : SIZE_MAX);
   const size_t eager_round = 2 * eager_tensor;
   // With 2 ranks, larger push_pulls up to two_shot_bytes are two-shots (negotiation.h):
   // each rank sends the other's half along, and the summed halves are swapped. The same
   // bytes as the ring, in two exchanges instead of three (the negotiation's, and the ring's
   // reduce-scatter and all-gather). A round carries at most half of that per rank.
   const size_t two_shot_bytes =
-      num_workers_ == 2 && !shm_ && !hierarchical_ ? options_.two_shot_bytes : 0;
+      num_workers_ == 2 && cpu_->kind() == CpuCollectives::Kind::kGloo
+          ? options_.two_shot_bytes
+          : 0;
   size_t eager_bytes = 0;
   for (const auto& op : listed) {
     nego::Entry e;
@@ -316,7 +317,8 @@ absl::Status AllreduceStore::GatherLists(const nego::RankList& mine,
   msg_.assign(sizeof(uint64_t), '\0');
   nego::Serialize(mine, rank_, &msg_);
   *t0 = absl::Now();
-  absl::StatusOr<std::vector<absl::string_view>> gathered = Exchange();
+  absl::StatusOr<std::vector<absl::string_view>> gathered =
+      cpu_->Exchange(&msg_, slot_bytes_, gloo_timeout_);
   *t1 = absl::Now();
   if (!gathered.ok()) return gathered.status();
   size_t largest = 0;
@@ -352,38 +354,6 @@ absl::Status AllreduceStore::RunPlan(const nego::Plan& plan,
     for (int r = 0; r < num_workers_; ++r) op->seen[r] = op->seen[r] || seen[r];
   }
   return failure;
-}
-
-absl::StatusOr<std::vector<absl::string_view>> AllreduceStore::Exchange() {
-  if (one_node_) {
-    // One host: through the segment (a store and a barrier, no socket), indexed by worker
-    // rank; a message too big for it (every rank sees the same) goes through Gloo.
-    auto local = shm_->Allgather(absl::string_view(msg_).substr(sizeof(uint64_t)),
-                                 gloo_timeout_);
-    if (local.ok()) {
-      std::vector<absl::string_view> by_rank(num_workers_);
-      for (size_t lr = 0; lr < local->size(); ++lr) by_rank[local_members_[lr]] = (*local)[lr];
-      return by_rank;
-    }
-    if (local.status().code() != absl::StatusCode::kResourceExhausted) return local.status();
-  }
-  return comm_->AllgatherFramed(&msg_, slot_bytes_, gloo_timeout_);
-}
-
-absl::Status AllreduceStore::CpuAllreduce(DType dtype, const void* in, void* out,
-                                          size_t count) {
-  if (!hierarchical_) {
-    return shm_ ? shm_->Allreduce(dtype, in, out, count, gloo_timeout_)
-                : comm_->Allreduce(dtype, in, out, count, gloo_timeout_);
-  }
-  // Hierarchical: the node's sum in shared memory, then the leaders' allreduce of it.
-  auto across = [&](void* data, size_t n) {
-    return leaders_->Allreduce(dtype, data, data, n, gloo_timeout_);
-  };
-  if (!shm_) {  // a node of one rank: it is its node's leader
-    return leaders_->Allreduce(dtype, in, out, count, gloo_timeout_);
-  }
-  return shm_->HierarchicalAllreduce(dtype, in, out, count, gloo_timeout_, across);
 }
 
 absl::Status AllreduceStore::ExplainFailure(absl::Status s) {
@@ -453,16 +423,8 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
     case nego::Action::Type::kTwoShot:
       return ExecuteTwoShot(a, first);
     case nego::Action::Type::kBroadcast: {
-      absl::Status s;
-      if (one_node_) {  // every worker is a local rank: through the segment
-        const int root = static_cast<int>(
-            std::find(local_members_.begin(), local_members_.end(), first->root) -
-            local_members_.begin());
-        s = shm_->Broadcast(a.dtype, first->out.data, first->out.count, root, gloo_timeout_);
-      } else {
-        s = comm_->Broadcast(a.dtype, first->out.data, first->out.count, first->root,
-                             gloo_timeout_);
-      }
+      const absl::Status s = cpu_->Broadcast(a.dtype, first->out.data, first->out.count,
+                                             first->root, gloo_timeout_);
       return FinishCounted(first, s, &Stats::broadcasts);
     }
     case nego::Action::Type::kAllreduce:
@@ -470,7 +432,7 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
   }
   absl::Status s;
   auto allreduce = [&](const void* in, void* out, size_t count) {
-    return CpuAllreduce(a.dtype, in, out, count);
+    return cpu_->Allreduce(a.dtype, in, out, count, gloo_timeout_);
   };
   if (a.entries.size() == 1) {
     s = allreduce(first->in.data, first->out.data, first->in.count);
@@ -497,7 +459,7 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
   {
     absl::MutexLock lock(&mu_);
     ++stats_.allreduces;
-    if (shm_) ++stats_.shm_allreduces;
+    if (cpu_->in_shared_memory()) ++stats_.shm_allreduces;
     if (a.entries.size() > 1) stats_.fused_tensors += a.entries.size();
   }
   for (size_t i : a.entries) Finish(listed[i].get(), s);

@@ -95,6 +95,7 @@ absl::Status AllreduceStore::Start() {
     return store.status().ok() ? comm.status() : store.status();
   }
   comm_ = std::move(*comm);
+  cpu_ = NewGlooCollectives(comm_.get());
   RETURN_IF_ERROR(ShareFusionSettings());
   RETURN_IF_ERROR(SetUpSharedMemory(welcome));
 #if HYBRIDPS_WITH_NCCL
@@ -111,10 +112,12 @@ absl::Status AllreduceStore::Start() {
   });
   HPS_LOG(INFO) << "joined the job as worker " << rank_ << " of " << num_workers_
                 << " (dist_allreduce, gloo on " << (gloo_iface_.empty() ? gloo_host_ : gloo_iface_)
-                << (one_node_ ? "; CPU allreduces in shared memory"
-                    : hierarchical_ ? "; CPU allreduces hierarchical: shared memory in the "
-                                      "node, gloo between nodes"
-                                    : "")
+                << (cpu_->kind() == CpuCollectives::Kind::kSharedMemory
+                        ? "; CPU allreduces in shared memory"
+                    : cpu_->kind() == CpuCollectives::Kind::kHierarchical
+                        ? "; CPU allreduces hierarchical: shared memory in the node, gloo "
+                          "between nodes"
+                        : "")
                 << ")";
   return absl::OkStatus();
 }
@@ -152,6 +155,7 @@ absl::Status AllreduceStore::SetUpSharedMemory(const wire::Welcome& welcome) {
   const bool hierarchical = !one_node && wanted == "1 1" && several_per_node;
   if (!one_node && !hierarchical) return absl::OkStatus();  // Gloo (the same on every rank)
   std::string why;
+  std::unique_ptr<ShmAllreduce> node;
   if (layout->local_size > 1) {
     // Per job and node: the job id, the node, and the pid of local rank 0 (the creator).
     const std::string name =
@@ -163,8 +167,7 @@ absl::Status AllreduceStore::SetUpSharedMemory(const wire::Welcome& welcome) {
     auto shm = ShmAllreduce::Open(name, layout->local_rank, layout->local_size, per_region,
                                   absl::Now() + options_.start_timeout);
     if (shm.ok()) {
-      shm_ = std::move(*shm);
-      local_members_ = layout->members;
+      node = std::move(*shm);
     } else {
       why = std::string(shm.status().message());
     }
@@ -176,19 +179,23 @@ absl::Status AllreduceStore::SetUpSharedMemory(const wire::Welcome& welcome) {
     if ((*all)[r] == "ok") continue;
     HPS_LOG(WARNING) << "CPU allreduces go through Gloo, not shared memory: worker " << r
                      << " could not set it up (" << (*all)[r] << ")";
-    shm_.reset();
     return absl::OkStatus();
   }
-  one_node_ = one_node;
-  if (!hierarchical) return absl::OkStatus();
+  if (!hierarchical) {
+    cpu_ = NewSharedMemoryCollectives(comm_.get(), std::move(node), layout->members);
+    return absl::OkStatus();
+  }
   // The nodes' local ranks 0 connect a mesh of their own, ranked by node.
-  hierarchical_ = true;
-  if (layout->local_rank != 0) return absl::OkStatus();
-  SchedulerStore store(control_.get(), "gloo-leaders/", absl::Now() + options_.start_timeout);
-  auto leaders = GlooComm::Connect(layout->node, layout->num_nodes, gloo_host_, gloo_iface_,
-                                   store, options_.start_timeout);
-  if (!leaders.ok()) return store.status().ok() ? leaders.status() : store.status();
-  leaders_ = std::move(*leaders);
+  std::unique_ptr<GlooComm> leaders;
+  if (layout->local_rank == 0) {
+    SchedulerStore store(control_.get(), "gloo-leaders/",
+                         absl::Now() + options_.start_timeout);
+    auto mesh = GlooComm::Connect(layout->node, layout->num_nodes, gloo_host_, gloo_iface_,
+                                  store, options_.start_timeout);
+    if (!mesh.ok()) return store.status().ok() ? mesh.status() : store.status();
+    leaders = std::move(*mesh);
+  }
+  cpu_ = NewHierarchicalCollectives(comm_.get(), std::move(node), std::move(leaders));
   return absl::OkStatus();
 }
 
@@ -333,8 +340,8 @@ absl::Status AllreduceStore::Shutdown() {
     io_waker_.Wake();
     io_thread_.join();
   }
+  cpu_.reset();
   comm_.reset();
-  leaders_.reset();
   control_.reset();
   absl::MutexLock lock(&mu_);
   if (!broken_.ok() && !peers_left_) return broken_;
@@ -353,8 +360,7 @@ void AllreduceStore::BreakLocked(const absl::Status& status) {
     // A round in Gloo would wait for its timeout when a peer hangs rather than dies (its
     // sockets stay open): end it now, so its operations fail with this status.
     if (comm_) comm_->Abort();
-    if (leaders_) leaders_->Abort();
-    if (shm_) shm_->Abort(status);
+    if (cpu_) cpu_->Abort(status);
   }
   for (auto it = queued_.begin(); it != queued_.end();) {
     if (it->second->in_round) {

@@ -3,9 +3,9 @@
 // bootstrapped through the scheduler's rendezvous store; when every worker is a local rank
 // of one node (one host), their allreduces, broadcasts and the negotiation's exchange run
 // in shared memory instead (worker/node/shm_allreduce.h, Options::local_allreduce); over
-// several nodes, with Options::hierarchical_allreduce, each node sums in
-// shared memory and the nodes' local ranks 0 allreduce over a Gloo mesh of their own
-// (leaders_). GPU tensors go through NCCL when
+// several nodes, with Options::hierarchical_allreduce, each node sums in shared memory and
+// the nodes' local ranks 0 allreduce over a Gloo mesh of their own. Which of the three is
+// chosen once at start (worker/allreduce/cpu_collectives.h). GPU tensors go through NCCL when
 // built with CUDA (HYBRIDPS_WITH_NCCL; otherwise they fail with Unimplemented): one
 // communicator over all workers, on the device of the first GPU tensor this worker
 // submits (a GPU tensor on another device is refused at submission). Rank 0 makes the
@@ -65,6 +65,7 @@
 #include "common/transport.h"
 #include "worker/kvstore.h"
 #include "worker/node/negotiation.h"
+#include "worker/allreduce/cpu_collectives.h"
 #include "worker/node/shm_allreduce.h"
 
 namespace hybridps {
@@ -121,8 +122,8 @@ class AllreduceStore : public KVStore {
   // rank (rank 0 makes it with `make`, and stores it).
   absl::StatusOr<std::string> FromRankZero(const std::string& prefix,
                                            const std::function<std::string()>& make);
-  // Start: the shared-memory allreduce (shm_) when rank 0 wants it, the whole job is one
-  // node (or, with hierarchical_allreduce, per node with leaders_ between the nodes) and
+  // Start: chooses cpu_: shared memory when rank 0 wants it, the whole job is one node
+  // (or, with hierarchical_allreduce, per node with a Gloo mesh between the nodes) and
   // every rank could set it up; otherwise Gloo, saying why in the log.
   absl::Status SetUpSharedMemory(const wire::Welcome& welcome);
   // Start: every rank takes rank 0's fusion settings (Options::fusion_bytes,
@@ -168,12 +169,6 @@ class AllreduceStore : public KVStore {
                            absl::Time* t1);
   absl::Status RunPlan(const negotiation::Plan& plan,
                        const std::vector<std::shared_ptr<Op>>& listed);
-  // A round's allgather of the negotiation messages (msg_): in shared memory on one host
-  // (one_node_), else (or when a message is too big for it) Gloo's exchange.
-  absl::StatusOr<std::vector<absl::string_view>> Exchange();
-  // One CPU allreduce, on whichever path Start chose (Gloo, one node's shared memory, or
-  // hierarchical).
-  absl::Status CpuAllreduce(DType dtype, const void* in, void* out, size_t count);
   absl::Status Execute(const negotiation::Action& action,
                        const std::vector<std::shared_ptr<Op>>& listed);
   // A kTwoShot action (2 ranks, CPU): sums this rank's half, swaps halves with the peer.
@@ -230,17 +225,9 @@ class AllreduceStore : public KVStore {
   std::unique_ptr<ControlClient> control_;
   // The round holder only (and Shutdown, after it has joined the executor).
   std::unique_ptr<GlooComm> comm_;
-  // Allreduces of CPU tensors when the whole job is on one host (Options::local_allreduce),
-  // else null. Set at Start; the round holder uses it, Break aborts it (any thread).
-  std::unique_ptr<ShmAllreduce> shm_;
-  std::vector<int> local_members_;  // with shm_: the worker rank of each local rank
-  // The whole job is one node: shm_ also carries the negotiation's exchange.
-  bool one_node_ = false;
-  // Several nodes and Options::hierarchical_allreduce: a node's allreduces go through its
-  // shm_ (none for a node of one rank) and its local rank 0's leaders_ (a Gloo mesh of
-  // the nodes' local ranks 0; null on the other ranks).
-  bool hierarchical_ = false;
-  std::unique_ptr<GlooComm> leaders_;
+  // The CPU collectives, of the kind chosen at Start (cpu_collectives.h). Set at Start;
+  // the round holder uses it, Break aborts it (any thread); over comm_.
+  std::unique_ptr<CpuCollectives> cpu_;
   size_t slot_bytes_;
   std::deque<size_t> recent_sizes_;  // largest negotiation message of the last rounds
   std::string fusion_;  // the fusion buffer

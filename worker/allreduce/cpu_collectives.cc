@@ -1,0 +1,121 @@
+#include "worker/allreduce/cpu_collectives.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace hybridps {
+namespace {
+
+class GlooCollectives : public CpuCollectives {
+ public:
+  explicit GlooCollectives(GlooComm* world) : world_(world) {}
+  Kind kind() const override { return Kind::kGloo; }
+  bool in_shared_memory() const override { return false; }
+  absl::Status Allreduce(DType dtype, const void* in, void* out, size_t count,
+                         absl::Duration timeout) override {
+    return world_->Allreduce(dtype, in, out, count, timeout);
+  }
+  absl::Status Broadcast(DType dtype, void* data, size_t count, int root,
+                         absl::Duration timeout) override {
+    return world_->Broadcast(dtype, data, count, root, timeout);
+  }
+  absl::StatusOr<std::vector<absl::string_view>> Exchange(std::string* framed,
+                                                           size_t slot_bytes,
+                                                           absl::Duration timeout) override {
+    return world_->AllgatherFramed(framed, slot_bytes, timeout);
+  }
+  void PostNextExchange(size_t slot_bytes) override { world_->PostNextExchange(slot_bytes); }
+  void Abort(const absl::Status&) override {}  // the store aborts `world` itself
+  void Close() override {}
+
+ protected:
+  GlooComm* world_;  // the store's: it outlives this
+};
+
+class SharedMemoryCollectives : public GlooCollectives {
+ public:
+  SharedMemoryCollectives(GlooComm* world, std::unique_ptr<ShmAllreduce> node,
+                          std::vector<int> members)
+      : GlooCollectives(world), node_(std::move(node)), members_(std::move(members)) {}
+  Kind kind() const override { return Kind::kSharedMemory; }
+  bool in_shared_memory() const override { return true; }
+  absl::Status Allreduce(DType dtype, const void* in, void* out, size_t count,
+                         absl::Duration timeout) override {
+    return node_->Allreduce(dtype, in, out, count, timeout);
+  }
+  absl::Status Broadcast(DType dtype, void* data, size_t count, int root,
+                         absl::Duration timeout) override {
+    const int local_root =
+        static_cast<int>(std::find(members_.begin(), members_.end(), root) - members_.begin());
+    return node_->Broadcast(dtype, data, count, local_root, timeout);
+  }
+  // Through the segment (a store and a barrier, no socket), indexed by worker rank; a
+  // message too big for it (every rank sees the same) goes through Gloo.
+  absl::StatusOr<std::vector<absl::string_view>> Exchange(std::string* framed,
+                                                           size_t slot_bytes,
+                                                           absl::Duration timeout) override {
+    auto local = node_->Allgather(absl::string_view(*framed).substr(sizeof(uint64_t)), timeout);
+    if (local.ok()) {
+      std::vector<absl::string_view> by_rank(members_.size());
+      for (size_t lr = 0; lr < local->size(); ++lr) by_rank[members_[lr]] = (*local)[lr];
+      return by_rank;
+    }
+    if (local.status().code() != absl::StatusCode::kResourceExhausted) return local.status();
+    return GlooCollectives::Exchange(framed, slot_bytes, timeout);
+  }
+  void PostNextExchange(size_t) override {}  // the next exchange is the segment's
+  void Abort(const absl::Status& why) override { node_->Abort(why); }
+
+ private:
+  std::unique_ptr<ShmAllreduce> node_;
+  std::vector<int> members_;  // the worker rank of each local rank
+};
+
+class HierarchicalCollectives : public GlooCollectives {
+ public:
+  HierarchicalCollectives(GlooComm* world, std::unique_ptr<ShmAllreduce> node,
+                          std::unique_ptr<GlooComm> leaders)
+      : GlooCollectives(world), node_(std::move(node)), leaders_(std::move(leaders)) {}
+  Kind kind() const override { return Kind::kHierarchical; }
+  bool in_shared_memory() const override { return node_ != nullptr; }
+  // The node's sum in shared memory, then the leaders' allreduce of it.
+  absl::Status Allreduce(DType dtype, const void* in, void* out, size_t count,
+                         absl::Duration timeout) override {
+    if (!node_) return leaders_->Allreduce(dtype, in, out, count, timeout);  // its own leader
+    auto across = [&](void* data, size_t n) {
+      return leaders_->Allreduce(dtype, data, data, n, timeout);
+    };
+    return node_->HierarchicalAllreduce(dtype, in, out, count, timeout, across);
+  }
+  void Abort(const absl::Status& why) override {
+    if (leaders_) leaders_->Abort();
+    if (node_) node_->Abort(why);
+  }
+  void Close() override {
+    if (leaders_) leaders_->Close();
+  }
+
+ private:
+  std::unique_ptr<ShmAllreduce> node_;
+  std::unique_ptr<GlooComm> leaders_;
+};
+
+}  // namespace
+
+std::unique_ptr<CpuCollectives> NewGlooCollectives(GlooComm* world) {
+  return std::make_unique<GlooCollectives>(world);
+}
+
+std::unique_ptr<CpuCollectives> NewSharedMemoryCollectives(GlooComm* world,
+                                                           std::unique_ptr<ShmAllreduce> node,
+                                                           std::vector<int> members) {
+  return std::make_unique<SharedMemoryCollectives>(world, std::move(node), std::move(members));
+}
+
+std::unique_ptr<CpuCollectives> NewHierarchicalCollectives(GlooComm* world,
+                                                           std::unique_ptr<ShmAllreduce> node,
+                                                           std::unique_ptr<GlooComm> leaders) {
+  return std::make_unique<HierarchicalCollectives>(world, std::move(node), std::move(leaders));
+}
+
+}  // namespace hybridps

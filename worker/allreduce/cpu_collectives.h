@@ -1,0 +1,70 @@
+// The collectives of dist_allreduce's CPU tensors across the job's workers, of one of three
+// kinds chosen once, when the store starts (AllreduceStore::SetUpSharedMemory):
+//   kGloo: one Gloo ring over every worker;
+//   kSharedMemory: every worker is a local rank of one node: the node's shared-memory
+//     segment (worker/node/shm_allreduce.h) carries the allreduces, the broadcasts and the
+//     negotiation's exchange (a message too large for it goes through Gloo);
+//   kHierarchical: several nodes: each node sums in shared memory (a node of one rank has
+//     none) and its local rank 0 allreduces the node's sum with the other nodes' over a
+//     Gloo mesh of their own; broadcasts and the exchange go through the Gloo ring.
+// Threading: the store's executor (one thread at a time); Abort from any thread.
+#ifndef HYBRIDPS_WORKER_ALLREDUCE_CPU_COLLECTIVES_H_
+#define HYBRIDPS_WORKER_ALLREDUCE_CPU_COLLECTIVES_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/dtype.h"
+#include "worker/comm/gloo_comm.h"
+#include "worker/node/shm_allreduce.h"
+
+namespace hybridps {
+
+class CpuCollectives {
+ public:
+  enum class Kind { kGloo, kSharedMemory, kHierarchical };
+  virtual ~CpuCollectives() = default;
+  virtual Kind kind() const = 0;
+  // Whether this worker's allreduces run in shared memory (all, or its node's part).
+  virtual bool in_shared_memory() const = 0;
+
+  // The sum over every worker of `count` elements of `in`, into `out` (may alias `in`).
+  virtual absl::Status Allreduce(DType dtype, const void* in, void* out, size_t count,
+                                 absl::Duration timeout) = 0;
+  // Worker `root`'s `count` elements of `data` into every worker's.
+  virtual absl::Status Broadcast(DType dtype, void* data, size_t count, int root,
+                                 absl::Duration timeout) = 0;
+  // The negotiation's exchange: every worker's message, by worker rank. `framed` holds 8
+  // bytes for the length, then this worker's message (GlooComm::AllgatherFramed); the
+  // views stay valid until the next call.
+  virtual absl::StatusOr<std::vector<absl::string_view>> Exchange(std::string* framed,
+                                                                   size_t slot_bytes,
+                                                                   absl::Duration timeout) = 0;
+  // The next Exchange's receives, posted now when it goes through Gloo.
+  virtual void PostNextExchange(size_t slot_bytes) = 0;
+  // Ends what runs (any thread): the collective in progress fails with `why`.
+  virtual void Abort(const absl::Status& why) = 0;
+  // Closes what it owns (after the executor is done with it).
+  virtual void Close() = 0;
+};
+
+// `world`: the Gloo ring over every worker, the store's; it outlives the collectives.
+std::unique_ptr<CpuCollectives> NewGlooCollectives(GlooComm* world);
+// `members`: the worker rank of each local rank (every worker of the job).
+std::unique_ptr<CpuCollectives> NewSharedMemoryCollectives(GlooComm* world,
+                                                           std::unique_ptr<ShmAllreduce> node,
+                                                           std::vector<int> members);
+// `node`: null for a node of one rank; `leaders`: null except at a node's local rank 0.
+std::unique_ptr<CpuCollectives> NewHierarchicalCollectives(GlooComm* world,
+                                                           std::unique_ptr<ShmAllreduce> node,
+                                                           std::unique_ptr<GlooComm> leaders);
+
+}  // namespace hybridps
+
+#endif  // HYBRIDPS_WORKER_ALLREDUCE_CPU_COLLECTIVES_H_
