@@ -90,7 +90,9 @@ void KeyStore::Handle(const std::string& peer, int node, uint64_t id,
     p.first_node = node;
     p.first = req;
     p.total_count = req.total_count();
-  } else if (p.error.ok()) {
+  } else if (p.error.ok() && req.fail().empty()) {
+    // A failing request (a node whose local ranks disagreed) carries one local rank's
+    // shape; its own message, below, says more than a comparison with it would.
     std::string what;
     if (req.op() != p.op) {
       what = absl::StrCat(NodeName(node), " called ", OpName(req.op()), " but ",

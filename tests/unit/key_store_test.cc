@@ -110,6 +110,23 @@ TEST(KeyStoreNamesTest, MismatchesNameTheNodesAndTheirWorkers) {
       << replies[1].env.error().message();
 }
 
+// The failing request carries one local rank's shape, which may differ from another
+// node's push that came first: the round fails with the node's own message (it names both
+// local shapes), not with a comparison against that one shape.
+TEST_F(KeyStoreTest, AFailingRequestOfAnotherShapeFailsTheRoundWithItsMessage) {
+  store_.Handle("a", 0, 1, Req("w", 0, 101), Floats(std::vector<float>(101, 1)));
+  wire::DataRequest fail = Req("w", 0, 100);
+  fail.set_fail("the node's local ranks disagree: local rank 1 sent 101 float32 elements but "
+                "local rank 0 sent 100");
+  store_.Handle("b", 1, 2, fail, std::nullopt);
+  ASSERT_EQ(replies_.size(), 2u);
+  for (auto& r : replies_) {
+    ASSERT_TRUE(r.env.has_error()) << r.env.DebugString();
+    EXPECT_NE(r.env.error().message().find("local ranks disagree"), std::string::npos)
+        << r.env.error().message();
+  }
+}
+
 // A node whose local ranks disagreed sends a failing request (no payload): the round
 // fails for every node at once with its message, and the next round is unaffected.
 TEST_F(KeyStoreTest, AFailingRequestFailsTheRoundForEveryNode) {
