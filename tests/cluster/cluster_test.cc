@@ -115,7 +115,7 @@ TEST_P(ClusterTest, LargeTensorsWithDefaultPartitions) {
         ASSERT_EQ(a.at(i), want) << i;
       }
     }
-    auto* ps = dynamic_cast<PsStore*>(kv);
+    auto* ps = PsOf(kv);
     ASSERT_NE(ps, nullptr);
     uint64_t total = 0;
     for (uint64_t c : ps->PushesPerServer()) total += c;
@@ -295,7 +295,7 @@ TEST(ServerWindow, BoundsWhatAWorkerPushesAheadOfTheOthers) {
       ASSERT_EQ(buf.at(k), Value(k, 0, 0, 7) + Value(k, 1, 0, 7)) << "element " << k;
     }
   });
-  auto* ps = dynamic_cast<PsStore*>((*cluster)->worker(0));
+  auto* ps = PsOf((*cluster)->worker(0));
   ASSERT_NE(ps, nullptr);
   EXPECT_LE(ps->MaxUnansweredBytes(), c.server_window_bytes);
   EXPECT_GE(ps->MaxUnansweredBytes(), c.wire_chunk_bytes);
@@ -353,7 +353,7 @@ TEST(ServerWindow, PushesSentAheadOfTheSharedOrderDoNotHoldUpEarlierOnes) {
       }
     }
   });
-  auto* ps = dynamic_cast<PsStore*>((*cluster)->worker(0));
+  auto* ps = PsOf((*cluster)->worker(0));
   ASSERT_NE(ps, nullptr);
   // Before worker 1 pushed anything: one window of late tensors and one of early ones
   // (one chunk of early ones only, if the late ones counted against them).
@@ -401,7 +401,7 @@ TEST(ServerLanes, TheExtraServerOfAMixedPlacementGetsTwoConnections) {
       }
     });
     for (int w = 0; w < 2; ++w) {
-      auto* ps = dynamic_cast<PsStore*>((*cluster)->worker(w));
+      auto* ps = PsOf((*cluster)->worker(w));
       ASSERT_NE(ps, nullptr);
       const auto lanes = ps->PushesPerLane();
       ASSERT_EQ(lanes.size(), 3u);

@@ -95,7 +95,7 @@ class StagedStore : public KVStore {
   // The node's GPU reduction over this worker's store (collective: every local rank of
   // the node at once).
   absl::Status AttachNode(const Options& options) {
-    auto* ps = dynamic_cast<PsStore*>(inner_);
+    auto* ps = PsOf(inner_);
     if (ps == nullptr) return absl::InvalidArgumentError("not a dist_hybrid store");
     ASSIGN_OR_RETURN(node_, NodeGpuReducer::Create(
                                 options, ps->layout(),

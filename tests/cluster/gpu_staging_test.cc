@@ -517,7 +517,7 @@ TEST(GpuStagingTest, CudaBuildsStoreIsAPsGpuStoreThatPassesCpuTensorsThrough) {
   auto cluster = LocalCluster::Start(Config(2, 2));
   ASSERT_OK(cluster);
   (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
-    ASSERT_NE(dynamic_cast<PsStore*>(kv), nullptr);
+    ASSERT_NE(PsOf(kv), nullptr);
     auto* gpu = dynamic_cast<PsGpuStore*>(kv);
     ASSERT_NE(gpu, nullptr);
     Buffer b(DType::kFloat64, 5000);

@@ -17,8 +17,18 @@
 #include "scheduler/scheduler.h"
 #include "server/server.h"
 #include "worker/kvstore.h"
+#include "worker/ps/ps_gpu.h"
+#include "worker/ps/ps_store.h"
 
 namespace hybridps::testing {
+
+// The parameter-server store of a dist_hybrid worker (a PsStore, or the one a CUDA build's
+// PsGpuStore owns); nullptr for other stores.
+inline PsStore* PsOf(KVStore* kv) {
+  if (auto* ps = dynamic_cast<PsStore*>(kv)) return ps;
+  if (auto* gpu = dynamic_cast<PsGpuStore*>(kv)) return gpu->ps();
+  return nullptr;
+}
 
 struct ClusterConfig {
   // "dist_hybrid", or "dist_allreduce": no servers are started (the scheduler expects

@@ -93,7 +93,7 @@ TEST_P(LocalReduceTest, OnePushPerNodeAndPartitionSpreadOverTheLocalRanks) {
     uint64_t node_pushes = 0;
     std::vector<uint64_t> per_rank;
     for (int lr = 0; lr < shape.local; ++lr) {
-      auto* ps = dynamic_cast<PsStore*>((*cluster)->worker(node * shape.local + lr));
+      auto* ps = PsOf((*cluster)->worker(node * shape.local + lr));
       ASSERT_NE(ps, nullptr);
       EXPECT_EQ(ps->layout().node, node);
       EXPECT_EQ(ps->layout().num_nodes, shape.nodes);
@@ -113,7 +113,7 @@ TEST_P(LocalReduceTest, OnePushPerNodeAndPartitionSpreadOverTheLocalRanks) {
   // The job's control segment and doorbells were unlinked as soon as every local rank had
   // them mapped or open (its tensor segments are created later).
   const std::string job = absl::StrFormat(
-      "%016x", dynamic_cast<PsStore*>((*cluster)->worker(0))->layout().job_id);
+      "%016x", PsOf((*cluster)->worker(0))->layout().job_id);
   for (const std::string& name : segments_at_start) {
     EXPECT_FALSE(absl::StrContains(name, job)) << name << " left in /dev/shm";
   }

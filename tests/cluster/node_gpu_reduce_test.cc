@@ -51,7 +51,7 @@ class NodeCluster {
     std::vector<std::thread> threads;
     for (int w = 0; w < n; ++w) {
       threads.emplace_back([&, w] {
-        PsStore* ps = dynamic_cast<PsStore*>(cluster->worker(w));
+        PsStore* ps = PsOf(cluster->worker(w));
         Options o = cluster->options();
         o.op_timeout = config.op_timeout;
         o.heartbeat_timeout = config.heartbeat_timeout;
@@ -86,7 +86,7 @@ class NodeCluster {
     cluster->RunOnWorkers(
         [&](int rank, KVStore*) { fn(rank, reducers[rank].get(), shared[rank].get()); });
   }
-  PsStore* store(int w) { return dynamic_cast<PsStore*>(cluster->worker(w)); }
+  PsStore* store(int w) { return PsOf(cluster->worker(w)); }
 
   std::unique_ptr<LocalCluster> cluster;
   std::vector<std::shared_ptr<HostCopier::Shared>> shared;

@@ -390,7 +390,7 @@ TEST(OptimizerClusterTest, LambAndLarsSplitTensorEqualsWholeTensor) {
     spec.params = {{"learning_rate", 0.05}, {"wd", 0.01}};
     cl->RunOnWorkers([&](int, KVStore* kv) { ASSERT_OK(kv->SetOptimizer({spec, {}})); });
     BroadcastAll(cl.get(), defs);
-    auto* ps = dynamic_cast<PsStore*>(cl->worker(0));
+    auto* ps = PsOf(cl->worker(0));
     ASSERT_NE(ps, nullptr);
     const std::vector<uint64_t> before = ps->PushesPerServer();
     TrainAndCompare(cl.get(), defs, spec, /*steps=*/3, /*ulps=*/2);

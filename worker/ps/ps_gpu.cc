@@ -35,35 +35,33 @@ void PsGpuStore::SetNodeGpuPartsForTesting(NodeGpuParts parts) {
 absl::StatusOr<std::unique_ptr<PsGpuStore>> PsGpuStore::Create(
     std::shared_ptr<Context> ctx, const Options& options,
     std::unique_ptr<DeviceCopier> copier) {
-  RETURN_IF_ERROR(options.Validate());
-  std::unique_ptr<PsGpuStore> s(new PsGpuStore(std::move(ctx), options));
-  RETURN_IF_ERROR(s->Start());
+  std::unique_ptr<PsGpuStore> s(new PsGpuStore());
   PsGpuStore* self = s.get();
-  GpuStager::Backend backend;  // PsStore's own operations, not this class's overrides
-  backend.push_pull = [self](absl::string_view name, TensorView in, TensorView out,
-                             int priority) {
-    return self->PsStore::PushPullAsync(name, in, out, priority);
-  };
-  backend.broadcast = [self](absl::string_view name, TensorView tensor, int root,
-                             int priority) {
-    return self->PsStore::BroadcastAsync(name, tensor, root, priority);
+  ASSIGN_OR_RETURN(s->ps_, PsStore::Create(std::move(ctx), options,
+                                           [self](const absl::Status& st) { self->OnBroken(st); }));
+  PsStore* ps = s->ps_.get();
+  GpuStager::Backend backend;
+  backend.push_pull = [ps](absl::string_view name, TensorView in, TensorView out,
+                           int priority) { return ps->PushPullAsync(name, in, out, priority); };
+  backend.broadcast = [ps](absl::string_view name, TensorView tensor, int root,
+                           int priority) {
+    return ps->BroadcastAsync(name, tensor, root, priority);
   };
   s->stager_ = std::make_unique<GpuStager>(std::move(copier), std::move(backend),
-                                           s->num_workers(), options.op_timeout,
+                                           ps->num_workers(), options.op_timeout,
                                            /*waiting_threads_help=*/options.caller_rounds != 0);
-  if (options.gpu_local_reduce == "nccl" && s->layout().local_size > 1) {
+  if (options.gpu_local_reduce == "nccl" && ps->layout().local_size > 1) {
     ASSIGN_OR_RETURN(NodeGpuParts parts, NodeGpuPartsToUse());
-    ASSIGN_OR_RETURN(
-        s->node_,
-        NodeGpuReducer::Create(
-            options, s->layout(), parts.copier(), self, parts.collectives));
+    ASSIGN_OR_RETURN(s->node_, NodeGpuReducer::Create(options, ps->layout(), parts.copier(),
+                                                      ps, parts.collectives));
+    s->node_to_abort_.store(s->node_.get(), std::memory_order_release);
   }
   return s;
 }
 
 PsGpuStore::~PsGpuStore() {
-  // Here, not in ~PsStore: the I/O thread (which may call OnBroken) must end before this
-  // class's members go.
+  // Here, before the members go: the staging and the node's reduction end first, then the
+  // PsStore's I/O thread (which may call OnBroken).
   absl::Status s = Shutdown();
   if (!s.ok()) HPS_LOG(WARNING) << "shutdown: " << s.message();
 }
@@ -74,7 +72,9 @@ void PsGpuStore::StopStaging() {
 }
 
 void PsGpuStore::OnBroken(const absl::Status& status) {
-  if (node_) node_->Abort(status);
+  if (NodeGpuReducer* node = node_to_abort_.load(std::memory_order_acquire)) {
+    node->Abort(status);
+  }
 }
 
 absl::StatusOr<Handle> PsGpuStore::Staged(absl::string_view name, absl::string_view what,
@@ -126,7 +126,7 @@ absl::StatusOr<Handle> PsGpuStore::PushPullAsync(absl::string_view name, TensorV
 
 absl::Status PsGpuStore::Shutdown() {
   StopStaging();
-  return PsStore::Shutdown();
+  return ps_ ? ps_->Shutdown() : absl::OkStatus();
 }
 
 }  // namespace hybridps

@@ -1,14 +1,15 @@
 // "dist_hybrid" with GPU tensors: the parameter-server store with host staging in front
-// (worker/gpu/gpu_staging.h). KVStore::Create("dist_hybrid") makes one in CUDA builds. CPU
-// tensors go to PsStore unchanged; a GPU tensor is copied into a pinned host buffer,
-// push_pulled (or broadcast) by PsStore as a CPU tensor, and copied back. With
-// HYBRIDPS_GPU_LOCAL_REDUCE=nccl on nodes of several local ranks, GPU push_pulls are
-// summed on the node's GPUs first (worker/ps/local/node_gpu_reduce.h); a push_pull and a broadcast
+// (worker/gpu/gpu_staging.h). KVStore::Create("dist_hybrid") makes one in CUDA builds. It
+// owns a PsStore: CPU tensors go to it unchanged; a GPU tensor is copied into a pinned host
+// buffer, push_pulled (or broadcast) by the PsStore as a CPU tensor, and copied back. With
+// HYBRIDPS_GPU_LOCAL_REDUCE=nccl on nodes of several local ranks, GPU push_pulls are summed
+// on the node's GPUs first (worker/ps/local/node_gpu_reduce.h); a push_pull and a broadcast
 // of one tensor name on the two paths (a GPU push_pull there; broadcasts and CPU tensors
 // here) must then not be in flight together (the second one is refused).
 #ifndef HYBRIDPS_WORKER_PS_PS_GPU_H_
 #define HYBRIDPS_WORKER_PS_PS_GPU_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -20,7 +21,7 @@
 
 namespace hybridps {
 
-class PsGpuStore : public PsStore {
+class PsGpuStore : public KVStore {
  public:
   // What the node's GPU reduction (HYBRIDPS_GPU_LOCAL_REDUCE=nccl) is built from: the
   // CUDA runtime's copier and NCCL unless a test (without a GPU) sets stand-ins, for the
@@ -38,19 +39,40 @@ class PsGpuStore : public PsStore {
   // Finishes the staged operations and leaves the job.
   ~PsGpuStore() override;
 
+  absl::string_view type() const override { return ps_->type(); }
+  int rank() const override { return ps_->rank(); }
+  int num_workers() const override { return ps_->num_workers(); }
+  int local_rank() const override { return ps_->local_rank(); }
+  int local_size() const override { return ps_->local_size(); }
   absl::StatusOr<Handle> BroadcastAsync(absl::string_view name, TensorView tensor,
                                         int root_rank, int priority) override;
   absl::StatusOr<Handle> PushPullAsync(absl::string_view name, TensorView in, TensorView out,
                                        int priority) override;
+  absl::Status Barrier() override { return ps_->Barrier(); }
+  bool IsCapable(Capability capability) const override { return ps_->IsCapable(capability); }
+  absl::Status SetOptimizer(const ServerOptimizer& optimizer) override {
+    return ps_->SetOptimizer(optimizer);
+  }
+  absl::Status SetOptimizerParam(absl::string_view param, double value) override {
+    return ps_->SetOptimizerParam(param, value);
+  }
+  absl::Status SaveOptimizerStates(const std::string& path) override {
+    return ps_->SaveOptimizerStates(path);
+  }
+  absl::Status LoadOptimizerStates(const std::string& path) override {
+    return ps_->LoadOptimizerStates(path);
+  }
   absl::Status Shutdown() override;
 
   GpuStager::Stats staging_stats() { return stager_->stats(); }
+  // The parameter-server store behind it (tests read its counters and layout).
+  PsStore* ps() { return ps_.get(); }
 
  private:
-  PsGpuStore(std::shared_ptr<Context> ctx, const Options& options)
-      : PsStore(std::move(ctx), options) {}
+  PsGpuStore() = default;
 
-  void OnBroken(const absl::Status& status) override;
+  // The PsStore broke (its I/O thread): stops the node's GPU reduction with it.
+  void OnBroken(const absl::Status& status);
   // An operation for the staging path (`submit`). With the node's GPU reduction its order
   // against that path's push_pulls of the same name would not be kept: refused while one
   // is in flight, and recorded for the other direction.
@@ -58,9 +80,13 @@ class PsGpuStore : public PsStore {
                                 const std::function<absl::StatusOr<Handle>()>& submit);
   void StopStaging();
 
+  // Declared first, so destroyed last: the stager and the node's reduction use it.
+  std::unique_ptr<PsStore> ps_;
   std::unique_ptr<GpuStager> stager_;
-  // HYBRIDPS_GPU_LOCAL_REDUCE=nccl: the node's GPU reduction.
-  std::unique_ptr<NodeGpuReducer> node_;  // set before operations start; read-only after
+  // HYBRIDPS_GPU_LOCAL_REDUCE=nccl: the node's GPU reduction; set in Create before any
+  // operation, read-only after.
+  std::unique_ptr<NodeGpuReducer> node_;
+  std::atomic<NodeGpuReducer*> node_to_abort_{nullptr};  // node_, for OnBroken (I/O thread)
   absl::Mutex mu_;
   // With node_: per name, the last operation on the staging path (see Staged).
   absl::flat_hash_map<std::string, Handle> staged_ ABSL_GUARDED_BY(mu_);

@@ -48,9 +48,10 @@ struct PsStore::Op {
 };
 
 absl::StatusOr<std::unique_ptr<PsStore>> PsStore::Create(std::shared_ptr<Context> ctx,
-                                                         const Options& options) {
+                                                         const Options& options,
+                                                         OnBroken on_broken) {
   RETURN_IF_ERROR(options.Validate());
-  std::unique_ptr<PsStore> s(new PsStore(std::move(ctx), options));
+  std::unique_ptr<PsStore> s(new PsStore(std::move(ctx), options, std::move(on_broken)));
   RETURN_IF_ERROR(s->Start());
   return s;
 }
@@ -672,7 +673,7 @@ void PsStore::Break(const absl::Status& status) {
     broken_at_ = absl::Now();
     HPS_LOG(ERROR) << "the store can no longer be used: " << status.message();
     if (local_) local_->Abort(status);
-    OnBroken(status);
+    if (on_broken_) on_broken_(status);
   }
   // Close the data sockets without linger: ZeroMQ drops what it still queues for the
   // servers and releases our zero-copy payloads, so failed operations can complete.

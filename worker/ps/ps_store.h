@@ -37,8 +37,12 @@ namespace hybridps {
 // dist_hybrid. It is the NodeSumSink of its node's GPU reduction (worker/ps/local/).
 class PsStore : public KVStore, public NodeSumSink {
  public:
+  // `on_broken`: called once, on the I/O thread, when the store breaks (a peer died, an
+  // operation timed out); PsGpuStore stops the node's GPU reduction with it.
+  using OnBroken = std::function<void(const absl::Status&)>;
   static absl::StatusOr<std::unique_ptr<PsStore>> Create(std::shared_ptr<Context> ctx,
-                                                         const Options& options);
+                                                         const Options& options,
+                                                         OnBroken on_broken = nullptr);
   ~PsStore() override;
 
   absl::string_view type() const override { return "dist_hybrid"; }
@@ -93,16 +97,10 @@ class PsStore : public KVStore, public NodeSumSink {
     Waker waker;                       // wakes the I/O thread (commands, credit)
   };
 
- protected:
-  // For PsGpuStore (ps_gpu.h), which stages GPU tensors in front of this store.
-  PsStore(std::shared_ptr<Context> ctx, const Options& options)
-      : ctx_(std::move(ctx)), options_(options) {}
-  absl::Status Start();
-  // Called once, on the I/O thread, when the store breaks (a peer died, an operation timed
-  // out): PsGpuStore stops the node's GPU reduction with it.
-  virtual void OnBroken(const absl::Status& status) { (void)status; }
-
  private:
+  PsStore(std::shared_ptr<Context> ctx, const Options& options, OnBroken on_broken)
+      : ctx_(std::move(ctx)), options_(options), on_broken_(std::move(on_broken)) {}
+  absl::Status Start();
   struct PartTask {
     int priority;
     uint64_t seq;  // op sequence number
@@ -193,6 +191,7 @@ class PsStore : public KVStore, public NodeSumSink {
 
   std::shared_ptr<Context> ctx_;
   Options options_;
+  OnBroken on_broken_;  // Create's; called by Break (the I/O thread)
   int rank_ = -1;
   int num_workers_ = 0;
   int num_servers_ = 0;
