@@ -250,6 +250,25 @@ def test_gradient_compression_and_optimizer_rules_are_clear_errors():
     assert p.returncode == 0 and "OK" in p.stdout and "compression" in p.stdout, p.stderr
 
 
+def test_optimizer_multipliers_of_a_module():
+    """Module's optimizer (made with the symbol) keeps lr_mult / wd_mult by parameter name
+    (wd_mult 0 for the biases) and Module's keys are those names: the servers get them."""
+    code = r'''
+import json, mxnet as mx
+from hybridps.mxnet import optimizer as o
+net = mx.sym.FullyConnected(mx.sym.Variable("data"), num_hidden=4, name="fc1")
+net = mx.sym.SoftmaxOutput(net, name="softmax")
+names = ["fc1_weight", "fc1_bias"]
+opt = mx.optimizer.create("sgd", sym=net, param_idx2name=dict(enumerate(names)),
+                          learning_rate=0.1, wd=1e-4)
+print(json.dumps(o.server_spec(opt, lambda k: f"0/{k}")["multipliers"]))
+'''
+    p = run_python(code)
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = next(x for x in p.stdout.splitlines() if x.startswith("{"))
+    assert json.loads(line) == {"0/fc1_bias": [1.0, 0.0]}, line
+
+
 def test_optimizer_translation_and_unsupported_rule():
     """What set_optimizer sends to the servers: rule, hyper-parameters under MXNet's
     names, schedule, per-tensor multipliers; an unknown rule is a clear error naming it."""

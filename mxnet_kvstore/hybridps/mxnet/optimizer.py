@@ -74,10 +74,11 @@ def schedule(optimizer):
 
 def multipliers(optimizer, name_of):
     """{tensor name: (lr_mult, wd_mult)} for the keys MXNet knows (the Trainer's
-    param_dict: index -> Parameter), as Optimizer._get_lrs / _get_wds pick them."""
+    param_dict: index -> Parameter; the tables' keys, also names: Module's keys are the
+    parameters' names, and its optimizer sets wd_mult 0 for the biases by name), as
+    Optimizer._get_lrs / _get_wds pick them."""
     out = {}
-    keys = set(optimizer.param_dict) | {k for k in optimizer.lr_mult if not isinstance(k, str)}
-    keys |= {k for k in optimizer.wd_mult if not isinstance(k, str)}
+    keys = set(optimizer.param_dict) | set(optimizer.lr_mult) | set(optimizer.wd_mult)
     for index in sorted(keys, key=str):
         mults = []
         for kind in ("lr_mult", "wd_mult"):
