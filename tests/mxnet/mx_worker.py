@@ -74,7 +74,8 @@ def sync_sgd(kv, update_on_kvstore):
               lambda s: np.arange(s * n * b + r * b, s * n * b + (r + 1) * b), steps, n * b)
     diffs = [float(np.abs(a - w).max()) for a, w in zip(weights(ref), weights(net))]
     moved = [float(np.abs(a - w).max()) for a, w in zip(weights(small_net()), weights(net))]
-    report("sync_sgd", rank=r, max_abs_diff=max(diffs), min_moved=min(moved),
+    report("sync_sgd" if update_on_kvstore is None else "sync_sgd_workers", rank=r,
+           max_abs_diff=max(diffs), min_moved=min(moved),
            update_on_kvstore=bool(tr._update_on_kvstore))
 
 
@@ -188,6 +189,186 @@ def devices_trainer(kv, staged):
            max_abs_diff=max(diffs), min_moved=min(moved), staging=staging,
            merged_on=merged_on,
            update_on_kvstore=bool(tr._update_on_kvstore))
+
+
+def _error(call):
+    """The error `call` raised (type: message), or None."""
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - the test checks which one
+        return f"{type(exc).__name__}: {exc}"[:600]
+    return None
+
+
+def classic(kv):
+    """The classic API (init, push, pull) without an optimizer on the store: pull returns
+    rank 0's init value, then the sum over the workers of the last push. Every worker
+    offers a different value; the expected values are in the test."""
+    r, n = kv.rank, kv.num_workers
+    got = {}
+    # An int key: init (rank 0's value wins), pull before any push, push then pull.
+    init_value = mx.nd.full((2, 3), 10.0 * (r + 1))
+    kv.init(3, init_value)
+    a = mx.nd.zeros((2, 3))
+    kv.pull(3, out=a)
+    got["int_init"] = a.asnumpy().tolist()
+    got["init_value_untouched"] = init_value.asnumpy().tolist()
+    kv.push(3, mx.nd.full((2, 3), r + 1.0))
+    kv.pull(3, out=a)
+    got["int_push"] = a.asnumpy().tolist()
+    # A str key, one value per device (summed), pulled into one array per device; two
+    # pushes then one pull: the last push's sum.
+    kv.init("w", mx.nd.full((4,), 7.0 + r))
+    outs = [mx.nd.zeros((4,), ctx=c) for c in DEVICES]
+    kv.pull("w", out=outs)
+    got["str_init"] = [o.asnumpy().tolist() for o in outs]
+    kv.push("w", [mx.nd.full((4,), (r + 1.0) * (d + 1), ctx=c) for d, c in enumerate(DEVICES)])
+    kv.pull("w", out=outs)
+    got["str_devices"] = [o.asnumpy().tolist() for o in outs]
+    kv.push("w", mx.nd.full((4,), 1.0))
+    kv.push("w", mx.nd.full((4,), 100.0 * (r + 1)))
+    kv.pull("w", out=outs[0])
+    got["str_last_push"] = outs[0].asnumpy().tolist()
+    # Lists of keys: init, pull, push (one key with a value per device), pull (one key
+    # into a list of outputs).
+    keys = ["a", "b"]
+    kv.init(keys, [mx.nd.full((2,), 1.0 + r), mx.nd.full((3,), 2.0 + r)])
+    la, lb = mx.nd.zeros((2,)), mx.nd.zeros((3,))
+    kv.pull(keys, out=[la, lb])
+    got["list_init"] = [la.asnumpy().tolist(), lb.asnumpy().tolist()]
+    kv.push(keys, [[mx.nd.full((2,), r + 1.0, ctx=c) for c in DEVICES],
+                   mx.nd.full((3,), 10.0 * (r + 1))])
+    la2 = [mx.nd.zeros((2,), ctx=c) for c in DEVICES]
+    kv.pull(keys, out=[la2, lb])
+    got["list_push"] = [[o.asnumpy().tolist() for o in la2], lb.asnumpy().tolist()]
+    # A push without init, then pull.
+    kv.push(11, mx.nd.arange(5) * (r + 1))
+    c = mx.nd.zeros((5,))
+    kv.pull(11, out=c)
+    got["push_no_init"] = c.asnumpy().tolist()
+    # A one-element list as a broadcast value (MXNet's stores take it), into an array and
+    # into a one-element list of outputs.
+    o1, o2 = mx.nd.zeros((3,)), mx.nd.zeros((3,))
+    kv.broadcast("bl", [mx.nd.full((3,), 5.0 + r)], out=o1)
+    kv.broadcast("bl2", [mx.nd.full((3,), 6.0 + r)], out=[o2])
+    got["broadcast_list"] = [o1.asnumpy().tolist(), o2.asnumpy().tolist()]
+    # Lists of keys in pushpull and broadcast too (MXNet's stores take them).
+    pa, pb = mx.nd.full((2,), r + 1.0), mx.nd.full((3,), 2.0 * (r + 1))
+    kv.pushpull(["pa", "pb"], [pa, pb])
+    ba, bb = mx.nd.zeros((2,)), mx.nd.zeros((3,))
+    kv.broadcast(["ba", "bb"], [mx.nd.full((2,), 1.0 + r), mx.nd.full((3,), 3.0 + r)],
+                 out=[ba, [bb]])
+    got["lists_pushpull_broadcast"] = [pa.asnumpy().tolist(), pb.asnumpy().tolist(),
+                                       ba.asnumpy().tolist(), bb.asnumpy().tolist()]
+    # Errors: local (pull, row_sparse_pull) or raised by every worker before any
+    # communication (push), so the workers go on together.
+    rsp = mx.nd.sparse.zeros("row_sparse", (4,))
+    got["errors"] = {
+        "pull_unknown": _error(lambda: kv.pull("never", out=mx.nd.zeros((4,)))),
+        "row_sparse_pull": _error(lambda: kv.row_sparse_pull(
+            "w", out=rsp, row_ids=mx.nd.array([0], dtype="int64"))),
+        "push_sparse": _error(lambda: kv.push("w", mx.nd.ones((4,)).tostype("row_sparse"))),
+        "init_sparse": _error(lambda: kv.init("s", mx.nd.ones((4,)).tostype("row_sparse"))),
+        "pull_sparse_strict": _error(lambda: kv.pull("w", out=rsp, ignore_sparse=False)),
+        "push_shape": _error(lambda: kv.push("w", mx.nd.ones((5,)))),
+        "broadcast_two": _error(lambda: kv.broadcast(
+            "b2", [mx.nd.ones((3,)), mx.nd.ones((3,))], out=mx.nd.zeros((3,)))),
+        "capability": _error(lambda: type(kv).is_capable("compression")),
+    }
+    # ignore_sparse=True (the default): sparse outputs are skipped, as MXNet does.
+    got["pull_sparse_ignored"] = _error(lambda: kv.pull("w", out=[outs[0], rsp]))
+    # is_capable on the class (MXNet's test_kvstore_custom calls it so) and the instance.
+    got["capable"] = {"class": type(kv).is_capable("optimizer"),
+                      "class_upper": type(kv).is_capable("OPTIMIZER"),
+                      "instance": kv.is_capable("optimizer"),
+                      "core": bool(kv._store.optimizer_capable)}
+    report("classic", rank=r, n=n, **got)
+
+
+def classic_optimizer(kv):
+    """push/pull with the optimizer on the store (dist_hybrid; dist_allreduce refuses
+    set_optimizer): plain SGD with lr 0.5 on a key init'ed before set_optimizer and on one
+    init'ed after; each push of gradients is one update."""
+    r = kv.rank
+    sgd = mx.optimizer.create("sgd", learning_rate=0.5, rescale_grad=1.0)
+    if not type(kv).is_capable("optimizer"):
+        report("classic_optimizer", rank=r, error=_error(lambda: kv.set_optimizer(sgd)))
+        return
+    kv.init("before", mx.nd.full((3,), 2.0 + r))
+    kv.set_optimizer(sgd)
+    kv.init("after", mx.nd.full((3,), 4.0 + r))
+    got = {}
+    for key in ("before", "after"):
+        w, steps = mx.nd.zeros((3,)), []
+        kv.pull(key, out=w)
+        steps.append(w.asnumpy().tolist())
+        kv.push(key, mx.nd.full((3,), r + 1.0))  # gradients summing to 3
+        kv.pull(key, out=w)
+        steps.append(w.asnumpy().tolist())
+        kv.push(key, [mx.nd.full((3,), 1.0, ctx=c) for c in DEVICES])  # summing to 2n
+        kv.push(key, mx.nd.zeros((3,)))  # one more update, with a zero gradient
+        kv.pull(key, out=w)
+        steps.append(w.asnumpy().tolist())
+        got[key] = steps
+    report("classic_optimizer", rank=r, n=kv.num_workers, error=None, **got)
+
+
+def module_fit(kv, on_workers):
+    """mx.mod.Module.fit with the store: a small MLP on the digits, 2 workers with batch b
+    each against one process (no kvstore) with batch n*b, the same initial weights and
+    rescale_grad 1/(n*b) (Module would take 1/b: it multiplies by num_workers only for
+    store types with '_sync' in their names). on_workers: MXNET_UPDATE_ON_KVSTORE=0, the
+    optimizer on the workers (init + pushpull of the gradients)."""
+    import hashlib
+    x, y = digits_xy()
+    perm = np.random.RandomState(0).permutation(len(x))  # the file's tail is harder
+    x, y = x[perm], y[perm]
+    n, r, b, epochs, ntrain = kv.num_workers, kv.rank, 16, 3, 1440
+    steps = ntrain // (n * b)
+    mine = np.concatenate([np.arange(s * n * b + r * b, s * n * b + (r + 1) * b)
+                           for s in range(steps)])
+    opt = {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-4, "rescale_grad": 1.0 / (n * b)}
+
+    def fit(xs, ys, batch, kvstore):
+        data = mx.sym.Variable("data")
+        net = mx.sym.FullyConnected(data, num_hidden=32, name="fc1")
+        net = mx.sym.Activation(net, act_type="relu", name="relu1")
+        net = mx.sym.FullyConnected(net, num_hidden=10, name="fc2")
+        net = mx.sym.SoftmaxOutput(net, name="softmax")
+        mod = mx.mod.Module(net, context=mx.cpu())
+        it = mx.io.NDArrayIter(xs, ys, batch_size=batch, shuffle=False,
+                               label_name="softmax_label")
+        mx.random.seed(7)
+        mod.fit(it, kvstore=kvstore, optimizer="sgd", optimizer_params=dict(opt),
+                initializer=mx.init.Xavier(), num_epoch=epochs, eval_metric="acc")
+        return mod
+
+    def accuracy(mod, batch):
+        it = mx.io.NDArrayIter(x[ntrain:], y[ntrain:], batch_size=batch,
+                               label_name="softmax_label")
+        pred = mod.predict(it).asnumpy()
+        return float((pred.argmax(axis=1) == y[ntrain:]).mean())
+
+    def flat(mod):
+        params = mod.get_params()[0]
+        return np.concatenate([params[k].asnumpy().ravel() for k in sorted(params)])
+
+    ref = fit(x[:ntrain], y[:ntrain], n * b, None)
+    saved = os.environ.get("MXNET_UPDATE_ON_KVSTORE")
+    os.environ["MXNET_UPDATE_ON_KVSTORE"] = "0" if on_workers else "1"
+    try:
+        mod = fit(x[mine], y[mine], b, kv)
+    finally:
+        if saved is None:
+            del os.environ["MXNET_UPDATE_ON_KVSTORE"]
+        else:
+            os.environ["MXNET_UPDATE_ON_KVSTORE"] = saved
+    w, w_ref = flat(mod), flat(ref)
+    report("module_fit_workers" if on_workers else "module_fit", rank=r,
+           test_accuracy=accuracy(mod, b), ref_accuracy=accuracy(ref, n * b),
+           max_abs_diff=float(np.abs(w - w_ref).max()),
+           weights_sha256=hashlib.sha256(w.astype(np.float32).tobytes()).hexdigest(),
+           update_on_kvstore=bool(mod._update_on_kvstore))
 
 
 def digits(kv):
@@ -391,6 +572,12 @@ def main():
             mismatch(mx.kv.create(STORE))
         elif scenario == "broadcast_mismatch":
             broadcast_mismatch()
+        elif scenario == "classic":
+            classic(mx.kv.create(STORE))
+        elif scenario == "classic_optimizer":
+            classic_optimizer(mx.kv.create(STORE))
+        elif scenario in ("module_fit", "module_fit_workers"):
+            module_fit(mx.kv.create(STORE), scenario == "module_fit_workers")
         else:
             raise SystemExit(f"unknown scenario {scenario}")
     return 0

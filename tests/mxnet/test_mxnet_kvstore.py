@@ -67,9 +67,10 @@ def job(request, tmp_path_factory):
     # Plain sums first: once a Trainer runs the optimizer on dist_hybrid's servers, every
     # push_pull of the job is an update.
     scenarios = ["horovod", "mismatch", "broadcast_mismatch", "devices", "devices_staged", "devices_staged_host",
-                 "order", "save", "sync_sgd",
+                 "order", "classic", "module_fit_workers", "sync_sgd_workers",
+                 "save", "sync_sgd",
                  "devices_trainer", "devices_trainer_staged", "digits", "overlap",
-                 "plain_sum"]
+                 "classic_optimizer", "module_fit", "plain_sum"]
     proc, results = run_job(request.param, scenarios, state_dir)
     check_job(proc, results, len(scenarios))
     proc, loaded = run_job(request.param, ["load"], state_dir)
@@ -91,6 +92,106 @@ def test_sync_sgd_matches_one_process_with_twice_the_batch(job):
         assert r["update_on_kvstore"] == (store == "dist_hybrid"), r
         assert r["min_moved"] > 1e-3, "the weights did not move: nothing was tested"
         assert r["max_abs_diff"] <= TOLERANCE, (store, r)
+
+
+def test_sync_sgd_with_the_optimizer_on_the_workers(job):
+    """gluon.Trainer(..., update_on_kvstore=False) on either store: the gradients summed
+    by pushpull, the workers update; 2 workers follow one process with the whole batch."""
+    store, results = job
+    for r in both(results, "sync_sgd_workers"):
+        assert r["update_on_kvstore"] is False, r
+        assert r["min_moved"] > 1e-3, "the weights did not move: nothing was tested"
+        assert r["max_abs_diff"] <= TOLERANCE, (store, r)
+
+
+def test_classic_init_push_pull(job):
+    """MXNet's init / push / pull with no optimizer on the store (as dist_sync without
+    one): pull gives rank 0's init value, then the workers' sum of the last push. Worker
+    w offers its own values (the expected ones below for 2 workers)."""
+    store, results = job
+    for r in both(results, "classic"):
+        n = r["n"]
+        assert n == 2, r
+        workers = n * (n + 1) / 2  # sum of w + 1 over the workers
+        assert r["int_init"] == [[10.0] * 3] * 2, r  # rank 0's 10 * (0 + 1)
+        assert r["init_value_untouched"] == [[10.0 * (r["rank"] + 1)] * 3] * 2, r
+        assert r["int_push"] == [[workers] * 3] * 2, r
+        assert r["str_init"] == [[7.0] * 4] * 2, r
+        # Two devices, (w + 1) * (d + 1) each: summed over devices, then workers.
+        assert r["str_devices"] == [[3 * workers] * 4] * 2, r
+        assert r["str_last_push"] == [100.0 * workers] * 4, r  # the last push's sum only
+        assert r["list_init"] == [[1.0] * 2, [2.0] * 3], r
+        assert r["list_push"] == [[[2 * workers] * 2] * 2, [10.0 * workers] * 3], r
+        assert r["push_no_init"] == [workers * i for i in range(5)], r
+        assert r["broadcast_list"] == [[5.0] * 3, [6.0] * 3], r  # one-element lists
+        assert r["lists_pushpull_broadcast"] == [[workers] * 2, [2 * workers] * 3,
+                                                 [1.0] * 2, [3.0] * 3], r
+
+
+def test_classic_api_errors_name_the_key(job):
+    store, results = job
+    for r in both(results, "classic"):
+        e = r["errors"]
+        assert e["pull_unknown"].startswith("ValueError") and "'never'" in e["pull_unknown"] \
+            and "init" in e["pull_unknown"], e
+        assert e["row_sparse_pull"].startswith("NotImplementedError"), e
+        assert "row_sparse_pull of key 'w'" in e["row_sparse_pull"], e
+        assert "dense arrays only" in e["row_sparse_pull"], e
+        for what in ("push_sparse", "init_sparse", "pull_sparse_strict"):
+            assert e[what] and e[what].startswith("NotImplementedError"), (what, e)
+            assert "row_sparse" in e[what] and "dense arrays only" in e[what], (what, e)
+        assert "key 'w'" in e["push_sparse"] and "key 's'" in e["init_sparse"], e
+        assert "key 'w'" in e["push_shape"] and "(5,)" in e["push_shape"] \
+            and "(4,)" in e["push_shape"], e
+        assert e["broadcast_two"].startswith("TypeError") and "'b2'" in e["broadcast_two"], e
+        assert e["capability"] == "ValueError: Unknown capability: compression", e
+        assert r["pull_sparse_ignored"] is None, r  # ignore_sparse=True skips them
+
+
+def test_is_capable_on_the_class_and_the_instance(job):
+    """type(kv).is_capable(...) as MXNet's test_kvstore_custom calls it: the same answer as
+    the instance and as the C++ store."""
+    store, results = job
+    for r in both(results, "classic"):
+        want = store == "dist_hybrid"
+        assert r["capable"] == {"class": want, "class_upper": want, "instance": want,
+                                "core": want}, r
+
+
+def test_classic_push_pull_with_the_optimizer_on_the_store(job):
+    """dist_hybrid after set_optimizer(SGD, lr 0.5): each push of gradients is one update
+    on the servers and pull returns the weights, for a key init'ed before set_optimizer
+    and one after. dist_allreduce refuses set_optimizer."""
+    store, results = job
+    for r in both(results, "classic_optimizer"):
+        if store == "dist_allreduce":
+            assert r["error"].startswith("NotImplementedError") and "optimizer" in r["error"]
+            continue
+        assert r["error"] is None, r
+        n = r["n"]
+        workers = n * (n + 1) / 2
+        for key, w0 in (("before", 2.0), ("after", 4.0)):  # rank 0's init values
+            w1 = w0 - 0.5 * workers
+            w2 = w1 - 0.5 * 2 * n  # one per device, two devices, then a zero gradient
+            assert r[key] == [[w0] * 3, [w1] * 3, [w2] * 3], (key, r)
+
+
+@pytest.mark.parametrize("scenario", ["module_fit", "module_fit_workers"])
+def test_module_fit(job, scenario):
+    """mx.mod.Module.fit(kvstore=the store), 2 workers with batch b against one process
+    with batch 2b: trains, both workers end with the same weights, those of the one
+    process. module_fit: Module's default (the optimizer on dist_hybrid's servers;
+    dist_allreduce cannot, so the workers); module_fit_workers: MXNET_UPDATE_ON_KVSTORE=0
+    (kv.init, then pushpull of the gradients, the workers update)."""
+    store, results = job
+    r0, r1 = both(results, scenario)
+    for r in (r0, r1):
+        assert r["update_on_kvstore"] == (scenario == "module_fit" and store == "dist_hybrid")
+        assert r["test_accuracy"] >= 0.9, r
+        # fp32 rounding of two half-batch sums against one sum, over 135 steps.
+        assert r["max_abs_diff"] <= 1e-4, r
+    assert r0["weights_sha256"] == r1["weights_sha256"], (r0, r1)
+    assert r0["test_accuracy"] == r1["test_accuracy"], (r0, r1)
 
 
 @pytest.mark.parametrize("scenario", ["devices", "devices_staged", "devices_staged_host"])

@@ -17,6 +17,12 @@ CPU merge buffers: each array is copied to the host, the copies and the host arr
 key are summed there, push_pulled (or broadcast), and the result is copied back to every
 output array. MXNet's engine orders all of it, so it too returns at once. The buffers are
 made on a key's first use and reused.
+
+MXNet's classic API (Module's, and any store user with the optimizer on the workers):
+init(key, value) broadcasts rank 0's value into a host array of the store; push(key, value)
+push_pulls the value (summed over the devices) into that array: the workers' sum, or with
+the optimizer on the servers the updated weights; pull(key, out) copies the array out
+(local). row_sparse_pull is refused: hybridps stores dense arrays only.
 """
 import atexit
 import threading
@@ -71,12 +77,47 @@ def _as_list(arrays, what, key):
                     f"NDArrays (one per device), not {type(arrays).__name__}")
 
 
-def _check(key, arrays, what, shape, dtype):
+def _pairs(key, values, what):
+    """The (key, value) pairs of one call: one key (int or str) and its value, or a list of
+    keys and a list of as many values, one per key (MXNet's convention)."""
+    if not isinstance(key, (list, tuple)):
+        return [(key, values)]
+    if not isinstance(values, (list, tuple)) or len(values) != len(key):
+        got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
+        raise ValueError(f"keys {list(key)!r}: {what} must be a list of one entry per key "
+                         f"({len(key)}), not {got}")
+    return list(zip(key, values))
+
+
+def _one_array(value, key, what):
+    """`value` as one NDArray: an NDArray, or a one-element list of one (MXNet's stores take
+    both for a broadcast or an init)."""
+    if isinstance(value, (list, tuple)) and len(value) == 1:
+        value = value[0]
+    if not isinstance(value, mx.nd.NDArray):
+        raise TypeError(f"key {key!r}: {what} must be one NDArray (or a list of one), not "
+                        f"{type(value).__name__}"
+                        + (f" of {len(value)}" if isinstance(value, (list, tuple)) else ""))
+    return value
+
+
+def _check_dense(key, arrays, what):
     for i, a in enumerate(arrays):
         if a.stype != "default":
             raise NotImplementedError(
                 f"key {key!r}: {what}[{i}] is a {a.stype} array; hybridps handles dense "
-                "arrays only")
+                "arrays only (no row_sparse weights, no sparse gradients)")
+
+
+def _is_capable(capability, optimizer):
+    if capability.lower() == KVStoreBase.OPTIMIZER:
+        return optimizer
+    raise ValueError(f"Unknown capability: {capability}")
+
+
+def _check(key, arrays, what, shape, dtype):
+    _check_dense(key, arrays, what)
+    for i, a in enumerate(arrays):
         if a.shape != shape or a.dtype != dtype:
             raise ValueError(
                 f"key {key!r}: {what}[{i}] has shape {a.shape} and dtype "
@@ -120,6 +161,10 @@ class _HybridKVStore(KVStoreBase):
         self._merge_ctx = {}
         self._merge_bytes = {}
         self._merge_bufs = {}  # (tensor name, slot) -> array on the name's merge device
+        # The classic API (init, push, pull): tensor name -> the host array holding the
+        # key's value, rank 0's after init, the workers' sum (or the servers' updated
+        # weights) after each push; pull copies it out.
+        self._values = {}
 
     # ---- properties ------------------------------------------------------------------
     @property
@@ -146,7 +191,8 @@ class _HybridKVStore(KVStoreBase):
     def _name(self, key):
         if not isinstance(key, (int, np.integer, str)):
             raise TypeError(f"a key must be an int or a str, not {type(key).__name__} "
-                            f"({key!r}); hybridps takes one key per call")
+                            f"({key!r}); several keys: a list of them, with a list of "
+                            "values (one per key)")
         return f"{self._prefix}{key}"
 
     def _host_array(self, name, slot, like):
@@ -215,11 +261,14 @@ class _HybridKVStore(KVStoreBase):
                          int(root_rank), order.handle.value)
 
     def broadcast(self, key, value, out, priority=0, root_rank=0):
-        """Sets every array of `out` to `value` of worker `root_rank` (0)."""
+        """Sets every array of `out` to `value` of worker `root_rank` (0). `value` is one
+        NDArray (or a list of one); several keys: lists of keys, values and outs."""
+        for (k, v), (_, o) in zip(_pairs(key, value, "value"), _pairs(key, out, "out")):
+            self._broadcast_one(k, v, o, priority, root_rank)
+
+    def _broadcast_one(self, key, value, out, priority, root_rank):
         name = self._name(key)
-        if not isinstance(value, mx.nd.NDArray):
-            raise TypeError(f"key {key!r}: value must be one NDArray, not "
-                            f"{type(value).__name__}")
+        value = _one_array(value, key, "value")
         outs = _as_list(out, "out", key)
         _check(key, [value], "value", value.shape, value.dtype)
         _check(key, outs, "out", value.shape, value.dtype)
@@ -252,7 +301,14 @@ class _HybridKVStore(KVStoreBase):
     def pushpull(self, key, value, out=None, priority=0):
         """Sums `value` (one array per device) over devices and workers into `out` (or
         into `value` when out is None). With the optimizer on the servers (dist_hybrid
-        after set_optimizer), `out` receives the updated weights instead."""
+        after set_optimizer), `out` receives the updated weights instead. Several keys:
+        lists of keys, values and outs."""
+        outs = [(k, None) for k, _ in _pairs(key, value, "value")] if out is None else \
+            _pairs(key, out, "out")
+        for (k, v), (_, o) in zip(_pairs(key, value, "value"), outs):
+            self._pushpull_one(k, v, o, priority)
+
+    def _pushpull_one(self, key, value, out, priority):
         name = self._name(key)
         if self._optimizer_on_servers:
             self._sync_optimizer_params()
@@ -295,22 +351,92 @@ class _HybridKVStore(KVStoreBase):
             if not _same(o, dst):
                 (dst if merged is None or _on_host(o) else merged).copyto(o)
 
+    # ---- the classic API: init, push, pull (MXNet's Module, update_on_kvstore=False) ---
+    def init(self, key, value):
+        """Collective: stores rank 0's `value` under `key` (every worker's pull returns it
+        until the next push). With the optimizer on the servers it also gives them the
+        weights, as a broadcast does. Several keys: lists of keys and values."""
+        for k, v in _pairs(key, value, "value"):
+            name = self._name(k)
+            v = _one_array(v, k, "init's value")
+            _check_dense(k, [v], "init's value")
+            self._broadcast_one(k, v, self._value_array(name, v), 0, 0)
+
+    def push(self, key, value, priority=0):
+        """Collective: sums `value` (an NDArray, or one per device) over the devices and
+        the workers into the key's stored value, which the next pull returns; with the
+        optimizer on the servers (dist_hybrid after set_optimizer) `value` is a gradient
+        and the stored value becomes the updated weights (one update per push). Returns
+        at once, as pushpull does. Several keys: lists of keys and values. Every worker
+        must push the same keys in the same order (MXNet's dist_sync waits for all too)."""
+        for k, v in _pairs(key, value, "value"):
+            name = self._name(k)
+            values = _as_list(v, "value", k)
+            _check_dense(k, values, "value")
+            stored = self._values.get(name)
+            if stored is not None and (stored.shape != values[0].shape
+                                       or stored.dtype != values[0].dtype):
+                raise ValueError(
+                    f"push of key {k!r}: the value has shape {values[0].shape} and dtype "
+                    f"{np.dtype(values[0].dtype).name}, the key holds {stored.shape} and "
+                    f"{np.dtype(stored.dtype).name} (from its init or first push)")
+            self._pushpull_one(k, values, self._value_array(name, values[0]), priority)
+
+    def pull(self, key, out=None, priority=0, ignore_sparse=True):
+        """Copies the key's stored value (init's, or the last push's result) into `out`
+        (an NDArray or one per device; several keys: lists of keys and outs). Local: no
+        communication, it waits in MXNet's engine for this worker's last push of the key.
+        Sparse arrays in `out` are skipped with ignore_sparse=True (MXNet's contract),
+        else an error."""
+        if out is None:
+            raise ValueError(f"pull of key {key!r}: out is required (the arrays to fill)")
+        for k, o in _pairs(key, out, "out"):
+            name = self._name(k)
+            outs = _as_list(o, "out", k)
+            stored = self._values.get(name)
+            if stored is None:
+                raise ValueError(
+                    f"pull of key {k!r}: the key was never initialised (init) or pushed "
+                    f"on this {self._TYPE} store")
+            if ignore_sparse:
+                outs = [a for a in outs if a.stype == "default"]
+            _check(k, outs, "out", stored.shape, stored.dtype)
+            for a in outs:
+                stored.copyto(a)
+
+    def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
+        """Refused: hybridps stores dense arrays only."""
+        keys = list(key) if isinstance(key, (list, tuple)) else key
+        raise NotImplementedError(
+            f"row_sparse_pull of key {keys!r}: {self._TYPE} stores dense arrays only, so "
+            "it has no row_sparse weights to pull rows of; keep the weights dense "
+            "(pull gives the whole array), or use MXNet's dist_sync for sparse models")
+
+    def _value_array(self, name, like):
+        """The host array holding tensor `name`'s value (init, push, pull), shaped like
+        `like`: made on first use, then reused."""
+        buf = self._values.get(name)
+        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
+            buf = mx.nd.empty(like.shape, dtype=like.dtype, ctx=mx.cpu())
+            self._values[name] = buf
+        return buf
+
     def barrier(self):
         """Returns when every worker called barrier (waits for this worker's arrays)."""
         mx.nd.waitall()
         self._store.barrier()
 
     # ---- capabilities, optimizer, compression -----------------------------------------
-    def is_capable(self, capability):
-        if capability.lower() == KVStoreBase.OPTIMIZER:
-            return self._store.optimizer_capable
-        raise ValueError(f"Unknown capability: {capability}")
+    # is_capable: a staticmethod of each store class (MXNet's own stores and Horovod's
+    # answer on the class: type(kv).is_capable('optimizer')).
 
     def set_optimizer(self, optimizer):
         """Runs `optimizer` on the servers (dist_hybrid): collective, before the weights'
-        broadcast (gluon.Trainer's order). Afterwards pushpull(key, grads, out=weights)
-        returns the updated weights. Rules and schedulers the servers do not have are an
-        error naming them (run those on the workers: update_on_kvstore=False)."""
+        broadcast (gluon.Trainer's order) or init (Module's; keys init'ed before get their
+        values sent as the weights now). Afterwards pushpull(key, grads, out=weights), or
+        push(key, grads) then pull(key, out=weights), returns the updated weights. Rules
+        and schedulers the servers do not have are an error naming them (run those on the
+        workers: update_on_kvstore=False)."""
         if not self._store.optimizer_capable:
             raise NotImplementedError(
                 f"{self._TYPE} cannot run the optimizer: the workers update their weights "
@@ -325,6 +451,10 @@ class _HybridKVStore(KVStoreBase):
                                   spec["multi_precision"], spec["multipliers"])
         self._optimizer_on_servers = True
         _servers_optimizer = spec["rule"]
+        # Keys init'ed (or pushed) before: their values become the servers' weights, as
+        # MXNet's servers already hold them (every worker has the same keys, in order).
+        for name, stored in self._values.items():
+            self._broadcast_one(name[len(self._prefix):], stored, stored, 0, 0)
         self._optimizer = optimizer
         self._updater = mx.optimizer.get_updater(optimizer)  # Trainer.load_states reads it
         self._sent = {"learning_rate": optimizer.lr, "rescale_grad": optimizer.rescale_grad,
@@ -377,10 +507,20 @@ class DistHybrid(_HybridKVStore):
     """mx.kv.create('dist_hybrid'): the parameter-server store."""
     _TYPE = "dist_hybrid"
 
+    @staticmethod
+    def is_capable(capability):
+        """'optimizer': True (the servers run it: set_optimizer)."""
+        return _is_capable(capability, optimizer=True)
+
 
 class DistAllreduce(_HybridKVStore):
     """mx.kv.create('dist_allreduce'): ring allreduce (Gloo), no servers."""
     _TYPE = "dist_allreduce"
+
+    @staticmethod
+    def is_capable(capability):
+        """'optimizer': False (no servers: the workers update their weights)."""
+        return _is_capable(capability, optimizer=False)
 
 
 def register():
