@@ -260,6 +260,12 @@ def classic(kv):
                  out=[ba, [bb]])
     got["lists_pushpull_broadcast"] = [pa.asnumpy().tolist(), pb.asnumpy().tolist(),
                                        ba.asnumpy().tolist(), bb.asnumpy().tolist()]
+    # MXNet's test_custom_store: one array twice in the values and in the outputs.
+    arr_list = [mx.nd.empty((1,))] * 2
+    kv.pushpull("custom", [mx.nd.ones((1,))] * 2, out=arr_list)
+    first = arr_list[0].asnumpy().tolist()
+    kv.pushpull("custom", arr_list)
+    got["repeated_arrays"] = [first, arr_list[0].asnumpy().tolist()]
     # Errors: local (pull, row_sparse_pull) or raised by every worker before any
     # communication (push), so the workers go on together.
     rsp = mx.nd.sparse.zeros("row_sparse", (4,))

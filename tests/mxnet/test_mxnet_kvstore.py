@@ -126,6 +126,8 @@ def test_classic_init_push_pull(job):
         assert r["broadcast_list"] == [[5.0] * 3, [6.0] * 3], r  # one-element lists
         assert r["lists_pushpull_broadcast"] == [[workers] * 2, [2 * workers] * 3,
                                                  [1.0] * 2, [3.0] * 3], r
+        # One array twice per worker: 2 per worker, summed; then in place, 2 * 2n each.
+        assert r["repeated_arrays"] == [[2.0 * n], [4.0 * n * n]], r
 
 
 def test_classic_api_errors_name_the_key(job):
