@@ -547,6 +547,26 @@ def broadcast_mismatch():
     report("broadcast_mismatch", rank=r, got=got)
 
 
+def deferred_broadcast():
+    """broadcast_parameters before the shapes are known (deferred initialisation, as in
+    Horovod's MNIST example): the parameters take rank 0's values at the first forward."""
+    hps.init(STORE)
+    r = hps.rank()
+    mx.random.seed(100 + r)  # each worker initialises its weights differently
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(8, activation="relu"), gluon.nn.Dense(3))
+    net.initialize(mx.init.Uniform())
+    deferred = sorted(n for n, p in net.collect_params().items() if p._deferred_init)
+    hps.broadcast_parameters(net.collect_params(), root_rank=0, prefix="deferred.")
+    out = net(mx.nd.ones((2, 5)))
+    weights = {n: p.data().asnumpy().ravel().tolist()
+               for n, p in sorted(net.collect_params().items())}
+    # A second initialisation of the same parameters broadcasts nothing more.
+    net.initialize(mx.init.Uniform(), force_reinit=True)
+    report("deferred", rank=r, deferred=deferred, weights=weights,
+           out=out.asnumpy().ravel().tolist())
+
+
 def main():
     kv = mx.kv.create(STORE)  # the first store: save and load use it
     for scenario in SCENARIOS:
@@ -566,6 +586,8 @@ def main():
             plain_sum_after_optimizer()
         elif scenario == "horovod":
             horovod_api()
+        elif scenario == "deferred":
+            deferred_broadcast()
         elif scenario in ("devices", "devices_staged"):
             devices(mx.kv.create(STORE), scenario == "devices_staged")
         elif scenario == "order":

@@ -66,7 +66,7 @@ def job(request, tmp_path_factory):
     state_dir = tmp_path_factory.mktemp(f"states-{request.param}")
     # Plain sums first: once a Trainer runs the optimizer on dist_hybrid's servers, every
     # push_pull of the job is an update.
-    scenarios = ["horovod", "mismatch", "broadcast_mismatch", "devices", "devices_staged", "devices_staged_host",
+    scenarios = ["horovod", "deferred", "mismatch", "broadcast_mismatch", "devices", "devices_staged", "devices_staged_host",
                  "order", "classic", "module_fit_workers", "sync_sgd_workers",
                  "save", "sync_sgd",
                  "devices_trainer", "devices_trainer_staged", "digits", "overlap",
@@ -301,6 +301,18 @@ def test_mismatched_shapes_name_the_tensor(job):
     for r in both(results, "mismatch"):
         assert r["error"], f"rank {r['rank']}: a size mismatch went unnoticed"
         assert "mismatch" in r["error"], r["error"]
+
+
+def test_broadcast_parameters_waits_for_deferred_initialisation(job):
+    """Workers seeded differently, weights of unknown shape when broadcast_parameters runs:
+    after the first forward pass both hold rank 0's weights and compute the same output."""
+    store, results = job
+    r0, r1 = both(results, "deferred")
+    assert len(r0["deferred"]) >= 2, r0["deferred"]  # both Dense weights were deferred
+    assert r0["weights"].keys() == r1["weights"].keys()
+    for name in r0["weights"]:
+        assert r0["weights"][name] == r1["weights"][name], f"{store}: {name} differs"
+    assert r0["out"] == r1["out"]
 
 
 def test_mismatched_broadcasts_fail_every_rank_every_time(job):

@@ -9,6 +9,7 @@ numbered in call order, which must then be the same everywhere).
 """
 import itertools
 import os
+import types
 
 import mxnet as mx
 from mxnet import gluon
@@ -97,26 +98,38 @@ def broadcast(tensor, root_rank, name=None, priority=0):
 def broadcast_parameters(params, root_rank=0, prefix=None):
     """Sets every parameter to root_rank's value. `params`: a dict of name -> NDArray or
     gluon Parameter: net.collect_params() (a ParameterDict) or Module.get_params()'
-    dicts. Every worker must hold the same names."""
+    dicts. Every worker must hold the same names. A Parameter whose shape is not known yet
+    (deferred initialisation) is broadcast right after MXNet initialises it, at the first
+    forward pass, as Horovod does: every worker must then run that pass."""
     if not hasattr(params, "items"):
         raise TypeError("broadcast_parameters takes a dict or a ParameterDict, not "
                         f"{type(params).__name__}")
     prefix = prefix or ""
     for name, p in sorted(params.items()):
+        key = f"parameter.{prefix}{name}"
         if isinstance(p, gluon.Parameter):
             if p._deferred_init:
-                raise ValueError(
-                    f"broadcast_parameters: parameter {name!r} is not initialised yet "
-                    "(deferred initialisation): run one forward pass first")
+                _broadcast_after_init(p, key, root_rank)
+                continue
             arrays = p.list_data()
         elif isinstance(p, mx.nd.NDArray):
             arrays = [p]
         else:
             raise TypeError(f"broadcast_parameters: {name!r} is a {type(p).__name__}, "
                             "not an NDArray or a Parameter")
-        _store().broadcast(f"parameter.{prefix}{name}", arrays[0], arrays,
-                           root_rank=root_rank)
+        _store().broadcast(key, arrays[0], arrays, root_rank=root_rank)
     mx.nd.waitall()
+
+
+def _broadcast_after_init(param, key, root_rank):
+    """Makes `param`'s deferred initialisation broadcast root_rank's value under `key`
+    once MXNet has made it (Parameter._init_impl runs then), and then drop this hook."""
+    def init_then_broadcast(self, data, ctx_list):
+        del self._init_impl  # back to the class's method, for any later initialisation
+        self._init_impl(data, ctx_list)
+        arrays = self.list_data()
+        _store().broadcast(key, arrays[0], arrays, root_rank=root_rank)
+    param._init_impl = types.MethodType(init_then_broadcast, param)
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
