@@ -567,6 +567,67 @@ def deferred_broadcast():
            out=out.asnumpy().ravel().tolist())
 
 
+def _err(call):
+    """The exception `call` raised, as "Type: message", or None."""
+    try:
+        out = call()
+        if isinstance(out, mx.nd.NDArray):
+            out.wait_to_read()
+    except Exception as exc:  # noqa: BLE001 - reported and checked by the test
+        return f"{type(exc).__name__}: {exc}"[:600]
+    return None
+
+
+def horovod_more():
+    """The rest of horovod.mxnet's API: topology and build answers, allreduce's op and
+    scaling, the refused ops."""
+    hps.init(STORE)
+    r, n = hps.rank(), hps.size()
+    t = lambda: mx.nd.full((4,), r + 1.0)  # noqa: E731
+    got = dict(
+        initialized=hps.is_initialized(), cross_rank=hps.cross_rank(),
+        cross_size=hps.cross_size(), local_rank=hps.local_rank(),
+        local_size=hps.local_size(),
+        built={f: getattr(hps, f)() for f in (
+            "mpi_built", "gloo_built", "nccl_built", "cuda_built", "rocm_built",
+            "mpi_enabled", "gloo_enabled", "mpi_threads_supported")},
+        op_sum=hps.allreduce(t(), op=hps.Sum, name="op_sum").asnumpy().tolist(),
+        op_average=hps.allreduce(t(), op=hps.Average).asnumpy().tolist(),
+        default=hps.allreduce(t()).asnumpy().tolist(),
+        average_false=hps.allreduce(t(), average=False).asnumpy().tolist(),
+        average_true=hps.allreduce(t(), average=True).asnumpy().tolist(),
+        scaled_sum=hps.allreduce(t(), op=hps.Sum, prescale_factor=2.0,
+                                 postscale_factor=10.0).asnumpy().tolist(),
+        scaled_average=hps.allreduce(t(), prescale_factor=3.0,
+                                     postscale_factor=0.5).asnumpy().tolist())
+    a = t()
+    out = hps.allreduce(a, op=hps.Sum, prescale_factor=2.0)
+    got["out_of_place_input"] = a.asnumpy().tolist()
+    got["out_of_place"] = out.asnumpy().tolist()
+    b = t()
+    same = hps.allreduce_(b, op=hps.Sum, prescale_factor=2.0, postscale_factor=0.25) is b
+    got["in_place"] = b.asnumpy().tolist()
+    got["in_place_same"] = same
+    got["refused"] = {name: _err(lambda op=op: hps.allreduce(t(), op=op))
+                      for name, op in (("Min", hps.Min), ("Max", hps.Max),
+                                       ("Product", hps.Product), ("Adasum", hps.Adasum))}
+    got["refused_"] = _err(lambda: hps.allreduce_(t(), op=hps.Max))
+    got["both"] = _err(lambda: hps.allreduce(t(), average=True, op=hps.Sum))
+    report("horovod_more", rank=r, size=n, **got)
+
+
+def horovod_shutdown():
+    """shutdown() leaves the job: is_initialized turns False, init() again is refused."""
+    hps.init(STORE)
+    r = hps.rank()
+    # A broadcast: on dist_hybrid the servers run an optimizer by now (no plain sums).
+    x = hps.broadcast(mx.nd.full((2,), r + 1.0), root_rank=1, name="before_shutdown")
+    hps.shutdown()
+    report("horovod_shutdown", rank=r, before=x.asnumpy().tolist(),
+           initialized=hps.is_initialized(), again=_err(lambda: hps.init(STORE)),
+           rank_after=_err(hps.rank), second_shutdown=_err(hps.shutdown))
+
+
 def main():
     kv = mx.kv.create(STORE)  # the first store: save and load use it
     for scenario in SCENARIOS:
@@ -586,6 +647,10 @@ def main():
             plain_sum_after_optimizer()
         elif scenario == "horovod":
             horovod_api()
+        elif scenario == "horovod_more":
+            horovod_more()
+        elif scenario == "horovod_shutdown":
+            horovod_shutdown()
         elif scenario == "deferred":
             deferred_broadcast()
         elif scenario in ("devices", "devices_staged"):

@@ -66,11 +66,12 @@ def job(request, tmp_path_factory):
     state_dir = tmp_path_factory.mktemp(f"states-{request.param}")
     # Plain sums first: once a Trainer runs the optimizer on dist_hybrid's servers, every
     # push_pull of the job is an update.
-    scenarios = ["horovod", "deferred", "mismatch", "broadcast_mismatch", "devices", "devices_staged", "devices_staged_host",
+    scenarios = ["horovod", "horovod_more", "deferred", "mismatch", "broadcast_mismatch", "devices", "devices_staged", "devices_staged_host",
                  "order", "classic", "module_fit_workers", "sync_sgd_workers",
                  "save", "sync_sgd",
                  "devices_trainer", "devices_trainer_staged", "digits", "overlap",
-                 "classic_optimizer", "module_fit", "plain_sum"]
+                 "classic_optimizer", "module_fit", "plain_sum",
+                 "horovod_shutdown"]  # shutdown ends the store: last
     proc, results = run_job(request.param, scenarios, state_dir)
     check_job(proc, results, len(scenarios))
     proc, loaded = run_job(request.param, ["load"], state_dir)
@@ -284,6 +285,56 @@ def test_horovod_style_helpers(job):
         assert r["sum"] == [n * (n + 1) / 2] * 5 and r["mean"] == [(n + 1) / 2] * 5, r
         assert r["broadcast"] == [10.0 * (n - 1)] * 3, r  # root_rank n-1's value
         assert r["trainer_diff"] <= TOLERANCE and r["optimizer_diff"] <= TOLERANCE, r
+
+
+def test_horovod_topology_and_build(job):
+    store, results = job
+    for r in both(results, "horovod_more"):
+        assert r["initialized"] is True, r
+        # Nodes of local_size workers with consecutive ranks (hybridrun: one host).
+        ls = r["local_size"]
+        assert 2 % ls == 0 and r["local_rank"] == r["rank"] % ls, r
+        assert (r["cross_rank"], r["cross_size"]) == (r["rank"] // ls, 2 // ls), r
+        b = r["built"]
+        assert b["mpi_built"] is False and b["mpi_enabled"] is False, b
+        assert b["mpi_threads_supported"] is False and b["rocm_built"] is False, b
+        assert b["gloo_enabled"] is (store == "dist_allreduce"), b
+        # The test build (HYBRIDPS_BUILD_DIR) links Gloo, CUDA and NCCL: read from the
+        # extension's ELF dependencies, compared with ldd's view here.
+        so = next((BUILD / "mxnet_kvstore").glob("_hybridps_core*.so"))
+        ldd = subprocess.run(["ldd", str(so)], capture_output=True, text=True).stdout
+        assert b["gloo_built"] is ("libgloo" in ldd), b
+        assert b["nccl_built"] is ("libnccl" in ldd), b
+        assert b["cuda_built"] is ("libcudart" in ldd or "libcuda." in ldd), b
+
+
+def test_horovod_allreduce_ops_and_scaling(job):
+    store, results = job
+    for r in both(results, "horovod_more"):
+        assert r["size"] == 2, r
+        # rank + 1 on each worker: 1 + 2.
+        assert r["op_sum"] == [3.0] * 4 and r["average_false"] == [3.0] * 4, r
+        assert r["op_average"] == [1.5] * 4 and r["default"] == [1.5] * 4, r
+        assert r["average_true"] == [1.5] * 4, r
+        assert r["scaled_sum"] == [60.0] * 4, r  # (2 * 1 + 2 * 2) * 10
+        assert r["scaled_average"] == [2.25] * 4, r  # (3 + 6) / 2 * 0.5
+        assert r["out_of_place"] == [6.0] * 4, r
+        assert r["out_of_place_input"] == [r["rank"] + 1.0] * 4, r  # left as it was
+        assert r["in_place"] == [1.5] * 4 and r["in_place_same"] is True, r
+        for name, err in r["refused"].items():
+            assert err and err.startswith("NotImplementedError") and f"op={name}" in err, r
+            assert "sum only" in err, err
+        assert r["refused_"].startswith("NotImplementedError") and "op=Max" in r["refused_"]
+        assert r["both"] and r["both"].startswith("ValueError"), r
+
+
+def test_horovod_shutdown(job):
+    store, results = job
+    for r in both(results, "horovod_shutdown"):
+        assert r["before"] == [2.0, 2.0] and r["initialized"] is False, r
+        assert r["again"].startswith("RuntimeError") and "shutdown" in r["again"], r
+        assert r["rank_after"].startswith("ValueError") and "shut down" in r["rank_after"]
+        assert r["second_shutdown"] is None, r  # a no-op
 
 
 def test_plain_sum_after_server_optimizer(job):

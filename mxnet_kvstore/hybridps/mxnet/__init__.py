@@ -22,13 +22,20 @@ os.environ.setdefault("MXNET_EXEC_BULK_EXEC_TRAIN", "0")
 
 from .kvstore import (DistAllreduce, DistHybrid, now_ns, register,  # noqa: E402
                       timeline_mark, timeline_start, timeline_stop, timeline_take)
-from .horovod import (DistributedOptimizer, DistributedTrainer, allreduce,  # noqa: E402
-                      allreduce_, broadcast, broadcast_, broadcast_parameters, init,
-                      local_rank, local_size, rank, size)
+from .horovod import (Adasum, Average, DistributedOptimizer,  # noqa: E402
+                      DistributedTrainer, Max, Min, Product, Sum, allreduce, allreduce_,
+                      broadcast, broadcast_, broadcast_parameters, cross_rank, cross_size,
+                      cuda_built, gloo_built, gloo_enabled, init, is_initialized,
+                      local_rank, local_size, mpi_built, mpi_enabled,
+                      mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
 
 register()
 
 __all__ = ["DistHybrid", "DistAllreduce", "now_ns", "timeline_mark", "timeline_start",
            "timeline_stop", "timeline_take", "init", "rank", "size", "local_rank",
            "local_size", "allreduce", "allreduce_", "broadcast", "broadcast_",
-           "broadcast_parameters", "DistributedOptimizer", "DistributedTrainer"]
+           "broadcast_parameters", "DistributedOptimizer", "DistributedTrainer",
+           "is_initialized", "shutdown", "cross_rank", "cross_size", "mpi_built",
+           "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
+           "nccl_built", "cuda_built", "rocm_built", "Average", "Sum", "Adasum", "Min",
+           "Max", "Product"]

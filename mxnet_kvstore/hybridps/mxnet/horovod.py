@@ -9,21 +9,35 @@ numbered in call order, which must then be the same everywhere).
 """
 import itertools
 import os
+import struct
 import types
 
 import mxnet as mx
 from mxnet import gluon
 
+from .._core import core
 from .kvstore import DistAllreduce, DistHybrid
 
 _kv = None
-_counters = {"allreduce": itertools.count(), "broadcast": itertools.count()}
+_shut_down = False
+_counters = {k: itertools.count() for k in ("allreduce", "broadcast", "grouped_allreduce",
+                                            "broadcast_object", "allgather_object",
+                                            "allgather")}
+
+# Horovod's reduction ops (horovod.common.basics' values). The stores reduce by sum only:
+# Average and Sum are sums (Average divides afterwards); the others are refused.
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
+             Product: "Product"}
 
 
 def init(backend=None):
     """Joins the job (once per process). backend: 'dist_hybrid' (default, or
     $HYBRIDPS_BACKEND) or 'dist_allreduce'."""
     global _kv
+    if _shut_down:
+        raise RuntimeError("hybridps.mxnet.init: this process called shutdown(), which left "
+                           "the job; a process cannot rejoin it (start a new job)")
     backend = backend or os.environ.get("HYBRIDPS_BACKEND") or "dist_hybrid"
     if _kv is not None:
         if _kv.type != backend:
@@ -37,8 +51,29 @@ def init(backend=None):
     _kv = classes[backend]()
 
 
+def is_initialized():
+    """True between init() and shutdown()."""
+    return _kv is not None
+
+
+def shutdown():
+    """Waits for this process's pending operations, then leaves the job: the process's
+    store (also those of mx.kv.create) is closed and later operations fail. init() cannot
+    be called again afterwards (a RuntimeError): the job does not take a worker back."""
+    global _kv, _shut_down
+    if _kv is None:
+        return
+    mx.nd.waitall()
+    _kv = None
+    _shut_down = True
+    core.shutdown()
+
+
 def _store():
     if _kv is None:
+        if _shut_down:
+            raise ValueError("hybridps.mxnet was shut down (shutdown()); the process left "
+                             "the job")
         raise ValueError("hybridps.mxnet has not been initialised; call hvd.init() first")
     return _kv
 
@@ -59,25 +94,149 @@ def local_size():
     return _store().local_size
 
 
+def cross_rank():
+    """The index of this worker's node. hybridps knows a node only by local_rank and
+    local_size (set by the launcher, see README); nodes hold local_size workers each with
+    consecutive ranks (as hybridrun, mpirun --map-by slot and Slurm's block layout start
+    them), so the node index is rank // local_size."""
+    return rank() // local_size()
+
+
+def cross_size():
+    """The number of nodes: size() // local_size() (see cross_rank)."""
+    return size() // local_size()
+
+
+def _needed_libraries():
+    """The shared libraries the extension _hybridps_core was linked against (its ELF
+    DT_NEEDED entries): the build's CUDA, NCCL and Gloo show there, and the extension has
+    no build-info call of its own."""
+    try:
+        with open(core.__file__, "rb") as f:
+            data = f.read()
+        if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:  # ELF64, little endian
+            return []
+        shoff, = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+                    for i in range(shnum)]
+        names = []
+        for sec in sections:
+            if sec[1] != 6:  # SHT_DYNAMIC
+                continue
+            strtab = sections[sec[6]]
+            for off in range(sec[4], sec[4] + sec[5], 16):
+                tag, val = struct.unpack_from("<qQ", data, off)
+                if tag == 0:
+                    break
+                if tag == 1:  # DT_NEEDED
+                    start = strtab[4] + val
+                    names.append(data[start:data.index(b"\0", start)].decode())
+        return names
+    except (OSError, struct.error, ValueError, IndexError):
+        return []
+
+
+def _linked(prefix):
+    return any(n.startswith(prefix) for n in _needed_libraries())
+
+
+def mpi_built():
+    """False: hybridps has no MPI; its scheduler and Gloo (dist_allreduce) connect the
+    workers (mpirun may start them: see the README)."""
+    return False
+
+
+def mpi_enabled():
+    """False: no MPI (see mpi_built)."""
+    return False
+
+
+def mpi_threads_supported():
+    """False: no MPI (see mpi_built)."""
+    return False
+
+
+def gloo_built():
+    """Whether the extension was built with Gloo (the dist_allreduce store needs it)."""
+    return _linked("libgloo")
+
+
+def gloo_enabled():
+    """Whether this job reduces with Gloo: the store is dist_allreduce."""
+    return _store().type == "dist_allreduce"
+
+
+def nccl_built():
+    """Whether the extension was built with NCCL. The MXNet plugin itself hands hybridps
+    host arrays only (GPU arrays are staged through pinned host memory)."""
+    return _linked("libnccl")
+
+
+def cuda_built():
+    """Whether the extension was built with CUDA (pinned staging of GPU arrays)."""
+    return _linked("libcudart") or _linked("libcuda.")
+
+
+def rocm_built():
+    """False: hybridps has no ROCm build."""
+    return False
+
+
 def _name(kind, name):
     return f"{kind}.{name}" if name is not None else f"{kind}.noname.{next(_counters[kind])}"
 
 
-def allreduce_(tensor, average=True, name=None, priority=0):
-    """In place: tensor = the sum (average=True: the mean) over the workers."""
-    _store().pushpull(_name("allreduce", name), tensor, priority=priority)
-    if average and size() > 1:
-        tensor /= size()
-    return tensor
+def _resolve_op(op, average, what):
+    """Horovod's rules: op or the deprecated average (not both); neither means Average."""
+    if op is not None and average is not None:
+        raise ValueError(f"{what}: give op= or the deprecated average=, not both")
+    if op is None:
+        op = Sum if average is False else Average
+    if op in (Average, Sum):
+        return op
+    if op in _OP_NAMES:
+        raise NotImplementedError(
+            f"{what}: op={_OP_NAMES[op]} is not supported: the hybridps stores "
+            "(dist_hybrid's servers, dist_allreduce's Gloo ring) reduce by sum only; use "
+            "op=hvd.Sum or hvd.Average")
+    raise ValueError(f"{what}: unknown op {op!r} (hvd.Average, hvd.Sum, ...)")
 
 
-def allreduce(tensor, average=True, name=None, priority=0):
-    """A new NDArray with the sum (average=True: the mean) of `tensor` over the workers."""
-    out = mx.nd.empty(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
-    _store().pushpull(_name("allreduce", name), tensor, out=out, priority=priority)
-    if average and size() > 1:
-        out /= size()
+def _allreduce_into(tensor, out, op, name, priority, prescale_factor, postscale_factor):
+    """out = postscale * reduce(prescale * tensor) (Average also divides by size())."""
+    if out is tensor:  # in place
+        if prescale_factor != 1.0:
+            tensor *= prescale_factor
+        _store().pushpull(name, tensor, priority=priority)
+    else:
+        src = tensor * prescale_factor if prescale_factor != 1.0 else tensor
+        _store().pushpull(name, src, out=out, priority=priority)
+    scale = float(postscale_factor)
+    if op == Average:
+        scale /= size()
+    if scale != 1.0:
+        out *= scale
     return out
+
+
+def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
+               postscale_factor=1.0, op=None):
+    """In place: tensor = the sum (op=Sum) or the mean (op=Average, the default; or the
+    deprecated average=True) over the workers of prescale_factor * tensor, times
+    postscale_factor."""
+    op = _resolve_op(op, average, "allreduce_")
+    return _allreduce_into(tensor, tensor, op, _name("allreduce", name), priority,
+                           prescale_factor, postscale_factor)
+
+
+def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
+              postscale_factor=1.0, op=None):
+    """A new NDArray: allreduce_ of a copy (`tensor` is left as it is)."""
+    op = _resolve_op(op, average, "allreduce")
+    out = mx.nd.empty(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
+    return _allreduce_into(tensor, out, op, _name("allreduce", name), priority,
+                           prescale_factor, postscale_factor)
 
 
 def broadcast_(tensor, root_rank, name=None, priority=0):
