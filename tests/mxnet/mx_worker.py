@@ -613,7 +613,38 @@ def horovod_more():
                                        ("Product", hps.Product), ("Adasum", hps.Adasum))}
     got["refused_"] = _err(lambda: hps.allreduce_(t(), op=hps.Max))
     got["both"] = _err(lambda: hps.allreduce(t(), average=True, op=hps.Sum))
+    a, b = t(), mx.nd.full((2, 3), 10.0 * (r + 1))
+    got["grouped_"] = [x.asnumpy().tolist() for x in hps.grouped_allreduce_(
+        [a, b], op=hps.Sum, postscale_factor=2.0)]
+    got["grouped_same"] = [x is y for x, y in zip(hps.grouped_allreduce_([a, b]), [a, b])]
+    got["grouped"] = [x.asnumpy().tolist() for x in hps.grouped_allreduce(
+        [t(), mx.nd.full((3,), 5.0 * r)], name="g")]
+    got["grouped_refused"] = _err(lambda: hps.grouped_allreduce([t()], op=hps.Product))
+    # allgather: rank r gives r + 2 rows of 3 (the value says rank and row).
+    rows = mx.nd.array([[100 * r + i] * 3 for i in range(r + 2)])
+    gathered = hps.allgather(rows, name="rows")
+    got["allgather"] = gathered.asnumpy().tolist()
+    got["allgather_int"] = hps.allgather(
+        mx.nd.full((1,), 7 * (r + 1), dtype="int32")).asnumpy().tolist()
+    got["allgather_1d"] = hps.allgather(
+        mx.nd.arange(r + 1) + 10 * r).asnumpy().tolist()  # 1 and 2 elements
+    got["allgather_again"] = hps.allgather(mx.nd.full((1, 3), r), name="rows").asnumpy(
+    ).tolist()
     report("horovod_more", rank=r, size=n, **got)
+
+
+def horovod_objects():
+    """broadcast_object and allgather_object, from any root, with objects of different
+    sizes on each rank."""
+    hps.init(STORE)
+    r = hps.rank()
+    mine = {"rank": r, "name": "worker" * (r + 1), "data": list(range(10 * r)), r: (r,)}
+    report("horovod_objects", rank=r, mine=repr(mine),
+           from1=repr(hps.broadcast_object(mine, root_rank=1)),
+           from0=repr(hps.broadcast_object(mine, root_rank=0, name="obj")),
+           again=repr(hps.broadcast_object([r] * (5 + r), root_rank=1, name="obj")),
+           gathered=repr(hps.allgather_object(mine)),
+           gathered_none=repr(hps.allgather_object(None if r else "x" * 1000, name="o")))
 
 
 def horovod_shutdown():
@@ -649,6 +680,8 @@ def main():
             horovod_api()
         elif scenario == "horovod_more":
             horovod_more()
+        elif scenario == "horovod_objects":
+            horovod_objects()
         elif scenario == "horovod_shutdown":
             horovod_shutdown()
         elif scenario == "deferred":

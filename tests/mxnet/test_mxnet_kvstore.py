@@ -71,7 +71,7 @@ def job(request, tmp_path_factory):
                  "save", "sync_sgd",
                  "devices_trainer", "devices_trainer_staged", "digits", "overlap",
                  "classic_optimizer", "module_fit", "plain_sum",
-                 "horovod_shutdown"]  # shutdown ends the store: last
+                 "horovod_objects", "horovod_shutdown"]  # shutdown ends the store: last
     proc, results = run_job(request.param, scenarios, state_dir)
     check_job(proc, results, len(scenarios))
     proc, loaded = run_job(request.param, ["load"], state_dir)
@@ -326,6 +326,38 @@ def test_horovod_allreduce_ops_and_scaling(job):
             assert "sum only" in err, err
         assert r["refused_"].startswith("NotImplementedError") and "op=Max" in r["refused_"]
         assert r["both"] and r["both"].startswith("ValueError"), r
+
+
+def test_horovod_grouped_allreduce(job):
+    store, results = job
+    for r in both(results, "horovod_more"):
+        # Sum of rank + 1 and of 10 * (rank + 1), times 2; then averaged in place again.
+        assert r["grouped_"] == [[6.0] * 4, [[60.0] * 3] * 2], r
+        assert r["grouped_same"] == [True, True], r
+        assert r["grouped"] == [[1.5] * 4, [2.5] * 3], r  # means
+        assert r["grouped_refused"].startswith("NotImplementedError"), r
+        assert "op=Product" in r["grouped_refused"], r
+
+
+def test_horovod_allgather(job):
+    store, results = job
+    for r in both(results, "horovod_more"):
+        # 2 rows from rank 0, then 3 from rank 1, in rank order.
+        assert r["allgather"] == [[0.0] * 3, [1.0] * 3, [100.0] * 3, [101.0] * 3,
+                                  [102.0] * 3], r
+        assert r["allgather_int"] == [7, 14], r
+        assert r["allgather_1d"] == [0.0, 10.0, 11.0], r
+        assert r["allgather_again"] == [[0.0] * 3, [1.0] * 3], r
+
+
+def test_horovod_objects(job):
+    store, results = job
+    r0, r1 = both(results, "horovod_objects")
+    for r in (r0, r1):
+        assert r["from1"] == r1["mine"] and r["from0"] == r0["mine"], r
+        assert r["again"] == repr([1] * 6), r
+        assert r["gathered"] == repr([eval(r0["mine"]), eval(r1["mine"])]), r
+        assert r["gathered_none"] == repr(["x" * 1000, None]), r
 
 
 def test_horovod_shutdown(job):

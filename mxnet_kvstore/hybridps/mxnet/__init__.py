@@ -23,7 +23,9 @@ os.environ.setdefault("MXNET_EXEC_BULK_EXEC_TRAIN", "0")
 from .kvstore import (DistAllreduce, DistHybrid, now_ns, register,  # noqa: E402
                       timeline_mark, timeline_start, timeline_stop, timeline_take)
 from .horovod import (Adasum, Average, DistributedOptimizer,  # noqa: E402
-                      DistributedTrainer, Max, Min, Product, Sum, allreduce, allreduce_,
+                      DistributedTrainer, Max, Min, Product, Sum, allgather,
+                      allgather_object, allreduce, allreduce_, broadcast_object,
+                      grouped_allreduce, grouped_allreduce_,
                       broadcast, broadcast_, broadcast_parameters, cross_rank, cross_size,
                       cuda_built, gloo_built, gloo_enabled, init, is_initialized,
                       local_rank, local_size, mpi_built, mpi_enabled,
@@ -38,4 +40,5 @@ __all__ = ["DistHybrid", "DistAllreduce", "now_ns", "timeline_mark", "timeline_s
            "is_initialized", "shutdown", "cross_rank", "cross_size", "mpi_built",
            "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
            "nccl_built", "cuda_built", "rocm_built", "Average", "Sum", "Adasum", "Min",
-           "Max", "Product"]
+           "Max", "Product", "grouped_allreduce", "grouped_allreduce_", "allgather",
+           "broadcast_object", "allgather_object"]

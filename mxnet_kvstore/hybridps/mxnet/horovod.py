@@ -7,12 +7,15 @@ DistributedTrainer average the gradients over the workers (so trainer.step takes
 per-worker batch size), and names must agree across workers (unnamed operations are
 numbered in call order, which must then be the same everywhere).
 """
+import io
 import itertools
 import os
+import pickle
 import struct
 import types
 
 import mxnet as mx
+import numpy as np
 from mxnet import gluon
 
 from .._core import core
@@ -237,6 +240,91 @@ def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
     out = mx.nd.empty(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
     return _allreduce_into(tensor, out, op, _name("allreduce", name), priority,
                            prescale_factor, postscale_factor)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
+                       postscale_factor=1.0, op=None):
+    """allreduce_ of each of `tensors` (in place), submitted back to back so that they run
+    together (each is an asynchronous operation of MXNet's engine). Returns `tensors`."""
+    op = _resolve_op(op, average, "grouped_allreduce_")
+    base = _name("grouped_allreduce", name)
+    for i, t in enumerate(tensors):
+        _allreduce_into(t, t, op, f"{base}.{i}", priority, prescale_factor,
+                        postscale_factor)
+    return tensors
+
+
+def grouped_allreduce(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
+                      postscale_factor=1.0, op=None):
+    """allreduce of each of `tensors`, submitted together: a list of new NDArrays."""
+    op = _resolve_op(op, average, "grouped_allreduce")
+    base = _name("grouped_allreduce", name)
+    outs = []
+    for i, t in enumerate(tensors):
+        out = mx.nd.empty(t.shape, ctx=t.context, dtype=t.dtype)
+        outs.append(_allreduce_into(t, out, op, f"{base}.{i}", priority, prescale_factor,
+                                    postscale_factor))
+    return outs
+
+
+def allgather(tensor, name=None, priority=0):
+    """A new NDArray: every worker's `tensor` concatenated along the first dimension, in
+    rank order. The first dimension may differ between workers (the others and the dtype
+    must agree). Two sum-allreduces: of the first dimensions (each worker's at its rank),
+    then of a zero buffer of all rows holding this worker's rows in its slot (exact: the
+    other slots add zeros). On dist_hybrid after a Trainer put the optimizer on the
+    servers, plain sums (so allgather) are refused."""
+    base = _name("allgather", name)
+    n, r = size(), rank()
+    shape = tensor.shape if tensor.shape else (1,)
+    counts = mx.nd.zeros((n,), dtype="int64")
+    counts[r] = shape[0]
+    _store().pushpull(f"{base}.rows", counts, priority=priority)
+    counts = [int(c) for c in counts.asnumpy()]
+    total, offset = sum(counts), sum(counts[:r])
+    buf = mx.nd.zeros((total,) + tuple(shape[1:]), ctx=tensor.context, dtype=tensor.dtype)
+    if shape[0]:
+        buf[offset:offset + shape[0]] = tensor.reshape(shape)
+    # The rows in the name: a later allgather of another total is another tensor.
+    _store().pushpull(f"{base}.data.{total}", buf, priority=priority)
+    return buf
+
+
+def _pickled(obj):
+    data = io.BytesIO()
+    pickle.dump(obj, data)
+    return np.frombuffer(data.getvalue(), dtype=np.uint8)
+
+
+def _broadcast_bytes(base, payload, root_rank):
+    """root_rank's bytes (a uint8 numpy array there; ignored elsewhere) on every worker:
+    first their count (an int64 tensor of one element), then the bytes."""
+    mine = rank() == root_rank
+    length = mx.nd.array([len(payload) if mine else 0], dtype="int64")
+    _store().broadcast(f"{base}.len", length, length, root_rank=root_rank)
+    count = int(length.asnumpy()[0])
+    data = mx.nd.array(payload, dtype="uint8") if mine else mx.nd.zeros((count,),
+                                                                        dtype="uint8")
+    # The count in the name: every broadcast of one name has one size.
+    _store().broadcast(f"{base}.data.{count}", data, data, root_rank=root_rank)
+    return data.asnumpy().tobytes()
+
+
+def broadcast_object(obj, root_rank=0, name=None):
+    """root_rank's `obj` (any picklable object) on every worker."""
+    base = _name("broadcast_object", name)
+    payload = _pickled(obj) if rank() == root_rank else None
+    return pickle.loads(_broadcast_bytes(base, payload, root_rank))
+
+
+def allgather_object(obj, name=None):
+    """The list of every worker's `obj` (picklable), in rank order: each worker broadcasts
+    its pickled object in turn (size() broadcasts, so it works on dist_hybrid also after
+    a Trainer put the optimizer on its servers, and sends each object once)."""
+    base = _name("allgather_object", name)
+    mine = _pickled(obj)
+    return [pickle.loads(_broadcast_bytes(f"{base}.{root}", mine, root))
+            for root in range(size())]
 
 
 def broadcast_(tensor, root_rank, name=None, priority=0):
