@@ -633,6 +633,44 @@ def horovod_more():
     report("horovod_more", rank=r, size=n, **got)
 
 
+def horovod_fp16():
+    """DistributedTrainer and DistributedOptimizer with compression=Compression.fp16
+    against one process with the whole batch (fp32), as in horovod_api."""
+    hps.init(STORE)
+    r, n = hps.rank(), hps.size()
+    x, y = digits_xy()
+    b, steps = 8, 6
+    opt = dict(learning_rate=0.1, momentum=0.9)
+    ref = small_net()
+    run_steps(ref, gluon.Trainer(ref.collect_params(), "sgd", opt, kvstore=None), x, y,
+              lambda s: np.arange(s * n * b, (s + 1) * n * b), steps, n * b)
+    mine = lambda s: np.arange(s * n * b + r * b, s * n * b + (r + 1) * b)  # noqa: E731
+    diffs, moved = {}, {}
+    for kind in ("trainer", "optimizer"):
+        net = small_net()
+        if kind == "trainer":
+            tr = hps.DistributedTrainer(net.collect_params(), "sgd", opt,
+                                        compression=hps.Compression.fp16,
+                                        prefix="fp16" + kind)
+        else:
+            dopt = hps.DistributedOptimizer(mx.optimizer.create("sgd", **opt),
+                                            compression=hps.Compression.fp16)
+            tr = gluon.Trainer(net.collect_params(), dopt, kvstore=None)
+        run_steps(net, tr, x, y, mine, steps, b)
+        diffs[kind] = max(float(np.abs(a - w).max())
+                          for a, w in zip(weights(ref), weights(net)))
+        moved[kind] = min(float(np.abs(a - w).max())
+                          for a, w in zip(weights(small_net()), weights(net)))
+    c = hps.Compression.fp16
+    packed, ctx = c.compress(mx.nd.full((3,), 1.0 / 3))
+    ints, _ = c.compress(mx.nd.ones((2,), dtype="int32"))
+    same = mx.nd.ones((2,))
+    report("horovod_fp16", rank=r, diffs=diffs, moved=moved,
+           wire_dtype=str(np.dtype(packed.dtype)), back=str(np.dtype(
+               c.decompress(packed, ctx).dtype)), int_dtype=str(np.dtype(ints.dtype)),
+           none_same=hps.Compression.none.compress(same)[0] is same)
+
+
 def horovod_objects():
     """broadcast_object and allgather_object, from any root, with objects of different
     sizes on each rank."""
@@ -680,6 +718,8 @@ def main():
             horovod_api()
         elif scenario == "horovod_more":
             horovod_more()
+        elif scenario == "horovod_fp16":
+            horovod_fp16()
         elif scenario == "horovod_objects":
             horovod_objects()
         elif scenario == "horovod_shutdown":

@@ -66,7 +66,7 @@ def job(request, tmp_path_factory):
     state_dir = tmp_path_factory.mktemp(f"states-{request.param}")
     # Plain sums first: once a Trainer runs the optimizer on dist_hybrid's servers, every
     # push_pull of the job is an update.
-    scenarios = ["horovod", "horovod_more", "deferred", "mismatch", "broadcast_mismatch", "devices", "devices_staged", "devices_staged_host",
+    scenarios = ["horovod", "horovod_more", "horovod_fp16", "deferred", "mismatch", "broadcast_mismatch", "devices", "devices_staged", "devices_staged_host",
                  "order", "classic", "module_fit_workers", "sync_sgd_workers",
                  "save", "sync_sgd",
                  "devices_trainer", "devices_trainer_staged", "digits", "overlap",
@@ -358,6 +358,19 @@ def test_horovod_objects(job):
         assert r["again"] == repr([1] * 6), r
         assert r["gathered"] == repr([eval(r0["mine"]), eval(r1["mine"])]), r
         assert r["gathered_none"] == repr(["x" * 1000, None]), r
+
+
+def test_horovod_fp16_compression(job):
+    """fp16 gradients (relative rounding 2**-11) over 6 steps of SGD with momentum stay
+    within 5e-4 of the fp32 single-process weights, and further off than fp32 gradients
+    (TOLERANCE) get: the gradients did go as float16 (measured: 5.7e-5 on both stores)."""
+    store, results = job
+    for r in both(results, "horovod_fp16"):
+        assert r["wire_dtype"] == "float16" and r["back"] == "float32", r
+        assert r["int_dtype"] == "int32" and r["none_same"] is True, r
+        for kind in ("trainer", "optimizer"):
+            assert r["moved"][kind] > 1e-3, "the weights did not move: nothing was tested"
+            assert TOLERANCE < r["diffs"][kind] <= 5e-4, (store, r)
 
 
 def test_horovod_shutdown(job):

@@ -22,7 +22,7 @@ os.environ.setdefault("MXNET_EXEC_BULK_EXEC_TRAIN", "0")
 
 from .kvstore import (DistAllreduce, DistHybrid, now_ns, register,  # noqa: E402
                       timeline_mark, timeline_start, timeline_stop, timeline_take)
-from .horovod import (Adasum, Average, DistributedOptimizer,  # noqa: E402
+from .horovod import (Adasum, Average, Compression, DistributedOptimizer,  # noqa: E402
                       DistributedTrainer, Max, Min, Product, Sum, allgather,
                       allgather_object, allreduce, allreduce_, broadcast_object,
                       grouped_allreduce, grouped_allreduce_,
@@ -41,4 +41,4 @@ __all__ = ["DistHybrid", "DistAllreduce", "now_ns", "timeline_mark", "timeline_s
            "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
            "nccl_built", "cuda_built", "rocm_built", "Average", "Sum", "Adasum", "Min",
            "Max", "Product", "grouped_allreduce", "grouped_allreduce_", "allgather",
-           "broadcast_object", "allgather_object"]
+           "broadcast_object", "allgather_object", "Compression"]
