@@ -671,6 +671,22 @@ def horovod_fp16():
            none_same=hps.Compression.none.compress(same)[0] is same)
 
 
+def horovod_timeline():
+    """start_timeline / stop_timeline around an allreduce and a broadcast: the file."""
+    hps.init(STORE)
+    r = hps.rank()
+    path = os.path.join(tempfile.mkdtemp(), "timeline.json")
+    hps.start_timeline(path, mark_cycles=True)
+    again = _err(lambda: hps.start_timeline(path))
+    hps.allreduce(mx.nd.ones((1000,)), name="tl_sum").wait_to_read()
+    hps.broadcast(mx.nd.ones((10,)), root_rank=0, name="tl_bcast").wait_to_read()
+    hps.stop_timeline()
+    hps.stop_timeline()  # nothing running: nothing
+    with open(path) as f:
+        events = json.load(f)
+    report("horovod_timeline", rank=r, events=events, again=again)
+
+
 def horovod_objects():
     """broadcast_object and allgather_object, from any root, with objects of different
     sizes on each rank."""
@@ -720,6 +736,8 @@ def main():
             horovod_more()
         elif scenario == "horovod_fp16":
             horovod_fp16()
+        elif scenario == "horovod_timeline":
+            horovod_timeline()
         elif scenario == "horovod_objects":
             horovod_objects()
         elif scenario == "horovod_shutdown":

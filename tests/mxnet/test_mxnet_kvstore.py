@@ -66,7 +66,7 @@ def job(request, tmp_path_factory):
     state_dir = tmp_path_factory.mktemp(f"states-{request.param}")
     # Plain sums first: once a Trainer runs the optimizer on dist_hybrid's servers, every
     # push_pull of the job is an update.
-    scenarios = ["horovod", "horovod_more", "horovod_fp16", "deferred", "mismatch", "broadcast_mismatch", "devices", "devices_staged", "devices_staged_host",
+    scenarios = ["horovod", "horovod_more", "horovod_fp16", "horovod_timeline", "deferred", "mismatch", "broadcast_mismatch", "devices", "devices_staged", "devices_staged_host",
                  "order", "classic", "module_fit_workers", "sync_sgd_workers",
                  "save", "sync_sgd",
                  "devices_trainer", "devices_trainer_staged", "digits", "overlap",
@@ -371,6 +371,22 @@ def test_horovod_fp16_compression(job):
         for kind in ("trainer", "optimizer"):
             assert r["moved"][kind] > 1e-3, "the weights did not move: nothing was tested"
             assert TOLERANCE < r["diffs"][kind] <= 5e-4, (store, r)
+
+
+def test_horovod_timeline_file(job):
+    """The file of start_timeline/stop_timeline: Chrome trace complete events, one per
+    operation, named by the tensor (after the store's "n/" prefix), in the rank's pid."""
+    store, results = job
+    for r in both(results, "horovod_timeline"):
+        ev = r["events"]
+        assert [(e["name"].split("/", 1)[1], e["cat"]) for e in ev] == [
+            ("allreduce.tl_sum", "push_pull"), ("broadcast.tl_bcast:init", "broadcast")], ev
+        for e in ev:
+            assert set(e) == {"name", "cat", "ph", "ts", "dur", "pid", "tid"}, e
+            assert e["ph"] == "X" and e["pid"] == r["rank"] and e["dur"] >= 0, e
+        assert ev[0]["ts"] + ev[0]["dur"] <= ev[1]["ts"], ev  # waited for, in turn
+        assert ev[0]["tid"] != ev[1]["tid"], ev  # one row per kind
+        assert r["again"].startswith("ValueError") and "already" in r["again"], r
 
 
 def test_horovod_shutdown(job):

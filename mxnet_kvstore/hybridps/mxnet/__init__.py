@@ -29,7 +29,8 @@ from .horovod import (Adasum, Average, Compression, DistributedOptimizer,  # noq
                       broadcast, broadcast_, broadcast_parameters, cross_rank, cross_size,
                       cuda_built, gloo_built, gloo_enabled, init, is_initialized,
                       local_rank, local_size, mpi_built, mpi_enabled,
-                      mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size)
+                      mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size,
+                      start_timeline, stop_timeline)
 
 register()
 
@@ -41,4 +42,5 @@ __all__ = ["DistHybrid", "DistAllreduce", "now_ns", "timeline_mark", "timeline_s
            "mpi_enabled", "mpi_threads_supported", "gloo_built", "gloo_enabled",
            "nccl_built", "cuda_built", "rocm_built", "Average", "Sum", "Adasum", "Min",
            "Max", "Product", "grouped_allreduce", "grouped_allreduce_", "allgather",
-           "broadcast_object", "allgather_object", "Compression"]
+           "broadcast_object", "allgather_object", "Compression",
+           "start_timeline", "stop_timeline"]

@@ -9,6 +9,7 @@ numbered in call order, which must then be the same everywhere).
 """
 import io
 import itertools
+import json
 import os
 import pickle
 import struct
@@ -19,10 +20,12 @@ import numpy as np
 from mxnet import gluon
 
 from .._core import core
-from .kvstore import DistAllreduce, DistHybrid
+from .kvstore import (DistAllreduce, DistHybrid, timeline_start, timeline_stop,
+                      timeline_take)
 
 _kv = None
 _shut_down = False
+_timeline_path = None  # start_timeline's file, until stop_timeline
 _counters = {k: itertools.count() for k in ("allreduce", "broadcast", "grouped_allreduce",
                                             "broadcast_object", "allgather_object",
                                             "allgather")}
@@ -377,6 +380,43 @@ def _broadcast_after_init(param, key, root_rank):
         arrays = self.list_data()
         _store().broadcast(key, arrays[0], arrays, root_rank=root_rank)
     param._init_impl = types.MethodType(init_then_broadcast, param)
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Records this worker's operations (each push_pull, broadcast, ... from its start to
+    its completion in MXNet's engine) until stop_timeline(), which writes them to
+    `file_path` as Chrome trace JSON (chrome://tracing, Perfetto): a list of complete
+    events {"name", "cat", "ph": "X", "ts", "dur" (microseconds), "pid" (the rank),
+    "tid"}. Every worker that calls it writes its own file. mark_cycles is accepted and
+    adds nothing: hybridps has no negotiation cycles to mark."""
+    global _timeline_path
+    _store()
+    if _timeline_path is not None:
+        raise ValueError(f"start_timeline: a timeline is already being recorded (to "
+                         f"{_timeline_path}); call stop_timeline() first")
+    mx.nd.waitall()
+    timeline_take()  # events recorded before (e.g. by timeline_start) are not this file's
+    timeline_start()
+    _timeline_path = os.fspath(file_path)
+
+
+def stop_timeline():
+    """Stops the timeline of start_timeline and writes its file (after this worker's
+    pending operations complete). Without a timeline running: nothing."""
+    global _timeline_path
+    if _timeline_path is None:
+        return
+    path, _timeline_path = _timeline_path, None
+    mx.nd.waitall()
+    events = timeline_take()
+    timeline_stop()
+    pid = _kv.rank if _kv is not None else 0
+    kinds = {}
+    trace = [{"name": e["name"], "cat": e["kind"], "ph": "X", "ts": e["start_ns"] / 1e3,
+              "dur": max(0, e["end_ns"] - e["start_ns"]) / 1e3, "pid": pid,
+              "tid": kinds.setdefault(e["kind"], len(kinds))} for e in events]
+    with open(path, "w") as f:
+        json.dump(trace, f)
 
 
 class Compressor:
