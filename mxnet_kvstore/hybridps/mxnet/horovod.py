@@ -6,6 +6,13 @@ As in Horovod, allreduce averages by default, DistributedOptimizer and
 DistributedTrainer average the gradients over the workers (so trainer.step takes the
 per-worker batch size), and names must agree across workers (unnamed operations are
 numbered in call order, which must then be the same everywhere).
+
+Offered: init, shutdown, is_initialized, rank/size/local_*/cross_*, the build questions
+(*_built, *_enabled), allreduce(_) with op=Average/Sum and pre/postscale factors,
+grouped_allreduce(_), allgather, broadcast(_), broadcast_parameters, broadcast_object,
+allgather_object, Compression.none/fp16, DistributedTrainer, DistributedOptimizer,
+start_timeline/stop_timeline. Refused: op=Min/Max/Product/Adasum (the stores sum only);
+not offered: alltoall, reducescatter, process sets, join (see the README).
 """
 import io
 import itertools
