@@ -613,6 +613,11 @@ def horovod_more():
                                        ("Product", hps.Product), ("Adasum", hps.Adasum))}
     got["refused_"] = _err(lambda: hps.allreduce_(t(), op=hps.Max))
     got["both"] = _err(lambda: hps.allreduce(t(), average=True, op=hps.Sum))
+    got["missing"] = {"alltoall": _err(lambda: hps.alltoall(t())),
+                      "reducescatter": _err(lambda: hps.reducescatter(t())),
+                      "add_process_set": _err(lambda: hps.add_process_set([0])),
+                      "remove_process_set": _err(lambda: hps.remove_process_set(None)),
+                      "join": _err(hps.join)}
     a, b = t(), mx.nd.full((2, 3), 10.0 * (r + 1))
     got["grouped_"] = [x.asnumpy().tolist() for x in hps.grouped_allreduce_(
         [a, b], op=hps.Sum, postscale_factor=2.0)]

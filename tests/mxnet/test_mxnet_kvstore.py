@@ -326,6 +326,8 @@ def test_horovod_allreduce_ops_and_scaling(job):
             assert "sum only" in err, err
         assert r["refused_"].startswith("NotImplementedError") and "op=Max" in r["refused_"]
         assert r["both"] and r["both"].startswith("ValueError"), r
+        for call, err in r["missing"].items():
+            assert err.startswith(f"NotImplementedError: hybridps.mxnet.{call} is not"), err
 
 
 def test_horovod_grouped_allreduce(job):

@@ -23,14 +23,15 @@ os.environ.setdefault("MXNET_EXEC_BULK_EXEC_TRAIN", "0")
 from .kvstore import (DistAllreduce, DistHybrid, now_ns, register,  # noqa: E402
                       timeline_mark, timeline_start, timeline_stop, timeline_take)
 from .horovod import (Adasum, Average, Compression, DistributedOptimizer,  # noqa: E402
-                      DistributedTrainer, Max, Min, Product, Sum, allgather,
-                      allgather_object, allreduce, allreduce_, broadcast_object,
-                      grouped_allreduce, grouped_allreduce_,
-                      broadcast, broadcast_, broadcast_parameters, cross_rank, cross_size,
-                      cuda_built, gloo_built, gloo_enabled, init, is_initialized,
+                      DistributedTrainer, Max, Min, Product, Sum, add_process_set,
+                      allgather, allgather_object, allreduce, allreduce_, alltoall,
+                      broadcast, broadcast_, broadcast_object, broadcast_parameters,
+                      cross_rank, cross_size, cuda_built, gloo_built, gloo_enabled,
+                      grouped_allreduce, grouped_allreduce_, init, is_initialized, join,
                       local_rank, local_size, mpi_built, mpi_enabled,
-                      mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size,
-                      start_timeline, stop_timeline)
+                      mpi_threads_supported, nccl_built, rank, reducescatter,
+                      remove_process_set, rocm_built, shutdown, size, start_timeline,
+                      stop_timeline)
 
 register()
 
@@ -43,4 +44,5 @@ __all__ = ["DistHybrid", "DistAllreduce", "now_ns", "timeline_mark", "timeline_s
            "nccl_built", "cuda_built", "rocm_built", "Average", "Sum", "Adasum", "Min",
            "Max", "Product", "grouped_allreduce", "grouped_allreduce_", "allgather",
            "broadcast_object", "allgather_object", "Compression",
-           "start_timeline", "stop_timeline"]
+           "start_timeline", "stop_timeline", "alltoall", "reducescatter",
+           "add_process_set", "remove_process_set", "join"]

@@ -389,6 +389,41 @@ def _broadcast_after_init(param, key, root_rank):
     param._init_impl = types.MethodType(init_then_broadcast, param)
 
 
+def _refuse(call, why):
+    raise NotImplementedError(f"hybridps.mxnet.{call} is not available: {why}")
+
+
+def alltoall(tensor, splits=None, name=None, priority=0, **kwargs):
+    """Refused: the stores offer sum-allreduce and broadcast only; an all-to-all exchange
+    needs a new collective in the C++ core."""
+    _refuse("alltoall", "the hybridps stores offer only sum-allreduce and broadcast (an "
+            "all-to-all needs a new collective in the core)")
+
+
+def reducescatter(tensor, op=None, name=None, priority=0, **kwargs):
+    """Refused: no reduce-scatter collective in the stores (allreduce, then keep your
+    slice, gives the same values at twice the traffic)."""
+    _refuse("reducescatter", "the hybridps stores have no reduce-scatter collective; "
+            "hvd.allreduce and then this rank's slice gives the same values")
+
+
+def add_process_set(process_set):
+    """Refused: one hybridps job is one group of workers (no process sets)."""
+    _refuse("add_process_set", "a hybridps job is one group of all its workers; there are "
+            "no process sets")
+
+
+def remove_process_set(process_set):
+    """Refused: no process sets (see add_process_set)."""
+    _refuse("remove_process_set", "a hybridps job has no process sets")
+
+
+def join():
+    """Refused: every worker must issue the same operations (no uneven inputs)."""
+    _refuse("join", "hybridps has no join for uneven numbers of steps; every worker must "
+            "issue the same operations (give each worker the same number of batches)")
+
+
 def start_timeline(file_path, mark_cycles=False):
     """Records this worker's operations (each push_pull, broadcast, ... from its start to
     its completion in MXNet's engine) until stop_timeline(), which writes them to
@@ -546,7 +581,10 @@ class DistributedTrainer(gluon.Trainer):
     each update (the optimizer runs on the workers). step() takes the per-worker batch."""
 
     def __init__(self, params, optimizer, optimizer_params=None,
-                 compression=Compression.none, gradient_predivide_factor=1.0, prefix=None):
+                 compression=Compression.none, gradient_predivide_factor=1.0, prefix=None,
+                 num_groups=0):
+        # num_groups (Horovod's grouping of the gradients) changes nothing here: every
+        # gradient is its own operation and all of them are submitted together.
         if isinstance(optimizer, DistributedOptimizer):
             raise ValueError("DistributedTrainer does its own averaging: pass the plain "
                              "optimizer, not a DistributedOptimizer")
