@@ -11,8 +11,9 @@ Offered: init, shutdown, is_initialized, rank/size/local_*/cross_*, the build qu
 (*_built, *_enabled), allreduce(_) with op=Average/Sum and pre/postscale factors,
 grouped_allreduce(_), allgather, broadcast(_), broadcast_parameters, broadcast_object,
 allgather_object, Compression.none/fp16, DistributedTrainer, DistributedOptimizer,
-start_timeline/stop_timeline. Refused: op=Min/Max/Product/Adasum (the stores sum only);
-not offered: alltoall, reducescatter, process sets, join (see the README).
+start_timeline/stop_timeline. Refused with NotImplementedError: op=Min/Max/Product/Adasum
+(the stores sum only), alltoall, reducescatter, add/remove_process_set, join (see the
+README); the process_set= argument does not exist.
 """
 import io
 import itertools
