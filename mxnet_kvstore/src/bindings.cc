@@ -250,6 +250,22 @@ PYBIND11_MODULE(_hybridps_core, m) {
   using hybridps::PyStore;
   namespace bridge = hybridps::mxnet_bridge;
   m.doc() = "hybridps worker API and MXNet engine bridge (private; use hybridps.mxnet)";
+  // What this build has (its compile definitions): Horovod's *_built() answer from these.
+#if HYBRIDPS_HAVE_GLOO
+  m.attr("built_with_gloo") = true;
+#else
+  m.attr("built_with_gloo") = false;
+#endif
+#if HYBRIDPS_WITH_CUDA
+  m.attr("built_with_cuda") = true;
+#else
+  m.attr("built_with_cuda") = false;
+#endif
+#if HYBRIDPS_WITH_NCCL
+  m.attr("built_with_nccl") = true;
+#else
+  m.attr("built_with_nccl") = false;
+#endif
 
   m.def("attach_mxnet", [](const std::string& path) {
     hybridps::ThrowIfError(bridge::Attach(path));

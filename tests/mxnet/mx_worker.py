@@ -720,55 +720,39 @@ def horovod_shutdown():
 
 def main():
     kv = mx.kv.create(STORE)  # the first store: save and load use it
+    new = lambda: mx.kv.create(STORE)  # noqa: E731 (a store of its own per scenario)
+    scenarios = {
+        "sync_sgd": lambda: sync_sgd(new(), None),
+        "sync_sgd_workers": lambda: sync_sgd(new(), False),
+        "digits": lambda: digits(new()),
+        "save": lambda: save(kv),
+        "load": lambda: load(kv),
+        "overlap": lambda: overlap(new()),
+        "plain_sum": plain_sum_after_optimizer,
+        "horovod": horovod_api,
+        "horovod_more": horovod_more,
+        "horovod_fp16": horovod_fp16,
+        "horovod_timeline": horovod_timeline,
+        "horovod_objects": horovod_objects,
+        "horovod_shutdown": horovod_shutdown,
+        "deferred": deferred_broadcast,
+        "devices": lambda: devices(new(), False),
+        "devices_staged": lambda: devices(new(), True),
+        "devices_staged_host": lambda: devices(new(), True, "host"),
+        "order": lambda: issue_order(new()),
+        "devices_trainer": lambda: devices_trainer(new(), False),
+        "devices_trainer_staged": lambda: devices_trainer(new(), True),
+        "mismatch": lambda: mismatch(new()),
+        "broadcast_mismatch": broadcast_mismatch,
+        "classic": lambda: classic(new()),
+        "classic_optimizer": lambda: classic_optimizer(new()),
+        "module_fit": lambda: module_fit(new(), False),
+        "module_fit_workers": lambda: module_fit(new(), True),
+    }
     for scenario in SCENARIOS:
-        if scenario == "sync_sgd":
-            sync_sgd(mx.kv.create(STORE), None)
-        elif scenario == "sync_sgd_workers":
-            sync_sgd(mx.kv.create(STORE), False)
-        elif scenario == "digits":
-            digits(mx.kv.create(STORE))
-        elif scenario == "save":
-            save(kv)
-        elif scenario == "load":
-            load(kv)
-        elif scenario == "overlap":
-            overlap(mx.kv.create(STORE))
-        elif scenario == "plain_sum":
-            plain_sum_after_optimizer()
-        elif scenario == "horovod":
-            horovod_api()
-        elif scenario == "horovod_more":
-            horovod_more()
-        elif scenario == "horovod_fp16":
-            horovod_fp16()
-        elif scenario == "horovod_timeline":
-            horovod_timeline()
-        elif scenario == "horovod_objects":
-            horovod_objects()
-        elif scenario == "horovod_shutdown":
-            horovod_shutdown()
-        elif scenario == "deferred":
-            deferred_broadcast()
-        elif scenario in ("devices", "devices_staged"):
-            devices(mx.kv.create(STORE), scenario == "devices_staged")
-        elif scenario == "order":
-            issue_order(mx.kv.create(STORE))
-        elif scenario == "devices_staged_host":
-            devices(mx.kv.create(STORE), True, "host")
-        elif scenario in ("devices_trainer", "devices_trainer_staged"):
-            devices_trainer(mx.kv.create(STORE), scenario == "devices_trainer_staged")
-        elif scenario == "mismatch":
-            mismatch(mx.kv.create(STORE))
-        elif scenario == "broadcast_mismatch":
-            broadcast_mismatch()
-        elif scenario == "classic":
-            classic(mx.kv.create(STORE))
-        elif scenario == "classic_optimizer":
-            classic_optimizer(mx.kv.create(STORE))
-        elif scenario in ("module_fit", "module_fit_workers"):
-            module_fit(mx.kv.create(STORE), scenario == "module_fit_workers")
-        else:
+        if scenario not in scenarios:
             raise SystemExit(f"unknown scenario {scenario}")
+        scenarios[scenario]()
     return 0
 
 

@@ -20,7 +20,6 @@ import itertools
 import json
 import os
 import pickle
-import struct
 import types
 
 import mxnet as mx
@@ -121,40 +120,6 @@ def cross_size():
     return size() // local_size()
 
 
-def _needed_libraries():
-    """The shared libraries the extension _hybridps_core was linked against (its ELF
-    DT_NEEDED entries): the build's CUDA, NCCL and Gloo show there, and the extension has
-    no build-info call of its own."""
-    try:
-        with open(core.__file__, "rb") as f:
-            data = f.read()
-        if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:  # ELF64, little endian
-            return []
-        shoff, = struct.unpack_from("<Q", data, 0x28)
-        shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-        sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
-                    for i in range(shnum)]
-        names = []
-        for sec in sections:
-            if sec[1] != 6:  # SHT_DYNAMIC
-                continue
-            strtab = sections[sec[6]]
-            for off in range(sec[4], sec[4] + sec[5], 16):
-                tag, val = struct.unpack_from("<qQ", data, off)
-                if tag == 0:
-                    break
-                if tag == 1:  # DT_NEEDED
-                    start = strtab[4] + val
-                    names.append(data[start:data.index(b"\0", start)].decode())
-        return names
-    except (OSError, struct.error, ValueError, IndexError):
-        return []
-
-
-def _linked(prefix):
-    return any(n.startswith(prefix) for n in _needed_libraries())
-
-
 def mpi_built():
     """False: hybridps has no MPI; its scheduler and Gloo (dist_allreduce) connect the
     workers (mpirun may start them: see the README)."""
@@ -173,7 +138,7 @@ def mpi_threads_supported():
 
 def gloo_built():
     """Whether the extension was built with Gloo (the dist_allreduce store needs it)."""
-    return _linked("libgloo")
+    return core.built_with_gloo
 
 
 def gloo_enabled():
@@ -184,12 +149,12 @@ def gloo_enabled():
 def nccl_built():
     """Whether the extension was built with NCCL. The MXNet plugin itself hands hybridps
     host arrays only (GPU arrays are staged through pinned host memory)."""
-    return _linked("libnccl")
+    return core.built_with_nccl
 
 
 def cuda_built():
     """Whether the extension was built with CUDA (pinned staging of GPU arrays)."""
-    return _linked("libcudart") or _linked("libcuda.")
+    return core.built_with_cuda
 
 
 def rocm_built():

@@ -303,9 +303,9 @@ class _HybridKVStore(KVStoreBase):
         into `value` when out is None). With the optimizer on the servers (dist_hybrid
         after set_optimizer), `out` receives the updated weights instead. Several keys:
         lists of keys, values and outs."""
-        outs = [(k, None) for k, _ in _pairs(key, value, "value")] if out is None else \
-            _pairs(key, out, "out")
-        for (k, v), (_, o) in zip(_pairs(key, value, "value"), outs):
+        pairs = _pairs(key, value, "value")
+        outs = [(k, None) for k, _ in pairs] if out is None else _pairs(key, out, "out")
+        for (k, v), (_, o) in zip(pairs, outs):
             self._pushpull_one(k, v, o, priority)
 
     def _pushpull_one(self, key, value, out, priority):
