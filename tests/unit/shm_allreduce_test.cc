@@ -150,6 +150,37 @@ TEST(ShmAllreduceTest, BroadcastsFromEveryRootBackToBack) {
   });
 }
 
+// An allreduce and then at once a broadcast (what dist_allreduce's plan does within a
+// round, and Module's init after a push): the broadcast's root must not overwrite the
+// result region while a slower rank still copies the allreduce's result out of it. More
+// ranks than cores, so that some rank is often descheduled in the middle of its copy.
+TEST(ShmAllreduceTest, AllreduceThenBroadcastBackToBackNeverMixTheirData) {
+  for (int n : {2, 4}) {
+    SCOPED_TRACE(absl::StrCat(n, " local ranks"));
+    OnRanks(Name(absl::StrCat("mix", n)), n, [&](int r, ShmAllreduce* s) {
+      const size_t count = kChunk / sizeof(float) + 17;  // two chunks, the last one short
+      std::vector<float> x(count), b(count);
+      for (int round = 0; round < 300; ++round) {
+        const int root = round % n;
+        for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(Val(i, r, round));
+        ASSERT_OK(s->Allreduce(DType::kFloat32, x.data(), x.data(), count, absl::Seconds(30)));
+        for (size_t i = 0; i < count; ++i) b[i] = r == root ? 1000.0f + round : -1.0f;
+        ASSERT_OK(s->Broadcast(DType::kFloat32, b.data(), count, root, absl::Seconds(30)));
+        for (size_t i = 0; i < count; ++i) {
+          double want = 0;
+          for (int k = 0; k < n; ++k) want += Val(i, k, round);
+          if (x[i] != want || b[i] != 1000.0f + round) {
+            s->Abort(absl::InternalError("wrong data"));  // the others stop at once
+            FAIL() << "round " << round << " rank " << r << " element " << i << ": allreduce "
+                   << x[i] << " (want " << want << "), broadcast " << b[i] << " (want "
+                   << 1000.0f + round << ")";
+          }
+        }
+      }
+    });
+  }
+}
+
 TEST(ShmAllreduceTest, ARankThatNeverArrivesIsNamedAtTheDeadline) {
   std::vector<absl::Status> got(3);
   OnRanks(Name("late"), 3, [&](int r, ShmAllreduce* s) {

@@ -288,13 +288,16 @@ absl::Status ShmAllreduce::Broadcast(DType dtype, void* data, size_t count, int 
   char* bytes = static_cast<char*>(data);
   for (size_t done = 0; done < count; done += per_chunk) {
     const size_t n = std::min(per_chunk, count - done);
+    // The root writes the result region only once every rank is done reading it: the
+    // previous chunk's data, or the result of the collective before this one (an
+    // allreduce's ranks copy their result out after its last barrier).
+    RETURN_IF_ERROR(Barrier(deadline, "broadcast"));
     if (local_rank_ == root) std::memcpy(Region(local_size_), bytes + done * es, n * es);
     RETURN_IF_ERROR(Barrier(deadline, "broadcast"));
     if (local_rank_ != root) std::memcpy(bytes + done * es, Region(local_size_), n * es);
-    // The result region is written again (by the next chunk, or by a broadcast that
-    // follows at once) only when everyone has this chunk.
-    RETURN_IF_ERROR(Barrier(deadline, "broadcast"));
   }
+  // No barrier here: whatever writes the result region next (a broadcast's root, an
+  // allreduce's sums) first passes a barrier that this rank reaches only after its copy.
   return absl::OkStatus();
 }
 

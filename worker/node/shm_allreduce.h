@@ -13,7 +13,9 @@
 //      it to the result region;                                               barrier
 //   3. each rank copies the other slices of the result out.
 // Every rank thus gets the same bits. The next chunk's (or operation's) first barrier
-// keeps step 2 from overwriting a result someone still reads. Every rank must call the
+// keeps step 2 from overwriting a result someone still reads; a broadcast, which passes
+// its data through the result region too, likewise starts each chunk with a barrier
+// before its root writes there. Every rank must call the
 // same collectives in the same order (the negotiation's plan guarantees it, as it does
 // for Gloo's).
 //
