@@ -2,9 +2,11 @@
 # Installs every dependency of hybridps, idempotently: a second run changes nothing.
 #   Debian packages: build tools, ZeroMQ, Protobuf, abseil, GoogleTest, Google Benchmark,
 #   Gloo, pybind11 and the Python headers, iproute2 (network namespaces for the emulated cluster),
-#   clang (the thread-safety analysis of scripts/clang-check.sh).
+#   clang (the thread-safety analysis of scripts/clang-check.sh), graphviz (`dot`: the
+#   diagrams of docs/).
 #   Python packages: a virtual environment in .venv (override with HYBRIDPS_VENV) with
-#   numpy==1.23.5, mxnet==1.9.1, pytest and scikit-learn.
+#   numpy==1.23.5, mxnet==1.9.1, pytest, scikit-learn, matplotlib, and mkdocs with
+#   mkdocs-material (the docs site: mkdocs.yml, built with --strict by the docs_site test).
 # CUDA and NCCL are optional: they are used when /usr/local/cuda has them.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -13,7 +15,7 @@ venv=${HYBRIDPS_VENV:-$root/.venv}
 debs=(build-essential cmake pkg-config git
       libzmq3-dev cppzmq-dev libprotobuf-dev protobuf-compiler libabsl-dev
       libgtest-dev libgmock-dev googletest libbenchmark-dev libgloo-dev pybind11-dev
-      python3-dev python3-venv libquadmath0 iproute2 procps iperf3 clang)
+      python3-dev python3-venv libquadmath0 iproute2 procps iperf3 clang graphviz)
 
 missing=()
 for p in "${debs[@]}"; do
@@ -34,12 +36,13 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "install-deps: creating virtual environment $venv"
   "$py" -m venv "$venv"
 fi
-# matplotlib: the plots of bench/ (cluster_bench.py)
-want=(numpy==1.23.5 mxnet==1.9.1 pytest scikit-learn matplotlib)
+# matplotlib: the plots of bench/ (cluster_bench.py, plot_results.py); mkdocs and
+# mkdocs-material: the docs site (docs/, mkdocs.yml)
+want=(numpy==1.23.5 mxnet==1.9.1 pytest scikit-learn matplotlib mkdocs mkdocs-material)
 if ! "$venv/bin/python" - <<'PY' 2>/dev/null
 import importlib.metadata as m, sys
 need = {"numpy": "1.23.5", "mxnet": "1.9.1", "pytest": None, "scikit-learn": None,
-        "matplotlib": None}
+        "matplotlib": None, "mkdocs": None, "mkdocs-material": None}
 for name, ver in need.items():
     have = m.version(name)
     if ver and have != ver:
