@@ -61,8 +61,8 @@ constexpr const char* kNames[] = {"gloo", "gloo packed", "ours"};
 struct Flags {
   size_t min_bytes = 4 << 10, max_bytes = 64 << 20, factor = 4;
   int iters = 30, warmup = 3;
-  // Sizes up to 1 MiB, whose times are bimodal on a loaded machine (see RESULTS.md), run
-  // at least this many iterations.
+  // Sizes up to 1 MiB, whose times are bimodal on a loaded machine (see
+  // bench/results/allreduce/), run at least this many iterations.
   int small_iters = 200;
   std::string model;  // "" or "resnet50"
 };

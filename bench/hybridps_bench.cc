@@ -28,7 +28,7 @@
 //   scripts/hybridrun -np 1 --servers 1 -- build/bench/hybridps-bench --gpu 1
 //       --min-bytes 1M --max-bytes 256M --iters 10 --warmup 2      (one command line)
 //
-// Run on an H100 (bench/RESULTS.md). The code: gpu_staging_bench.cc; the flags, patterns
+// Run on an H100 (bench/results/gpu-staging/). The code: gpu_staging_bench.cc; the flags, patterns
 // and one size's measurement that both use: bench_sweep.h. With -np N (a node of N local
 // ranks) it measures the node's GPU reduction, host (default) or HYBRIDPS_GPU_LOCAL_REDUCE=
 // nccl; --shared-gpu 1 lets N NCCL ranks share one GPU (a distinct NCCL_HOSTID per process:

@@ -15,7 +15,7 @@
 // of_memcpy = (weight bytes / thread CPU time of the updates) /
 // (4 MiB / thread CPU time of the copies). On a shared machine the load changes between
 // one benchmark and the next; BM_Memcpy, timed once before the rules, then moves every
-// ratio taken against it by tens of percent (see bench/RESULTS.md).
+// ratio taken against it by tens of percent (see bench/results/optimizer-kernels/).
 //
 // Verification: after timing, the first 1024 elements are replayed from their initial
 // values on the portable kernels, with the same update counts (and, for LAMB/LARS, the
