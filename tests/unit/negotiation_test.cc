@@ -57,6 +57,7 @@ TEST(NegotiationTest, RoundTripKeepsEveryFieldAndAlignsPayloads) {
   e.has_payload = true;
   e.payload = absl::string_view(reinterpret_cast<const char*>(data), sizeof data);
   l.entries = {e, Bcast("b", 0, 1)};
+  l.entries[1].phase = 1;
   std::string wire;
   Serialize(l, 2, &wire);
   auto p = Parse(wire, 2);
@@ -69,6 +70,8 @@ TEST(NegotiationTest, RoundTripKeepsEveryFieldAndAlignsPayloads) {
   EXPECT_EQ(q.priority, -7);
   EXPECT_EQ(q.occurrence, 4u);
   EXPECT_EQ(q.age_ms, 1234u);
+  EXPECT_EQ(q.phase, 0);
+  EXPECT_EQ(p->entries[1].phase, 1);
   ASSERT_TRUE(q.has_payload);
   EXPECT_EQ(q.payload, e.payload);
   EXPECT_EQ((q.payload.data() - wire.data()) % 8, 0);
@@ -98,6 +101,11 @@ TEST(NegotiationTest, MalformedMessagesAreRefusedNotTrusted) {
   std::string payload = wire;
   payload[kHeaderBytes + 6] = 1;  // claims a payload it does not carry
   EXPECT_FALSE(Parse(payload, 0).ok());
+  std::string reserved = wire;
+  reserved[kHeaderBytes + 49] = 1;  // a reserved byte after the phase
+  auto r = Parse(reserved, 0);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "reserved")) << r.status();
 }
 
 TEST(NegotiationTest, ReadyOnlyWhenEveryRankListedIt) {
@@ -127,6 +135,25 @@ TEST(NegotiationTest, OccurrencesKeepOperationsOnOneNameApart) {
   Plan p = Decide(lists, 0, 1 << 20);
   EXPECT_TRUE(p.actions.empty());
   EXPECT_EQ(p.missing.size(), 1u);
+}
+
+// The node's GPU reduction lists an operation in phase 1 once its push ended: a rank a
+// phase ahead waits for the others, and the shapes of the two phases are not compared.
+TEST(NegotiationTest, PhasesKeepStepsOfOneOperationApart) {
+  std::vector<RankList> lists(2);
+  lists[0].entries = {PushPull("w", 10)};
+  lists[0].entries[0].phase = 1;
+  lists[1].entries = {PushPull("w", 12)};
+  Plan p = Decide(lists, 0, 0);
+  EXPECT_TRUE(p.actions.empty());
+  ASSERT_EQ(p.missing.size(), 1u);
+  EXPECT_EQ(p.missing[0].ranks, std::vector<int>{1});
+  lists[1].entries[0].phase = 1;
+  lists[1].entries[0].count = 10;
+  Plan both = Decide(lists, 1, 0);
+  ASSERT_EQ(both.actions.size(), 1u);
+  EXPECT_EQ(both.actions[0].type, Action::Type::kAllreduce);
+  EXPECT_TRUE(both.missing.empty());
 }
 
 TEST(NegotiationTest, MismatchNamesTensorRanksAndShapesOnEveryRank) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -15,9 +16,10 @@ namespace {
 
 // Fields travel in host byte order (every supported host is little-endian).
 constexpr uint32_t kMagic = 0x4E535048;  // "HPSN"
-constexpr uint16_t kVersion = 3;  // 2: the device byte; 3: the payload's offset
+constexpr uint16_t kVersion = 4;  // 2: the device byte; 3: the payload's offset; 4: phase
 constexpr uint16_t kFlagLeaving = 1;
-constexpr size_t kEntryBytes = 48;
+constexpr size_t kEntryBytes = 56;
+constexpr size_t kReservedBytes = 7;  // after the phase, zero: keeps names 8-aligned
 
 // Names and payloads are padded to 8 bytes, so payloads stay aligned in the message.
 size_t PadOf(size_t n) { return (8 - n % 8) % 8; }
@@ -113,6 +115,8 @@ void Serialize(const RankList& list, int rank, std::string* out) {
     Put(out, e.count);
     Put(out, static_cast<uint64_t>(e.has_payload ? e.payload.size() : 0));
     Put(out, static_cast<uint64_t>(e.has_payload ? e.payload_offset : 0));
+    Put(out, e.phase);
+    out->append(kReservedBytes, '\0');
     out->append(e.name);
     out->append(PadOf(e.name.size()), '\0');
     if (e.has_payload) {
@@ -151,8 +155,13 @@ absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
     if (!in.Get(&e.occurrence) || !in.Get(&kind) || !in.Get(&dtype) || !in.Get(&has_payload) ||
         !in.Get(&gpu) || !in.Get(&e.root) || !in.Get(&e.priority) || !in.Get(&e.age_ms) ||
         !in.Get(&name_len) || !in.Get(&e.count) || !in.Get(&payload_len) ||
-        !in.Get(&e.payload_offset)) {
+        !in.Get(&e.payload_offset) || !in.Get(&e.phase)) {
       return bad("truncated entry");
+    }
+    absl::string_view reserved;
+    if (!in.Take(kReservedBytes, &reserved)) return bad("truncated entry");
+    if (reserved.find_first_not_of('\0') != absl::string_view::npos) {
+      return bad("reserved bytes set");
     }
     if (kind != static_cast<uint8_t>(OpKind::kPushPull) &&
         kind != static_cast<uint8_t>(OpKind::kBroadcast)) {
@@ -202,13 +211,13 @@ Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
     int listed = 0;
   };
   std::vector<Key> keys;
-  absl::flat_hash_map<std::pair<absl::string_view, uint32_t>, size_t> by_name;
+  absl::flat_hash_map<std::tuple<absl::string_view, uint32_t, uint8_t>, size_t> by_name;
   for (int r = 0; r < n; ++r) {
     if (lists[r].leaving) plan.leaving.push_back(r);
     if (!lists[r].entries.empty()) plan.any_entries = true;
     for (size_t i = 0; i < lists[r].entries.size(); ++i) {
       const Entry& e = lists[r].entries[i];
-      auto [it, inserted] = by_name.try_emplace({e.name, e.occurrence}, keys.size());
+      auto [it, inserted] = by_name.try_emplace({e.name, e.occurrence, e.phase}, keys.size());
       if (inserted) keys.push_back(Key{std::vector<int>(n, -1), 0});
       Key& k = keys[it->second];
       if (k.idx[r] < 0) ++k.listed;  // a duplicate in one list counts once

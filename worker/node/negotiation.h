@@ -8,8 +8,8 @@
 // collectives in the same order, whatever order its user submitted them in.
 //
 // Rules:
-// - An operation is keyed by (name, occurrence): the k-th operation a rank issued on a
-//   name matches the k-th of every other rank. Only the oldest pending operation of a
+// - An operation is keyed by (name, occurrence, phase): the k-th operation a rank issued
+//   on a name matches the k-th of every other rank in the same phase. Only the oldest pending operation of a
 //   name is listed, so operations on one name run in the order they were issued.
 // - A key listed by every rank with the same kind, dtype, count, device kind (CPU or
 //   GPU: the ranks' tensors must be on the same kind of device) and root is ready; with
@@ -65,6 +65,11 @@ struct Entry {
   bool gpu = false;     // a GPU tensor (NCCL); never fused with CPU tensors, no payload
   int32_t priority = 0;
   uint32_t age_ms = 0;  // since the rank submitted it (for stall warnings)
+  // Which step of a multi-step operation the rank is ready for: entries of one name and
+  // occurrence in different phases are different keys (they wait for each other, never
+  // mismatch). dist_allreduce lists phase 0 only; the node's GPU reduction lists an
+  // operation in phase 1 once its push to the servers has ended.
+  uint8_t phase = 0;
   // Eager data, or none: elements [payload_offset, payload_offset + payload's elements)
   // of the tensor (the whole tensor for an eager operation, the peer's chunk for a
   // two-shot). Serialize() reads it from the caller's memory; Parse() makes it point into

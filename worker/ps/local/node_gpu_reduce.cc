@@ -19,8 +19,9 @@ namespace hybridps {
 namespace ng = negotiation;
 
 namespace {
-// The name under which an operation is listed once its push_pull (step 3) has ended.
-constexpr char kPushedMark = '\x01';
+// The negotiation phase in which an operation is listed once its push_pull (step 3) has
+// ended (phase 0: ready for step 2).
+constexpr uint8_t kPushedPhase = 1;
 // A round's message stays well under ShmAllreduce::kExchangeBytes; what does not fit is
 // listed in a later round.
 constexpr size_t kListBudget = ShmAllreduce::kExchangeBytes / 2;
@@ -123,10 +124,10 @@ NodeGpuReducer::~NodeGpuReducer() { Shutdown(); }
 
 absl::StatusOr<Handle> NodeGpuReducer::PushPullAsync(absl::string_view name, TensorView in,
                                                      TensorView out, int priority) {
-  if (name.empty() || name.size() >= ng::kMaxNameBytes || name[0] == kPushedMark) {
+  if (name.empty() || name.size() >= ng::kMaxNameBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "push_pull of '", name, "': a tensor name must be 1 to ", ng::kMaxNameBytes - 1,
-        " bytes and not start with byte 0x01"));
+        " bytes"));
   }
   // Device rules, as the staging layer's: one GPU per worker, real device memory.
   {
@@ -230,8 +231,7 @@ bool NodeGpuReducer::Round() {
   }
   missing_.clear();
   for (const ng::Missing& m : plan.missing) {
-    const std::string& n = r.mine.entries[m.entry].name;
-    missing_[n[0] == kPushedMark ? n.substr(1) : n] = m.ranks;
+    missing_[r.mine.entries[m.entry].name] = m.ranks;
   }
   if (!RunPlan(plan, r)) return false;
   {
@@ -287,18 +287,17 @@ void NodeGpuReducer::ListMine(absl::Time now, bool leaving, RoundLists* r) {
     const OpPtr& op = q.front();
     ng::Entry e;
     e.kind = ng::OpKind::kPushPull;
+    e.name = name;
     if (op->reduced) {
       if (!op->pushed.load(std::memory_order_acquire)) continue;  // step 3 still runs
+      e.phase = kPushedPhase;
       // A push that failed here is listed as a broadcast, so that the node's ranks
       // disagree and all fail the operation (RunPlan).
-      e.name = absl::StrCat(std::string(1, kPushedMark), name);
       if (!op->push_status.ok()) {
         e.kind = ng::OpKind::kBroadcast;
         e.root = layout_.local_rank;
         r->my_errors.emplace_back(e.name, op->push_status);
       }
-    } else {
-      e.name = name;
     }
     if (e.name.size() + 64 > budget) break;
     budget -= e.name.size() + 64;
@@ -385,7 +384,7 @@ void NodeGpuReducer::FailDisagreement(const OpPtr& op, const std::string& listed
   size_t most = 0;
   for (const ng::RankList& l : lists) {
     for (const ng::Entry& e : l.entries) {
-      if (e.name != listed_name) continue;
+      if (e.name != listed_name || e.phase != 0) continue;
       const size_t n = store_->NodePartsOf(listed_name, e.count, e.dtype).size();
       if (n > most) {
         most = n;
