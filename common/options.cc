@@ -72,6 +72,7 @@ absl::Status Options::Validate() const {
         "heartbeat_timeout_ms must be larger than heartbeat_interval_ms");
   }
   if (op_timeout <= absl::ZeroDuration()) return bad("timeout_ms", op_timeout);
+  if (wait_grace < absl::ZeroDuration()) return bad("wait_grace", wait_grace);
   if (start_timeout <= absl::ZeroDuration()) return bad("start_timeout_ms", start_timeout);
   if (cycle_time < absl::ZeroDuration() || cycle_time > absl::Seconds(10)) {
     return bad("cycle_time_ms", cycle_time);

@@ -146,6 +146,11 @@ struct Options {
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   // HYBRIDPS_TIMEOUT_MS: deadline of one operation (a push_pull, a barrier).
   absl::Duration op_timeout = absl::Seconds(120);
+  // Slack on top of the moment a store fails an operation at the latest (its op_timeout
+  // and what it may take after it to fail it cleanly): Handle::Wait() gives up only then,
+  // so that it reports a store whose threads are stuck rather than a loaded machine.
+  // Not set from the environment.
+  absl::Duration wait_grace = absl::Seconds(30);
   // HYBRIDPS_START_TIMEOUT_MS: how long a process waits for the whole job to register.
   absl::Duration start_timeout = absl::Seconds(60);
   // HYBRIDPS_LOG_LEVEL: 0 errors, 1 warnings, 2 info (default), 3 debug.

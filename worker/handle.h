@@ -5,10 +5,12 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -50,6 +52,8 @@ class HandleState {
     }
     callback(status);
   }
+  // Until the operation completed: its status. Bounded by the deadline of SetDeadline:
+  // past it, DeadlineExceeded while the operation is still not complete (Done() false).
   absl::Status Wait() {
     // The store's helper first (see SetWaitHelper): it may complete the operation here.
     if (helper_ && !done_fast_.load(std::memory_order_acquire)) helper_(this);
@@ -60,8 +64,22 @@ class HandleState {
       while (!done_fast_.load(std::memory_order_acquire) && absl::Now() < until) CpuRelax();
     }
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(&done_));
+    if (!mu_.AwaitWithDeadline(absl::Condition(&done_), wait_deadline_)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          what_, " is not complete although its store should have failed it by now: the "
+          "store's threads are stuck. The operation still holds its tensors: keep their "
+          "memory alive until the handle is done, and do not use this store again"));
+    }
     return status_;
+  }
+  // When Wait() gives up: the latest moment at which the store completes the operation
+  // even when it fails it (its op_timeout and whatever the store may still take after it
+  // to fail it cleanly) plus Options::wait_grace; `what` names the operation ("push_pull
+  // of 'w' (...)"). Set once by the store, before the state is shared with any other
+  // thread; unset, Wait() waits for completion however long it takes.
+  void SetDeadline(absl::Time give_up_at, std::string what) {
+    wait_deadline_ = give_up_at;
+    what_ = std::move(what);
   }
   bool Done() {
     absl::MutexLock lock(&mu_);
@@ -88,6 +106,8 @@ class HandleState {
   std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> done_fast_{false};  // done_, readable without the lock
   std::function<void(HandleState*)> helper_;  // see SetWaitHelper
+  absl::Time wait_deadline_ = absl::InfiniteFuture();  // see SetDeadline
+  std::string what_;                                    // see SetDeadline
   static inline std::atomic<int64_t> wait_spin_ns_{0};
 };
 
@@ -124,8 +144,11 @@ class Handle {
  public:
   explicit Handle(std::shared_ptr<HandleState> state) : state_(std::move(state)) {}
   // Blocks until the operation completed; its status. Bounded: every operation has a
-  // deadline. Once Wait returned (or Done() is true) the store no longer touches the
-  // operation's tensors.
+  // deadline, by which the store completes it, failed if need be. Should the store's
+  // threads be stuck, Wait returns DeadlineExceeded Options::wait_grace after that (the
+  // operation not Done(): its tensors are still the store's, and the store is unusable).
+  // Once the operation is done (Wait returned its status, or Done() is true) the store no
+  // longer touches its tensors.
   absl::Status Wait() const { return state_->Wait(); }
   bool Done() const { return state_->Done(); }
   // See HandleState::OnComplete: `callback` runs exactly once with the final status.

@@ -100,6 +100,9 @@ class KVStore {
   // the destructor if not before; later operations fail.
   virtual absl::Status Shutdown() = 0;
 
+  // The synchronous forms: the *Async call, then Handle::Wait(). Should the store's
+  // threads be stuck, they return Wait()'s DeadlineExceeded with the operation still
+  // holding the tensors (keep their memory alive; the store is unusable).
   absl::Status Broadcast(absl::string_view name, TensorView tensor, int root_rank,
                          int priority = 0);
   absl::Status PushPull(absl::string_view name, TensorView in, TensorView out,

@@ -18,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/dtype.h"
 #include "common/hybridps.pb.h"
@@ -290,6 +291,51 @@ TEST(DeadlineTest, RankThatNeverSubmitsFailsTheOthersAtTheDeadline) {
   absl::Status later = cluster->worker(0)->PushPull("other", b.view(), b.view());
   ASSERT_FALSE(later.ok());
   EXPECT_TRUE(Mentions(later.message(), "'lonely'"));
+}
+
+// A store whose I/O thread is stuck (a bug, a blocked system call) never completes its
+// operations: Wait gives up after the deadline by which the store would have failed the
+// operation, plus Options::wait_grace, naming it, and leaves it pending.
+TEST(DeadlineTest, WaitOnAStuckStoreGivesUpAfterItsDeadlineAndGrace) {
+  ClusterConfig c;
+  c.workers = 2;
+  c.servers = 1;
+  c.op_timeout = absl::Seconds(1);
+  c.worker_options = [](int, Options* o) { o->wait_grace = absl::Seconds(1); };
+  auto cluster = StartCluster(c);
+  ASSERT_NE(cluster, nullptr);
+  absl::Notification release;
+  ASSERT_OK(PsOf(cluster->worker(0))->RunOnIo([&release] {
+    release.WaitForNotificationWithTimeout(absl::Seconds(300));
+  }));
+  Buffer b(DType::kFloat32, 10);
+  b.Fill(0, 0, 0);
+  const absl::Time start = absl::Now();
+  ASSERT_OK_AND_ASSIGN(Handle h, cluster->worker(0)->PushPullAsync("stuck", b.view(), b.view()));
+  const absl::Status s = h.Wait();
+  const absl::Duration took = absl::Now() - start;
+  Show("worker 0", s, took);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_TRUE(Mentions(s.message(), "push_pull of 'stuck'"));
+  EXPECT_TRUE(Mentions(s.message(), "threads are stuck"));
+  // op_timeout, the ten seconds PsStore may take to fail it cleanly, and the grace.
+  EXPECT_GE(took, absl::Seconds(12)) << s;
+  EXPECT_FALSE(h.Done());
+  // Unstuck, the store fails the operation (its deadline is long past, and the scheduler
+  // has declared this silent worker dead), and only then lets go of it.
+  absl::Notification completed;
+  absl::Status after;
+  h.OnComplete([&](const absl::Status& st) {
+    after = st;
+    completed.Notify();
+  });
+  release.Notify();
+  ASSERT_TRUE(completed.WaitForNotificationWithTimeout(absl::Seconds(120)));
+  EXPECT_TRUE(h.Done());
+  EXPECT_FALSE(after.ok());
+  EXPECT_TRUE(Mentions(after.message(), "push_pull of 'stuck'")) << after;
+  EXPECT_FALSE(Mentions(after.message(), "threads are stuck")) << after;
+  EXPECT_EQ(h.Wait(), after);
 }
 
 // ---- malformed and hostile messages ------------------------------------------------------

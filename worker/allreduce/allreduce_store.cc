@@ -287,6 +287,9 @@ absl::StatusOr<Handle> AllreduceStore::Submit(std::shared_ptr<Op> op) {
   }
   op->submitted = absl::Now();
   op->deadline = op->submitted + options_.op_timeout;
+  // A negotiation exchange and a collective under way at the deadline run to their own
+  // timeouts before the executor fails the operation.
+  op->handle->SetDeadline(op->deadline + 2 * gloo_timeout_ + options_.wait_grace, op->Describe());
   op->next_warning = op->submitted + options_.stall_warning;
   if (options_.caller_rounds) {
     WaitHelperGate<AllreduceStore>::Install(gate_, op->handle.get(), &AllreduceStore::HelpWith);
@@ -308,6 +311,9 @@ absl::StatusOr<Handle> AllreduceStore::Submit(std::shared_ptr<Op> op) {
 
 absl::Status AllreduceStore::Barrier() {
   auto state = std::make_shared<HandleState>();
+  // The scheduler's answer is due within op_timeout of the request (the I/O thread).
+  state->SetDeadline(absl::Now() + options_.op_timeout + absl::Seconds(1) + options_.wait_grace,
+                     "the barrier");
   {
     absl::MutexLock lock(&mu_);
     if (!closed_.ok()) return closed_;

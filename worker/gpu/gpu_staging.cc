@@ -94,11 +94,13 @@ struct GpuStager::Op {
 };
 
 GpuStager::GpuStager(std::unique_ptr<DeviceCopier> copier, Backend backend, int num_workers,
-                     absl::Duration op_timeout, bool waiting_threads_help)
+                     absl::Duration op_timeout, bool waiting_threads_help,
+                     absl::Duration wait_grace)
     : copier_(std::move(copier)),
       backend_(std::move(backend)),
       num_workers_(num_workers),
       op_timeout_(op_timeout),
+      wait_grace_(wait_grace),
       waiting_threads_help_(waiting_threads_help),
       cache_([this](size_t bytes) { return copier_->AllocHost(bytes); },
              [this](void* data) { copier_->FreeHost(data); }) {
@@ -221,6 +223,9 @@ absl::StatusOr<Handle> GpuStager::Submit(OpPtr op) {
     if (!broken_.ok()) return broken_;
     if (op->gpu || pending_.contains(op->name)) {
       op->handle = std::make_shared<HandleState>();
+      // Each step has its bound: the copy to the host (op_timeout), the backend's
+      // operation (at most three op_timeouts, dist_allreduce's), the copy back.
+      op->handle->SetDeadline(absl::Now() + 5 * op_timeout_ + wait_grace_, op->Describe());
       if (waiting_threads_help_) {
         WaitHelperGate<GpuStager>::Install(gate_, op->handle.get(), &GpuStager::HelpWith);
       }

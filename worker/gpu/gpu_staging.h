@@ -65,6 +65,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/dtype.h"
+#include "common/options.h"
 #include "worker/handle.h"
 
 namespace hybridps {
@@ -158,9 +159,11 @@ class GpuStager {
   };
 
   // `num_workers`: for the range check of broadcast roots; `op_timeout`: the bound of
-  // each copy; `waiting_threads_help`: see the file comment. Starts the stager's thread.
+  // each copy; `waiting_threads_help`: see the file comment; `wait_grace`: see
+  // Options::wait_grace. Starts the stager's thread.
   GpuStager(std::unique_ptr<DeviceCopier> copier, Backend backend, int num_workers,
-            absl::Duration op_timeout, bool waiting_threads_help = true);
+            absl::Duration op_timeout, bool waiting_threads_help = true,
+            absl::Duration wait_grace = Options{}.wait_grace);
   // Shutdown().
   ~GpuStager();
   GpuStager(const GpuStager&) = delete;
@@ -216,6 +219,7 @@ class GpuStager {
   const Backend backend_;
   const int num_workers_;
   const absl::Duration op_timeout_;
+  const absl::Duration wait_grace_;
 
   const bool waiting_threads_help_;
 

@@ -49,7 +49,8 @@ absl::StatusOr<std::unique_ptr<PsGpuStore>> PsGpuStore::Create(
   };
   s->stager_ = std::make_unique<GpuStager>(std::move(copier), std::move(backend),
                                            ps->num_workers(), options.op_timeout,
-                                           /*waiting_threads_help=*/options.caller_rounds != 0);
+                                           /*waiting_threads_help=*/options.caller_rounds != 0,
+                                           options.wait_grace);
   if (options.gpu_local_reduce == "nccl" && ps->layout().local_size > 1) {
     ASSIGN_OR_RETURN(NodeGpuParts parts, NodeGpuPartsToUse());
     ASSIGN_OR_RETURN(s->node_, NodeGpuReducer::Create(options, ps->layout(), parts.copier(),

@@ -185,6 +185,10 @@ absl::StatusOr<Handle> PsStore::Submit(std::shared_ptr<Op> op) {
   op->lanes = AssignLanes(op->key, op->parts);
   op->remaining = op->parts.size();
   op->deadline = absl::Now() + options_.op_timeout;
+  // Past its deadline the store breaks, waits a second more for a node's local ranks and
+  // up to five for ZeroMQ to let go of the input (MaybeComplete, CheckDeadlines).
+  op->handle->SetDeadline(op->deadline + absl::Seconds(10) + options_.wait_grace,
+                          op->Describe());
   Handle h(op->handle);
   {
     absl::MutexLock lock(&mu_);
@@ -201,6 +205,9 @@ absl::StatusOr<Handle> PsStore::Submit(std::shared_ptr<Op> op) {
 
 absl::Status PsStore::Barrier() {
   auto state = std::make_shared<HandleState>();
+  // The scheduler's answer is due within op_timeout of the request (TakeCommands).
+  state->SetDeadline(absl::Now() + options_.op_timeout + absl::Seconds(1) + options_.wait_grace,
+                     "the barrier");
   {
     absl::MutexLock lock(&mu_);
     if (!closed_.ok()) return closed_;

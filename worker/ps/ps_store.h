@@ -84,6 +84,9 @@ class PsStore : public KVStore, public NodeSumSink {
   size_t MaxUnansweredBytes() const { return max_unanswered_.load(); }
   // Where this worker sits (its node, the node's local ranks).
   const NodeLayout& layout() const { return layout_; }
+  // Queues `fn` to run on the I/O thread, which does nothing else until it returns; any
+  // thread. The optimizer calls run there; tests stall the thread with it.
+  absl::Status RunOnIo(std::function<void()> fn);
 
   struct Op;  // An operation in progress (ps_store.cc).
   struct SavedTensor;  // A tensor's weights and state, gathered (ps_store_optimizer.cc).
@@ -175,8 +178,7 @@ class PsStore : public KVStore, public NodeSumSink {
   // The partitions of a tensor and their servers: spread over the servers, or all on one
   // server while the optimizer needs whole-tensor norms (LAMB, LARS).
   std::vector<Partition> Place(uint64_t key, size_t count, DType dtype) const;
-  // User threads: run on the I/O thread; optimizer requests to servers; scheduler requests.
-  absl::Status RunOnIo(std::function<void()> fn);
+  // User threads: optimizer requests to servers; scheduler requests.
   absl::StatusOr<std::vector<wire::OptimizerResponse>> CallServers(
       std::vector<std::pair<int, wire::OptimizerRequest>> requests);
   absl::StatusOr<wire::Envelope> CallScheduler(wire::Envelope env);

@@ -156,6 +156,11 @@ absl::StatusOr<Handle> NodeGpuReducer::PushPullAsync(absl::string_view name, Ten
   op->parts = store_->NodePartsOf(name, in.count, in.dtype);
   op->submitted = absl::Now();
   op->deadline = op->submitted + options_.op_timeout;
+  // Its push to the servers, which may start just before this deadline, has a store
+  // operation's bound of its own (op_timeout, and PsStore's ten seconds to fail cleanly).
+  op->handle->SetDeadline(
+      op->deadline + options_.op_timeout + absl::Seconds(10) + options_.wait_grace,
+      op->Describe());
   Handle h(op->handle);
   absl::MutexLock lock(&mu_);
   if (!broken_.ok()) {  // named like the operations it failed
