@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Checks the source tree's layering: every `#include "folder/..."` of our own code goes
 to a folder its own folder may depend on (the table below, the same edges as the folders'
-CMake targets), and the README's folder map names exactly the folders of worker/.
+CMake targets), and the folder map of docs/architecture.md names exactly the folders of
+worker/.
 
     python3 scripts/check_layering.py [ROOT]
 
@@ -37,7 +38,9 @@ FILE_ALLOWED: dict[str, set[str]] = {
 FREE = ("tests", "bench", "examples")  # may include any folder but mxnet_kvstore/
 SOURCE = re.compile(r"\.(h|cc|cu|cpp)$")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
-# A line of the README's folder map: a folder at the start of a line inside the map block.
+# The page whose folder map is checked, and a line of that map: a folder at the start of a
+# line inside the map block.
+MAP_FILE = "docs/architecture.md"
 MAP_LINE = re.compile(r"^((?:[a-z_]+/)+)\s")
 
 
@@ -86,9 +89,9 @@ def _includes(path: Path):
 
 
 def readme_violations(root: Path) -> list[str]:
-    """The README's folder map (its first code block that names worker/) against the
+    """The folder map of MAP_FILE (its first code block that names worker/) against the
     folders of worker/ that hold sources."""
-    readme = (root / "README.md").read_text()
+    readme = (root / MAP_FILE).read_text()
     mapped: set[str] = set()
     for block in _code_blocks(readme):
         if not re.search(r"^worker/", block, re.M):
@@ -99,15 +102,15 @@ def readme_violations(root: Path) -> list[str]:
                 mapped.add(m.group(1).rstrip("/"))
         break
     if not mapped:
-        return ["README.md: no folder map (a code block listing worker/ and its folders)"]
+        return [f"{MAP_FILE}: no folder map (a code block listing worker/ and its folders)"]
     out = []
     for f in sorted(mapped):
         if not (root / f).is_dir():
-            out.append(f"README.md: the folder map names {f}/, which does not exist")
+            out.append(f"{MAP_FILE}: the folder map names {f}/, which does not exist")
     for d in sorted(p for p in (root / "worker").rglob("*") if p.is_dir()):
         rel = d.relative_to(root).as_posix()
         if any(SOURCE.search(x.name) for x in d.iterdir()) and rel not in mapped:
-            out.append(f"README.md: the folder map does not name {rel}/")
+            out.append(f"{MAP_FILE}: the folder map does not name {rel}/")
         if any(SOURCE.search(x.name) for x in d.iterdir()) and rel not in ALLOWED:
             out.append(f"{rel}/: a folder with sources that the layering table does not know")
     return out
@@ -135,7 +138,7 @@ def main(argv: list[str]) -> int:
     if problems:
         print(f"layering: {len(problems)} violation(s)")
         return 1
-    print("layering: every include follows the allowed edges; the README's map is the tree")
+    print(f"layering: every include follows the allowed edges; {MAP_FILE}'s map is the tree")
     return 0
 
 

@@ -1,5 +1,6 @@
 """The layering check (scripts/check_layering.py) passes on the tree and fails, naming the
-file and the edge, on a forbidden include or a README folder map that is not the tree."""
+file and the edge, on a forbidden include or a folder map (docs/architecture.md) that is
+not the tree."""
 import shutil
 import subprocess
 import sys
@@ -56,7 +57,7 @@ def test_a_forbidden_include_fails_naming_the_file_and_edge(tree, file, include,
     assert edge in r.stdout, r.stdout
 
 
-def test_a_folder_missing_from_the_readme_map_fails(tree):
+def test_a_folder_missing_from_the_map_fails(tree):
     (tree / "worker" / "extra").mkdir()
     (tree / "worker" / "extra" / "x.cc").write_text("int x;\n")
     r = run(tree)
@@ -66,7 +67,7 @@ def test_a_folder_missing_from_the_readme_map_fails(tree):
         r.stdout, r.stdout
 
 
-def test_a_readme_map_entry_without_its_folder_fails(tree):
+def test_a_map_entry_without_its_folder_fails(tree):
     shutil.rmtree(tree / "worker" / "gpu")
     r = run(tree)
     assert r.returncode == 1

@@ -12,8 +12,8 @@ Offered: init, shutdown, is_initialized, rank/size/local_*/cross_*, the build qu
 grouped_allreduce(_), allgather, broadcast(_), broadcast_parameters, broadcast_object,
 allgather_object, Compression.none/fp16, DistributedTrainer, DistributedOptimizer,
 start_timeline/stop_timeline. Refused with NotImplementedError: op=Min/Max/Product/Adasum
-(the stores sum only), alltoall, reducescatter, add/remove_process_set, join (see the
-README); the process_set= argument does not exist.
+(the stores sum only), alltoall, reducescatter, add/remove_process_set, join (see
+docs/horovod-api.md); the process_set= argument does not exist.
 """
 import io
 import itertools
@@ -109,9 +109,9 @@ def local_size():
 
 def cross_rank():
     """The index of this worker's node. hybridps knows a node only by local_rank and
-    local_size (set by the launcher, see README); nodes hold local_size workers each with
-    consecutive ranks (as hybridrun, mpirun --map-by slot and Slurm's block layout start
-    them), so the node index is rank // local_size."""
+    local_size (set by the launcher, see docs/deployment.md); nodes hold local_size
+    workers each with consecutive ranks (as hybridrun, mpirun --map-by slot and Slurm's
+    block layout start them), so the node index is rank // local_size."""
     return rank() // local_size()
 
 
@@ -122,7 +122,7 @@ def cross_size():
 
 def mpi_built():
     """False: hybridps has no MPI; its scheduler and Gloo (dist_allreduce) connect the
-    workers (mpirun may start them: see the README)."""
+    workers (mpirun may start them: see docs/deployment.md)."""
     return False
 
 

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""Plots today's figures for docs/performance.md from the recorded figures in
+bench/results/current/*.csv (each names the run it was copied from) into docs/img/.
+
+    .venv/bin/python bench/plot_results.py          # writes docs/img/perf-*.png
+
+The emulated cluster's plot is cluster_bench.py's own (bench/cluster_results/*/cluster.png).
+A new measurement: add its run to bench/results/<topic>/, update the CSV, rerun this.
+"""
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "bench" / "results" / "current"
+OUT = ROOT / "docs" / "img"
+
+
+def rows(name: str) -> list[dict[str, str]]:
+    with open(DATA / name) as f:
+        return list(csv.DictReader(line for line in f if not line.startswith("#")))
+
+
+def size_label(n: int) -> str:
+    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= div:
+            return f"{n // div} {unit}"
+    return f"{n} B"
+
+
+def sizes_axis(ax, sizes):
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([size_label(s) for s in sizes], rotation=45, ha="right")
+    ax.minorticks_off()
+    ax.grid(True, alpha=0.3)
+
+
+def core_push_pull(path: Path):
+    r = rows("core_push_pull.csv")
+    x = [int(v["bytes"]) for v in r]
+    y = [float(v["goodput_gbps"]) for v in r]
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    ax.axhspan(2.8, 3.2, color="tab:green", alpha=0.15, label="loopback TCP, iperf3 (2.8–3.2)")
+    ax.plot(x, y, "o-", label="hybridps push_pull (1 worker + 1 server)")
+    ax.plot([4 << 20], [2.32], "s", color="tab:red", label="ZeroMQ echo, same run (4 MiB)")
+    sizes_axis(ax, x)
+    ax.set_ylabel("goodput (GB/s)")
+    ax.set_title("Core push_pull on the 2-vCPU VM, medians of 5")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def allreduce_one_host(path: Path):
+    r = rows("allreduce_one_host.csv")
+    x = [int(v["bytes"]) for v in r]
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    ax.axhline(1.0, color="tab:red", lw=1.5, label="plain Gloo, same processes (= 1)")
+    ax.plot(x, [float(v["ratio_2w"]) for v in r], "o-", label="dist_allreduce, 2 workers")
+    ax.plot(x, [float(v["ratio_4w"]) for v in r], "s-", label="dist_allreduce, 4 workers")
+    sizes_axis(ax, x)
+    ax.set_ylim(0, 1.2)
+    ax.set_ylabel("time / plain Gloo's time")
+    ax.set_title("dist_allreduce on one host against plain Gloo (lower is faster)")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def gpu_staging(path: Path):
+    r = rows("gpu_staging.csv")
+    x = [int(v["bytes"]) for v in r]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.axhline(100, color="tab:green", lw=1.5, label="CPU push_pull, same run (= 100 %)")
+    ax.axhline(80, color="tab:red", ls="--", lw=1, label="target 80 %")
+    ax.plot(x, [float(v["percent_of_ref"]) for v in r], "o-", label="GPU push_pull (dist_hybrid)")
+    sizes_axis(ax, x)
+    ax.set_ylim(0, 110)
+    ax.set_ylabel("% of the CPU push_pull's bandwidth")
+    ax.set_title("GPU tensors through host staging, one H200 host")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def mxnet_training(path: Path):
+    r = rows("mxnet_training.csv")
+    runs = list(dict.fromkeys(v["run"] for v in r))
+    fig, axes = plt.subplots(1, len(runs), figsize=(9.6, 3.4))
+    for ax, run in zip(axes, runs):
+        sel = [v for v in r if v["run"] == run]
+        ax.barh([v["store"] for v in sel], [float(v["samples_per_s"]) for v in sel],
+                color=["tab:blue", "tab:orange", "tab:green", "tab:gray"][:len(sel)])
+        ax.set_title(run, fontsize=9)
+        ax.invert_yaxis()
+        ax.grid(True, axis="x", alpha=0.3)
+        ax.set_xlabel("samples/s (higher is faster)")
+        ax.tick_params(axis="y", labelsize=8)
+    fig.suptitle("MXNet training, 2 workers, 2-vCPU VM (compare within a panel)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, fn in (("perf-core-push-pull.png", core_push_pull),
+                     ("perf-allreduce-one-host.png", allreduce_one_host),
+                     ("perf-gpu-staging.png", gpu_staging),
+                     ("perf-mxnet-training.png", mxnet_training)):
+        fn(OUT / name)
+        print(f"wrote docs/img/{name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
