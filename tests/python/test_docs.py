@@ -1,6 +1,9 @@
 """The docs site (mkdocs.yml, docs/) builds with `mkdocs build --strict`: a broken link,
-a page missing from docs/ or a page left out of the nav fails it."""
+a page missing from docs/ or a page left out of the nav fails it. The README stays short,
+keeps the two commands CI relies on, has no dates or commit hashes, and every relative link
+in it resolves."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -8,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
 
 
 def build_site(root: Path, out_parent: Path) -> subprocess.CompletedProcess:
@@ -48,3 +52,31 @@ def test_a_broken_link_fails_the_build(tmp_path):
     r = build_site(copy, tmp_path)
     assert r.returncode != 0, r.stdout + r.stderr
     assert "no-such-page.md" in r.stdout + r.stderr
+
+
+def test_the_readme_is_short_and_shows_the_two_commands():
+    text = README.read_text()
+    lines = text.splitlines()
+    assert len(lines) <= 220, f"README.md has {len(lines)} lines; keep it about 200"
+    head = "\n".join(lines[:12])
+    assert "bash scripts/demo.sh" in head and "bash scripts/test.sh" in head, head
+
+
+def test_the_readme_has_no_dates_or_commit_hashes():
+    text = README.read_text()
+    assert not re.findall(r"\b20\d\d-\d\d-\d\d\b", text), "dates belong in bench/results/"
+    hashes = [w for w in re.findall(r"\b[0-9a-f]{7,40}\b", text)
+              if re.search(r"\d", w) and re.search(r"[a-f]", w)]
+    assert not hashes, f"commit hashes in README.md: {hashes}"
+
+
+def test_every_relative_link_of_the_readme_resolves():
+    text = README.read_text()
+    missing = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = target.split("#", 1)[0]
+        if path and not (ROOT / path).exists():
+            missing.append(target)
+    assert not missing, f"README.md links to missing files: {missing}"
