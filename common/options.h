@@ -86,7 +86,7 @@ struct Options {
   // ones on a reducer thread (their copies and sums overlap the network). Every local
   // rank of a node must use the same value. Unset, it is 1 MiB, or every tensor when the
   // node has at most one CPU per local rank (kInlineEverything): the reducer thread then
-  // has no core to overlap on (docs/design-notes.md).
+  // has no core to overlap on (docs/design/defaults.md).
   size_t local_inline_bytes = 1 << 20;
   static constexpr size_t kInlineEverything = ~size_t{0};
   // HYBRIDPS_SERVER_THREADS: engine threads of a server (0: one per core, at most 4).
@@ -116,7 +116,7 @@ struct Options {
   // a server that should get more bytes gets more connections. A partition always uses
   // the same connection, so its rounds stay in order. The window above stays per server:
   // every server's downlink takes the same bytes per second whatever its connections
-  // (docs/design-notes.md).
+  // (docs/design/defaults.md).
   int max_server_lanes = 4;
   // A partition held by a window goes anyway once nothing was sent for this long (a
   // safety net: the shared order already rules out waiting on each other). Not read from
@@ -135,7 +135,7 @@ struct Options {
   // partitions (a server answers a round only when every worker's push of it arrived).
   // An operation submitted to an idle store, or after a longer gap, leaves at once.
   // 0: no gathering. Long enough that a briefly descheduled submitter does not split the
-  // burst on some workers only (docs/design-notes.md). The price: while a burst is
+  // burst on some workers only (docs/design/defaults.md). The price: while a burst is
   // gathered (10 ms at most) only earlier work is on the link.
   absl::Duration burst_gather = absl::Milliseconds(1);
   // HYBRIDPS_MAX_MESSAGE_BYTES: larger inbound messages are refused by the transport.
@@ -163,7 +163,7 @@ struct Options {
   // than this is reduced alone, in place, instead of being copied into a fusion buffer and
   // back. Fusion pays for small tensors, whose allreduces are bound by latency; for a
   // large one the two copies cost more than its own collective's start
-  // (docs/design-notes.md). GPU tensors are always fused (device copies are cheap).
+  // (docs/design/defaults.md). GPU tensors are always fused (device copies are cheap).
   // Rank 0's value (and its fusion_bytes) is used by every worker.
   size_t fusion_max_tensor_bytes = 2 << 20;
   // HYBRIDPS_LOCAL_ALLREDUCE (dist_allreduce, CPU tensors): 1: when every worker of the
@@ -191,7 +191,7 @@ struct Options {
   // HYBRIDPS_EAGER_BYTES (dist_allreduce, CPU tensors): a push_pull of up to this size
   // divided by (workers - 1), or a broadcast, travels inside the negotiation message and
   // is summed from it: no collective after the negotiation. At most 2 MiB; 0: off
-  // (docs/design-notes.md).
+  // (docs/design/defaults.md).
   size_t eager_bytes = 1 << 20;
   // HYBRIDPS_TWO_SHOT_BYTES (dist_allreduce, 2 workers, CPU tensors): push_pulls larger
   // than the eager ones and up to this size are two-shots: each worker sends the other's

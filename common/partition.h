@@ -26,12 +26,8 @@ struct Partition {
 // A tensor is split over the servers when every server's share of it (ServerShare) would
 // be at least kSplitBytesPerServer bytes: with S even shares, from S * 128 KiB, into a
 // multiple of S partitions. Smaller tensors go whole to a server drawn by their hash.
-// 128 KiB: with 256 KiB, ResNet-50's 256 KiB-1 MiB tensors went whole to one server each,
-// leaving the busiest of 4 servers 2.3 % above its share (now 1.0 %, for 1.5 % more
-// requests); on the emulated cluster colocated jobs went from 1.11 to 1.09 times their
-// bound, dedicated ones with 2 servers from 1.16 to 1.12. 64 KiB spread the bytes as well
-// but made 2 servers, and mixed placements with 2 extra hosts (pieces of 40-60 KiB for
-// the colocated servers' 10 % shares), slower (bench/RESULTS.md, 2026-11-25).
+// Why 128 KiB (larger leaves mid-size tensors whole on one server, smaller makes pieces
+// too small to pay for their requests): docs/design/cluster.md.
 inline constexpr size_t kSplitBytesPerServer = 128 << 10;
 
 // Splits `count` elements of `dtype` into P = ceil(bytes / partition_bytes) partitions

@@ -1,4 +1,4 @@
-// hybridps-scheduler: configured by HYBRIDPS_* environment variables (see README).
+// hybridps-scheduler: configured by HYBRIDPS_* environment variables (docs/configuration.md).
 // `hybridps-scheduler --build-info` prints which engines this build has (what
 // `hybridrun --check-build` shows) and exits.
 #include <csignal>
@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   if (argc > 1) {
     std::fprintf(stderr,
                  "usage: hybridps-scheduler [--build-info]\n"
-                 "(configured by HYBRIDPS_* environment variables; see the README)\n");
+                 "(configured by HYBRIDPS_* environment variables; see docs/configuration.md)\n");
     return 2;
   }
   auto options = hybridps::OptionsFromEnvironment();

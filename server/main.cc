@@ -1,4 +1,4 @@
-// hybridps-server: configured by HYBRIDPS_* environment variables (see README).
+// hybridps-server: configured by HYBRIDPS_* environment variables (docs/configuration.md).
 // Servers never import or link MXNet.
 #include <csignal>
 #include <cstdio>

@@ -50,7 +50,7 @@ class KVStore {
  public:
   // `type`: "dist_hybrid" (parameter server) or "dist_allreduce" (ring allreduce on
   // Gloo, no servers; Unimplemented when built without Gloo; GPU tensors on NCCL when
-  // built with CUDA, see the README). `ctx`: the ZeroMQ context
+  // built with CUDA, see docs/cpp.md). `ctx`: the ZeroMQ context
   // to use (needed to run a whole cluster in one process over inproc://); null creates
   // one. Blocks until the whole job has registered (options.start_timeout).
   static absl::StatusOr<std::unique_ptr<KVStore>> Create(

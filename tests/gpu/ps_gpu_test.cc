@@ -3,8 +3,6 @@
 // none. The jobs run in this process (LocalCluster: scheduler, servers and workers as
 // threads over inproc://); every worker uses GPU 0 (staging involves no NCCL, so several
 // workers may share a GPU).
-//
-// Run on an H100 on 2026-11-25: all pass (bench/RESULTS.md, "GPU staging").
 #include <gtest/gtest.h>
 
 #include <memory>

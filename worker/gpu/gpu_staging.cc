@@ -14,10 +14,8 @@ namespace {
 
 // While copies are in flight the stager's thread polls them without pause for kSpinFor
 // after its last progress (an operation arrived or returned, a copy ended): a copy of a
-// few MiB ends sooner than a sleeping thread wakes (a 20 us timed wait took 70-90 us on
-// the H100 host of bench/RESULTS.md). Then it polls every kPollInterval. Without copies
-// in flight it sleeps until woken (spinning also while the servers work did not pay
-// there).
+// few MiB ends sooner than a sleeping thread wakes. Then it polls every kPollInterval.
+// Without copies in flight it sleeps until woken (measurements: docs/design/gpu.md).
 constexpr absl::Duration kPollInterval = absl::Microseconds(20);
 constexpr absl::Duration kSpinFor = absl::Microseconds(500);
 

@@ -1,7 +1,6 @@
 // The CUDA runtime behind dist_hybrid's GPU staging (gpu_staging.h). Built only with
-// CUDA (HYBRIDPS_WITH_CUDA). Plain C++ on the runtime API: no kernels.
-//
-// Run on an H100 on 2026-11-25 (tests/gpu, bench/RESULTS.md "GPU staging").
+// CUDA (HYBRIDPS_WITH_CUDA). Plain C++ on the runtime API: no kernels. Tested on a GPU by
+// tests/gpu (scripts/device-checks).
 #include <cstdint>
 #include <memory>
 #include <vector>
