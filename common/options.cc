@@ -53,6 +53,13 @@ absl::Status Options::Validate() const {
   if (wire_chunk_bytes != 0 && wire_chunk_bytes < 8) {
     return bad("wire_chunk_bytes (0 or at least 8)", wire_chunk_bytes);
   }
+  if (role != Role::kScheduler && max_message_bytes < LargestDataFrame() + kMessageHeadroom) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "invalid option max_message_bytes=", max_message_bytes, ": data messages carry up to ",
+        LargestDataFrame(), " bytes (wire_chunk_bytes=", wire_chunk_bytes,
+        ", partition_bytes=", partition_bytes, ") plus headers; it must be at least ",
+        LargestDataFrame() + kMessageHeadroom));
+  }
   if (server_threads < 0 || server_threads > 256) return bad("server_threads", server_threads);
   if (credit_bytes < 1) return bad("credit_bytes", credit_bytes);
   if (max_server_lanes < 1 || max_server_lanes > 16) {
@@ -107,6 +114,12 @@ absl::Status Options::Validate() const {
         "extra_servers=", extra_servers, " needs deployment=mixed, not ", deployment));
   }
   return absl::OkStatus();
+}
+
+size_t Options::LargestDataFrame() const {
+  // Partitions are nearly equal pieces of at most partition_bytes, give or take an element.
+  const size_t partition = partition_bytes + 8;
+  return wire_chunk_bytes == 0 ? partition : std::min(partition, wire_chunk_bytes);
 }
 
 std::string Options::SchedulerEndpoint() const {

@@ -221,6 +221,12 @@ struct Options {
   std::string SchedulerEndpoint() const;
   // What Register carries of job_token: empty without one, else a 64-bit hash in hex.
   std::string JobTokenDigest() const;
+  // The largest payload frame a worker sends or a server answers with: a wire chunk, or a
+  // whole partition when partitions are smaller or chunks are off.
+  size_t LargestDataFrame() const;
+  // Room for a data message's header frame and the optimizer's requests, on top of
+  // LargestDataFrame(): max_message_bytes must be at least their sum.
+  static constexpr size_t kMessageHeadroom = 64 << 10;
 };
 
 // Reads every HYBRIDPS_* variable; unknown values or malformed numbers are an error that

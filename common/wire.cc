@@ -136,4 +136,17 @@ absl::Status FromWire(const wire::Error& error) {
   return absl::Status(code, error.message());
 }
 
+wire::JobSettings JobSettingsOf(const Options& options) {
+  wire::JobSettings s;
+  s.set_backend(options.backend);
+  s.set_num_workers(options.num_workers);
+  s.set_num_servers(options.num_servers);
+  s.set_deployment(options.deployment);
+  s.set_extra_servers(options.extra_servers);
+  s.set_partition_bytes(options.partition_bytes);
+  s.set_wire_chunk_bytes(options.wire_chunk_bytes);
+  s.set_max_message_bytes(options.max_message_bytes);
+  return s;
+}
+
 }  // namespace hybridps

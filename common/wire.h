@@ -43,6 +43,8 @@ absl::Status ValidateDataRequest(const wire::DataRequest& req,
                                  const std::optional<Frame>& payload);
 
 wire::NodeRole ToWire(Role role);
+// What Register carries of `options`: the settings that must agree across the job.
+wire::JobSettings JobSettingsOf(const Options& options);
 absl::string_view WireRoleName(wire::NodeRole role);
 
 // An Envelope carrying `status` as an Error body, with request id `id`.

@@ -245,6 +245,18 @@ void Scheduler::HandleRegister(Node& node, uint64_t id, const wire::Register& re
         what, ": it belongs to another job. Start every process of a job with the same "
         "token (hybridrun does), or leave it unset everywhere")));
   }
+  if (absl::Status s = CheckSettings(reg); !s.ok()) {
+    // A process of this job (it has the job's token) that cannot take part: the job
+    // cannot start, so every process hears why now instead of at the start timeout.
+    fail(s);
+    job_status_ = absl::Status(s.code(), absl::StrCat("the job cannot start: ", s.message()));
+    wire::Envelope env;
+    env.mutable_shutdown()->set_reason(std::string(job_status_.message()));
+    env.mutable_shutdown()->set_failed(true);
+    Broadcast(env);
+    done_ = true;
+    return;
+  }
   const bool worker = reg.role() == wire::ROLE_WORKER;
   const size_t want = worker ? options_.num_workers : options_.num_servers;
   if (Count(reg.role(), true) >= want) {
@@ -283,6 +295,92 @@ void Scheduler::HandleRegister(Node& node, uint64_t id, const wire::Register& re
       Count(wire::ROLE_SERVER, true) == static_cast<size_t>(options_.num_servers)) {
     AssignRanksAndWelcome();
   }
+}
+
+absl::Status Scheduler::CheckSettings(const wire::Register& reg) const {
+  const std::string who =
+      absl::StrCat("the ", WireRoleName(reg.role()), " on ", reg.host(), " pid ", reg.pid());
+  if (!reg.has_settings()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, " sent no job settings: it runs another version of hybridps than the scheduler"));
+  }
+  const wire::JobSettings& s = reg.settings();
+  auto differs = [&](absl::string_view var, const auto& theirs, const auto& job,
+                     absl::string_view whose) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, " has ", var, "=", theirs, ", but ", whose, " has ", job, ": every process of "
+        "a job needs the same value (hybridrun passes the environment it was started with "
+        "to all of them)"));
+  };
+  const std::string scheduler = absl::StrCat("the job (its scheduler at ", endpoint_, ")");
+  if (s.backend() != settings_.backend()) {
+    return differs("HYBRIDPS_BACKEND", s.backend(), settings_.backend(), scheduler);
+  }
+  if (s.num_workers() != settings_.num_workers()) {
+    return differs("HYBRIDPS_NUM_WORKERS", s.num_workers(), settings_.num_workers(), scheduler);
+  }
+  if (s.num_servers() != settings_.num_servers()) {
+    return differs("HYBRIDPS_NUM_SERVERS", s.num_servers(), settings_.num_servers(), scheduler);
+  }
+  if (s.deployment() != settings_.deployment()) {
+    return differs("HYBRIDPS_DEPLOYMENT", s.deployment(), settings_.deployment(), scheduler);
+  }
+  if (s.extra_servers() != settings_.extra_servers()) {
+    return differs("HYBRIDPS_EXTRA_SERVERS", s.extra_servers(), settings_.extra_servers(),
+                   scheduler);
+  }
+  // The workers' data layout: every worker as the first that registered. Servers take
+  // what the workers send, but each refuses messages larger than its own limit.
+  const Node* first_worker = nullptr;
+  for (const auto& [peer, n] : nodes_) {
+    if (n.registered && n.role == wire::ROLE_WORKER &&
+        (first_worker == nullptr || n.rank > first_worker->rank)) {  // -1, -2, ...: order
+      first_worker = &n;
+    }
+  }
+  auto largest_frame = [](const wire::JobSettings& w) {
+    Options o;
+    o.partition_bytes = w.partition_bytes();
+    o.wire_chunk_bytes = w.wire_chunk_bytes();
+    return o.LargestDataFrame() + Options::kMessageHeadroom;
+  };
+  auto too_small = [&](const wire::Register& server, const wire::JobSettings& w,
+                       absl::string_view workers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the server on ", server.host(), " pid ", server.pid(), " accepts messages of at most ",
+        server.settings().max_message_bytes(), " bytes (HYBRIDPS_MAX_MESSAGE_BYTES), but ",
+        workers, " send", workers == "the workers" ? "" : "s", " data messages of up to ",
+        largest_frame(w), " bytes (HYBRIDPS_WIRE_CHUNK_BYTES=", w.wire_chunk_bytes(),
+        ", HYBRIDPS_PARTITION_BYTES=", w.partition_bytes(), ", with headers)"));
+  };
+  if (reg.role() == wire::ROLE_SERVER) {
+    if (first_worker != nullptr &&
+        reg.settings().max_message_bytes() < largest_frame(first_worker->reg.settings())) {
+      return too_small(reg, first_worker->reg.settings(), "the workers");
+    }
+    return absl::OkStatus();
+  }
+  if (first_worker != nullptr) {
+    const wire::Register& f = first_worker->reg;
+    const std::string whose =
+        absl::StrCat("the job's first worker (on ", f.host(), " pid ", f.pid(), ")");
+    if (s.partition_bytes() != f.settings().partition_bytes()) {
+      return differs("HYBRIDPS_PARTITION_BYTES", s.partition_bytes(),
+                     f.settings().partition_bytes(), whose);
+    }
+    if (s.wire_chunk_bytes() != f.settings().wire_chunk_bytes()) {
+      return differs("HYBRIDPS_WIRE_CHUNK_BYTES", s.wire_chunk_bytes(),
+                     f.settings().wire_chunk_bytes(), whose);
+    }
+    return absl::OkStatus();
+  }
+  for (const auto& [peer, n] : nodes_) {
+    if (n.registered && n.role == wire::ROLE_SERVER &&
+        n.reg.settings().max_message_bytes() < largest_frame(s)) {
+      return too_small(n.reg, s, who);
+    }
+  }
+  return absl::OkStatus();
 }
 
 // Workers with local_size > 1 that name the same node form one node; a worker with

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/hybridps.pb.h"
+#include "common/wire.h"
 #include "common/options.h"
 #include "common/transport.h"
 
@@ -61,6 +62,9 @@ class Scheduler {
   Scheduler(const Options& options) : options_(options) {}
   void HandleMessage(Message msg);
   void HandleRegister(Node& node, uint64_t id, const wire::Register& reg);
+  // OK when reg's settings agree with the job's (wire::JobSettings), else an error that
+  // names the setting, this process's value and the job's.
+  absl::Status CheckSettings(const wire::Register& reg) const;
   void AssignRanksAndWelcome();
   std::vector<int> GroupNodes(const std::vector<Node*>& workers);
   void HandleBarrier(Node& node, uint64_t id, wire::BarrierGroup group);
@@ -89,6 +93,7 @@ class Scheduler {
   std::map<std::string, Node> nodes_;  // by routing id
   bool welcomed_ = false;
   const std::string token_digest_ = options_.JobTokenDigest();  // Register must match it
+  const wire::JobSettings settings_ = JobSettingsOf(options_);  // the job's shape
   int register_order_ = 0;  // Registration order, kept in Node::rank until ranks are given.
   absl::Time start_time_;
   // Barrier arrivals per group: peer -> request id.

@@ -49,6 +49,7 @@ WORKERS = "every worker of the job"
 NODE = "every local rank of a node"
 RANK0 = "rank 0's value is used by every worker"
 OWN = "each process its own"
+CHECKED = "; compared at registration (a process that differs fails the job at start)"
 HYBRIDRUN = " (hybridrun sets it)"
 AGREE = {
     "HYBRIDPS_ROLE": OWN + HYBRIDRUN,
@@ -56,21 +57,21 @@ AGREE = {
     "HYBRIDPS_SCHEDULER_PORT": EVERY + HYBRIDRUN,
     "HYBRIDPS_SCHEDULER_ENDPOINT": EVERY,
     "HYBRIDPS_PORT_FILE": "the scheduler only" + HYBRIDRUN,
-    "HYBRIDPS_NUM_WORKERS": EVERY + HYBRIDRUN,
-    "HYBRIDPS_NUM_SERVERS": EVERY + HYBRIDRUN,
+    "HYBRIDPS_NUM_WORKERS": EVERY + HYBRIDRUN + CHECKED,
+    "HYBRIDPS_NUM_SERVERS": EVERY + HYBRIDRUN + CHECKED,
     "HYBRIDPS_RANK": OWN + ", distinct" + HYBRIDRUN,
     "HYBRIDPS_LOCAL_RANK": OWN + ", distinct within a node" + HYBRIDRUN,
     "HYBRIDPS_LOCAL_SIZE": NODE + HYBRIDRUN,
-    "HYBRIDPS_DEPLOYMENT": EVERY + HYBRIDRUN,
-    "HYBRIDPS_EXTRA_SERVERS": EVERY + HYBRIDRUN,
+    "HYBRIDPS_DEPLOYMENT": EVERY + HYBRIDRUN + CHECKED,
+    "HYBRIDPS_EXTRA_SERVERS": EVERY + HYBRIDRUN + CHECKED,
     "HYBRIDPS_NODE_ID": NODE + HYBRIDRUN,
     "HYBRIDPS_LOCAL_SLOTS": NODE,
-    "HYBRIDPS_BACKEND": EVERY + HYBRIDRUN,
+    "HYBRIDPS_BACKEND": EVERY + HYBRIDRUN + CHECKED,
     "HYBRIDPS_INTERFACE": OWN + " (hybridrun gives every process the same name)",
     "HYBRIDPS_TRANSPORT": "the servers (every worker must be able to reach what they bind)",
     "HYBRIDPS_JOB_TOKEN": EVERY + HYBRIDRUN,
-    "HYBRIDPS_PARTITION_BYTES": WORKERS,
-    "HYBRIDPS_WIRE_CHUNK_BYTES": WORKERS,
+    "HYBRIDPS_PARTITION_BYTES": WORKERS + CHECKED,
+    "HYBRIDPS_WIRE_CHUNK_BYTES": WORKERS + CHECKED,
     "HYBRIDPS_LOCAL_INLINE_BYTES": NODE,
     "HYBRIDPS_SERVER_THREADS": "each server its own",
     "HYBRIDPS_CREDIT_BYTES": "each worker its own",
@@ -79,7 +80,8 @@ AGREE = {
     "HYBRIDPS_SPIN_US": OWN,
     "HYBRIDPS_BURST_GATHER_US": "each worker its own (the same everywhere keeps the workers' "
                                 "first windows alike)",
-    "HYBRIDPS_MAX_MESSAGE_BYTES": OWN + " (larger than the wire chunk)",
+    "HYBRIDPS_MAX_MESSAGE_BYTES": OWN + " (at least the workers' largest data message; "
+                                  "checked at start and registration)",
     "HYBRIDPS_HEARTBEAT_INTERVAL_MS": EVERY + " (below every peer's timeout)",
     "HYBRIDPS_HEARTBEAT_TIMEOUT_MS": EVERY,
     "HYBRIDPS_TIMEOUT_MS": OWN,

@@ -644,6 +644,28 @@ def test_a_process_of_another_job_is_refused(job: JobEnv, tmp_path: Path,
     assert_nothing_left(job.marker)
 
 
+def test_workers_with_other_settings_fail_the_job_at_start(job: JobEnv, tmp_path: Path,
+                                                          direct: list[DirectJob]) -> None:
+    """Workers started with different HYBRIDPS_PARTITION_BYTES (a per-rank environment
+    gone wrong) would cut tensors differently and hang in their first round. The scheduler
+    compares the settings at registration: every process exits non-zero at once, naming
+    the setting and both values, long before the start timeout."""
+    slow_start = {"HYBRIDPS_START_TIMEOUT_MS": "3600000"}  # only the refusal can end it
+    j = DirectJob(job, tmp_path, workers=2, servers=1, worker_args=["--rounds", "3"],
+                  worker_env=lambda rank: {**slow_start, **(
+                      {"HYBRIDPS_PARTITION_BYTES": "1048576"} if rank == 1 else {})})
+    direct.append(j)
+    codes = j.wait_all(RUN_TIMEOUT)
+    assert all(code != 0 for code in codes.values()), (codes, j.text())
+    for worker in ("worker 0", "worker 1"):
+        out = "\n".join(j.lines(worker))
+        assert "HYBRIDPS_PARTITION_BYTES=" in out, j.text()
+        assert "1048576" in out and job.env["HYBRIDPS_PARTITION_BYTES"] in out, j.text()
+        assert "round 0 ok" not in out, j.text()
+    assert any("the job cannot start" in line for line in j.lines("scheduler")), j.text()
+    assert_nothing_left(job.marker)
+
+
 def test_killed_local_rank_fails_its_node_peers(job: JobEnv, tmp_path: Path,
                                                 direct: list[DirectJob]) -> None:
     j = DirectJob(job, tmp_path, workers=4, servers=1,

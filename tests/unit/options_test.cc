@@ -32,7 +32,8 @@ class OptionsTest : public ::testing::Test {
                           "HYBRIDPS_LOCAL_ALLREDUCE", "HYBRIDPS_HIERARCHICAL_ALLREDUCE",
                           "HYBRIDPS_GPU_LOCAL_REDUCE", "HYBRIDPS_MXNET_MERGE",
                           "HYBRIDPS_LOCAL_RANK", "HYBRIDPS_LOCAL_SIZE", "HYBRIDPS_DEPLOYMENT",
-                          "HYBRIDPS_EXTRA_SERVERS", "OMPI_COMM_WORLD_RANK",
+                          "HYBRIDPS_EXTRA_SERVERS", "HYBRIDPS_MAX_MESSAGE_BYTES",
+                          "OMPI_COMM_WORLD_RANK",
                           "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
                           "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE",
                           "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "SLURM_PROCID",
@@ -146,6 +147,29 @@ TEST_F(OptionsTest, BadValuesNameTheVariable) {
   setenv("HYBRIDPS_NUM_WORKERS", "2", 1);
   setenv("HYBRIDPS_RANK", "2", 1);  // out of range
   EXPECT_FALSE(OptionsFromEnvironment().ok());
+}
+
+// A message limit below what the job's data messages carry would make ZeroMQ drop every
+// connection that sends one (the job hung until its deadline): refused at start instead.
+TEST_F(OptionsTest, MaxMessageBytesMustHoldTheLargestDataMessage) {
+  setenv("HYBRIDPS_MAX_MESSAGE_BYTES", "100", 1);
+  auto o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("max_message_bytes=100"), absl::string_view::npos)
+      << o.status();
+  EXPECT_NE(o.status().message().find("wire_chunk_bytes=262144"), absl::string_view::npos)
+      << o.status();
+  // Chunks off: a whole partition is one message.
+  setenv("HYBRIDPS_MAX_MESSAGE_BYTES", "1000000", 1);
+  setenv("HYBRIDPS_WIRE_CHUNK_BYTES", "0", 1);
+  EXPECT_FALSE(OptionsFromEnvironment().ok());
+  setenv("HYBRIDPS_PARTITION_BYTES", "262144", 1);
+  ASSERT_OK_AND_ASSIGN(Options fits, OptionsFromEnvironment());
+  EXPECT_EQ(fits.LargestDataFrame(), 262144u + 8);
+  // The scheduler carries no data.
+  setenv("HYBRIDPS_ROLE", "scheduler", 1);
+  setenv("HYBRIDPS_MAX_MESSAGE_BYTES", "100", 1);
+  EXPECT_OK(OptionsFromEnvironment());
 }
 
 TEST_F(OptionsTest, AllreduceBackendNeedsNoServers) {
