@@ -69,6 +69,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const Context& ctx,
   };
   cb.shutdown = [self](const wire::Shutdown& sd) {
     HPS_LOG(INFO) << "shutting down: " << sd.reason();
+    // A failed job's server fails too (its exit status is what launchers see).
+    if (sd.failed() && self->exit_status_.ok()) {
+      self->exit_status_ = absl::AbortedError(absl::StrCat("the job failed: ", sd.reason()));
+    }
     self->done_ = true;
   };
   cb.scheduler_lost = [self](const absl::Status& st) {

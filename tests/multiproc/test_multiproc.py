@@ -453,6 +453,8 @@ def test_survivors_name_the_killed_worker(job: JobEnv, tmp_path: Path,
         assert len(errors) == 1 and "worker 1" in errors[0], j.text()
         assert "round 2 ok" not in j.lines(label), j.text()
     assert codes["scheduler"] == 1, j.text()
+    for label in (label for label in codes if label.startswith("server")):
+        assert codes[label] == 1, j.text()  # the surviving servers of a failed job fail too
     assert any(re.search(r"worker 1 .*died", line) for line in j.lines("scheduler")), j.text()
     assert max(j.exited.values()) - died < 2 * DETECTION_BOUND, j.text()
     assert_nothing_left(job.marker)
@@ -527,6 +529,7 @@ def test_survivors_name_the_killed_server(job: JobEnv, tmp_path: Path,
         errors = error_lines(j.lines(label))
         assert len(errors) == 1 and "server 1" in errors[0], j.text()
     assert codes["server 1"] == -signal.SIGKILL
+    assert codes["server 0"] == 1, j.text()  # a failed job's surviving server fails too
     assert codes["scheduler"] == 1, j.text()
     assert any(re.search(r"server 1 .*died", line) for line in j.lines("scheduler")), j.text()
     assert max(j.exited.values()) - killed < 2 * DETECTION_BOUND, j.text()
