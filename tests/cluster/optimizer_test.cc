@@ -12,6 +12,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -511,12 +513,27 @@ TEST(OptimizerClusterTest, SaveLoadIntoOtherServerCountContinuesIdentically) {
       ASSERT_OK(s);
       expected = Train(a.get(), defs, 3, 2);
     }
+    // A copy with one byte flipped in the middle (inside some tensor's weights or state):
+    // refused on every worker, naming the file, and nothing changes.
+    const std::string flipped = path + ".flipped";
+    {
+      std::ifstream in(path, std::ios::binary);
+      std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      ASSERT_GT(bytes.size(), 100u);
+      bytes[bytes.size() / 2] ^= 0x10;
+      std::ofstream(flipped, std::ios::binary) << bytes;
+    }
     auto b = Start(2, 1, 1024);
     ASSERT_NE(b, nullptr);
-    b->RunOnWorkers([&](int, KVStore* kv) {
+    b->RunOnWorkers([&](int rank, KVStore* kv) {
+      absl::Status bad = kv->LoadOptimizerStates(flipped);
+      EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss) << "worker " << rank << bad;
+      EXPECT_NE(bad.message().find(flipped), std::string::npos) << bad;
+      EXPECT_NE(bad.message().find("checksum"), std::string::npos) << bad;
       absl::Status s = kv->LoadOptimizerStates(path);
       ASSERT_OK(s);
     });
+    std::remove(flipped.c_str());
     const auto got = Train(b.get(), defs, 3, 2);
     for (int step = 0; step < 2; ++step) {
       for (size_t t = 0; t < defs.size(); ++t) {
@@ -533,7 +550,7 @@ TEST(OptimizerClusterTest, LoadOfAMissingOrCorruptFileFailsOnEveryWorker) {
   {
     FILE* f = std::fopen(path.c_str(), "wb");
     ASSERT_NE(f, nullptr);
-    std::fputs("HPSOPT01garbage", f);
+    std::fputs("HPSOPT02garbage", f);
     std::fclose(f);
   }
   auto cl = Start(2, 2);

@@ -8,11 +8,13 @@
 // server, installs the spec (which drops what the servers held) and sends them back
 // under the new placement (LAMB and LARS keep a tensor's partitions on one server).
 //
-// The state file: the 8 bytes "HPSOPT01", then records of a little-endian uint64 length
-// and that many bytes of protobuf: first the wire::OptimizerSpec in effect, then one
-// wire::PartState per partition (name, dtype, offset, count, update count, weights and
-// every state buffer, element-aligned with the weights). Loading reassembles each tensor
-// and splits it again for the new job's servers.
+// The state file: the 8 bytes "HPSOPT02", then records of a little-endian uint64 length,
+// that many bytes of protobuf and the bytes' FNV-1a hash (a little-endian uint64, so
+// that a corrupt file is refused, not loaded): first the wire::OptimizerSpec in effect,
+// then one wire::PartState per partition (name, dtype, offset, count, update count,
+// weights and every state buffer, element-aligned with the weights). "HPSOPT01" files
+// (no hashes) still load. Loading checks the whole file before anything changes, then
+// reassembles each tensor and splits it again for the new job's servers.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/hash.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/wire.h"
@@ -30,7 +33,8 @@
 namespace hybridps {
 namespace {
 
-constexpr char kFileMagic[8] = {'H', 'P', 'S', 'O', 'P', 'T', '0', '1'};
+constexpr char kFileMagic[8] = {'H', 'P', 'S', 'O', 'P', 'T', '0', '2'};
+constexpr char kFileMagicV1[8] = {'H', 'P', 'S', 'O', 'P', 'T', '0', '1'};
 constexpr size_t kBatchBytes = 32 << 20;
 
 }  // namespace
@@ -107,34 +111,54 @@ absl::StatusOr<SavedTensors> Assemble(const std::vector<wire::PartState>& parts,
   return tensors;
 }
 
+void WriteU64(std::ofstream& out, uint64_t v) {
+  unsigned char b[8];
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
+  out.write(reinterpret_cast<const char*>(b), 8);
+}
+
 absl::Status WriteRecord(std::ofstream& out, const google::protobuf::MessageLite& m) {
   std::string bytes;
   if (!m.SerializeToString(&bytes)) return absl::InternalError("serialisation failed");
-  uint64_t n = bytes.size();
-  unsigned char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
+  WriteU64(out, bytes.size());
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  WriteU64(out, Fnv1a64(bytes));
   return absl::OkStatus();
 }
 
-// false at a clean end of file.
-absl::StatusOr<bool> ReadRecord(std::ifstream& in, const std::string& path,
-                                google::protobuf::MessageLite* m) {
-  unsigned char len[8];
-  in.read(reinterpret_cast<char*>(len), 8);
+// Reads 8 bytes; false when none are left, an error when fewer than 8 are.
+absl::StatusOr<bool> ReadU64(std::ifstream& in, const std::string& path, uint64_t* v) {
+  unsigned char b[8];
+  in.read(reinterpret_cast<char*>(b), 8);
   if (in.gcount() == 0 && in.eof()) return false;
-  if (in.gcount() != 8) return absl::DataLossError(absl::StrCat(path, ": truncated record"));
+  if (in.gcount() != 8) return absl::DataLossError(absl::StrCat("'", path, "' is truncated"));
+  *v = 0;
+  for (int i = 0; i < 8; ++i) *v |= static_cast<uint64_t>(b[i]) << (8 * i);
+  return true;
+}
+
+// Record `index` of the file (its checksum checked when `checksums`); false at a clean
+// end of file.
+absl::StatusOr<bool> ReadRecord(std::ifstream& in, const std::string& path, bool checksums,
+                                size_t index, google::protobuf::MessageLite* m) {
   uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(len[i]) << (8 * i);
-  if (n > (uint64_t{1} << 40)) {
-    return absl::DataLossError(absl::StrCat(path, ": implausible record length ", n));
-  }
+  ASSIGN_OR_RETURN(bool more, ReadU64(in, path, &n));
+  if (!more) return false;
+  auto corrupt = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("'", path, "' is corrupt: record ", index, " ",
+                                            why, "; nothing was loaded"));
+  };
+  if (n > (uint64_t{1} << 40)) return corrupt(absl::StrCat("claims ", n, " bytes"));
   std::string bytes(n, '\0');
   in.read(bytes.data(), static_cast<std::streamsize>(n));
-  if (static_cast<uint64_t>(in.gcount()) != n || !m->ParseFromString(bytes)) {
-    return absl::DataLossError(absl::StrCat(path, ": truncated or corrupt record"));
+  if (static_cast<uint64_t>(in.gcount()) != n) return corrupt("is truncated");
+  if (checksums) {
+    uint64_t sum = 0;
+    ASSIGN_OR_RETURN(bool has_sum, ReadU64(in, path, &sum));
+    if (!has_sum) return corrupt("has no checksum (truncated)");
+    if (sum != Fnv1a64(bytes)) return corrupt("does not match its checksum");
   }
+  if (!m->ParseFromString(bytes)) return corrupt("does not parse");
   return true;
 }
 
@@ -447,17 +471,19 @@ absl::Status PsStore::LoadOptimizerStates(const std::string& path) {
         if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
         char magic[sizeof kFileMagic];
         in.read(magic, sizeof magic);
-        if (in.gcount() != sizeof magic || std::memcmp(magic, kFileMagic, sizeof magic) != 0) {
+        const bool full = in.gcount() == sizeof magic;
+        const bool checksums = full && std::memcmp(magic, kFileMagic, sizeof magic) == 0;
+        if (!checksums && !(full && std::memcmp(magic, kFileMagicV1, sizeof magic) == 0)) {
           return absl::DataLossError(
               absl::StrCat("'", path, "' is not a hybridps optimizer state file"));
         }
         wire::OptimizerSpec spec;
-        ASSIGN_OR_RETURN(bool have_spec, ReadRecord(in, path, &spec));
+        ASSIGN_OR_RETURN(bool have_spec, ReadRecord(in, path, checksums, 0, &spec));
         if (!have_spec) return absl::DataLossError(absl::StrCat("'", path, "' is empty"));
         std::vector<wire::PartState> parts;
         while (true) {
           wire::PartState p;
-          ASSIGN_OR_RETURN(bool more, ReadRecord(in, path, &p));
+          ASSIGN_OR_RETURN(bool more, ReadRecord(in, path, checksums, parts.size() + 1, &p));
           if (!more) break;
           parts.push_back(std::move(p));
         }
