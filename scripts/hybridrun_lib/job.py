@@ -14,7 +14,8 @@ from types import FrameType
 
 from .plan import JobPlan, ProcessSpec, describe, launcher_for
 from .process import ManagedProcess, OutputSink, kill_now, terminate
-from .shm import remove_job_segments
+from .shm import job_segment_prefix, remove_job_segments
+from .watchdog import Watchdog
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 POLL_S = 0.05
@@ -69,12 +70,16 @@ class Job:
         self.events: queue.Queue[ManagedProcess] = queue.Queue()
         self.procs: list[ManagedProcess] = []
         self._signal: int | None = None
+        self._watchdog: Watchdog | None = None
 
     # -- entry point ---------------------------------------------------------
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in HANDLED_SIGNALS}
         atexit.register(self._emergency_kill)
         failed = True
+        # Ends the local processes and removes the job's shared memory should hybridrun
+        # itself be killed (watchdog.py).
+        self._watchdog = Watchdog(self.options.kill_grace)
         try:
             try:
                 self._run()
@@ -91,6 +96,7 @@ class Job:
             self._stop_everything()
             if failed:
                 self._remove_shared_memory()
+            self._watchdog.close()
             atexit.unregister(self._emergency_kill)
             for sig, handler in previous.items():
                 signal.signal(sig, signal.SIG_DFL if handler is None else handler)
@@ -101,6 +107,10 @@ class Job:
         port = self._wait_for_port(scheduler, port_file)
         self._log(f"scheduler listens on port {port}")
         self.plan.set_scheduler_port(port)
+        prefix = job_segment_prefix(self.plan.workers[0].env) if self.plan.workers else None
+        if prefix is not None and any(w.host.is_local for w in self.plan.workers):
+            assert self._watchdog is not None
+            self._watchdog.tell(f"shm {prefix}")
         for spec in [*self.plan.servers, *self.plan.workers]:
             self._check_signal()
             self._start(spec)
@@ -119,6 +129,8 @@ class Job:
             raise JobFailedError(f"cannot start {spec.label} ({argv[0]}): "
                              f"{exc.strerror or exc}; stopping the job", code) from exc
         self.procs.append(proc)
+        if not proc.remote and self._watchdog is not None:
+            self._watchdog.tell(f"group {proc.pgid}")
         return proc
 
     def _wait_for_port(self, scheduler: ManagedProcess, port_file: Path) -> int:

@@ -417,6 +417,25 @@ def test_killed_worker_stops_the_job(job: JobEnv, backend: str) -> None:
     assert_nothing_left(job.marker)
 
 
+def test_killed_hybridrun_ends_its_job(job: JobEnv) -> None:
+    """hybridrun killed with SIGKILL cannot stop its job itself: its watchdog ends the
+    job's processes and removes the node's shared memory, so nothing runs on or stays."""
+    run = hybridrun(job, 2, 1, [str(TEST_WORKER), "--rounds", "100000", "--sleep-ms", "20",
+                                "--expect-failure"], options=("--verbose",))
+    run.err.wait_for(r"scheduler listens on port \d+", RUN_TIMEOUT)
+    port = int(re.search(r"scheduler listens on port (\d+)", run.err.text()).group(1))
+    token = re.search(r"HYBRIDPS_JOB_TOKEN=(\S+)", run.err.text()).group(1)
+    run.out.wait_for(r"^\[worker 0\] round 1 ok$", RUN_TIMEOUT)
+    mine = segment_prefix(port, token, 0).rsplit("-n", 1)[0] + "-n"
+    assert [n for n in os.listdir("/dev/shm") if n.startswith(mine)]  # the node's, in use
+    os.kill(run.proc.pid, signal.SIGKILL)
+    run.finish(FAILURE_BOUND)  # and the output of everything that held its pipes
+    assert_nothing_left(job.marker, timeout=FAILURE_BOUND)
+    left = [n for n in os.listdir("/dev/shm") if n.startswith(mine)]
+    assert not left, f"the job's shared memory outlived hybridrun: {left}"
+    assert "its watchdog stopped the job's local processes" in run.err.text(), run.err.text()
+
+
 def test_killed_server_stops_the_job(job: JobEnv) -> None:
     run = hybridrun(job, 2, 2, [str(TEST_WORKER), "--rounds", "400", "--sleep-ms", "20",
                                 "--expect-failure"])
