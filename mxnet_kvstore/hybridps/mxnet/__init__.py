@@ -12,6 +12,12 @@ Horovod-style helpers (horovod.mxnet's names and behaviour) on either store:
     hvd.init()                                  # dist_hybrid, or init('dist_allreduce')
     hvd.broadcast_parameters(net.collect_params(), root_rank=0)
     trainer = hvd.DistributedTrainer(net.collect_params(), 'sgd', {...})
+
+BytePS's (byteps.mxnet's names and behaviour), on the same machinery:
+
+    import hybridps.mxnet.byteps as bps
+    bps.init()                                  # the store hybridrun --backend chose
+    trainer = bps.DistributedTrainer(net.collect_params(), 'sgd', {...})
 """
 import os
 

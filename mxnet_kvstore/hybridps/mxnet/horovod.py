@@ -495,6 +495,10 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
     """Wraps an optimizer: each update first averages the gradient over the workers.
     Use with gluon.Trainer(params, DistributedOptimizer(opt), kvstore=None)."""
 
+    # The gradient of index i is reduced under f"{_name_base}.{i}" (hybridps.mxnet.byteps'
+    # optimizer sets its own, so that the two never share a tensor name).
+    _name_base = "allreduce.gradient"
+
     def __init__(self, optimizer, gradient_predivide_factor=1.0,
                  compression=Compression.none):
         object.__setattr__(self, "_optimizer", optimizer)
@@ -521,7 +525,7 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         for i, g in zip(indices, grads):
             if self._predivide != 1.0:
                 g /= self._predivide
-            _reduce_compressed(f"allreduce.gradient.{i}", [g], self._compression, -i)
+            _reduce_compressed(f"{self._name_base}.{i}", [g], self._compression, -i)
             g *= self._predivide / size()
 
     def update(self, index, weight, grad, state):
