@@ -66,7 +66,10 @@ def job(request, tmp_path_factory):
     state_dir = tmp_path_factory.mktemp(f"states-{request.param}")
     # Plain sums first: once a Trainer runs the optimizer on dist_hybrid's servers, every
     # push_pull of the job is an update.
-    scenarios = ["horovod", "horovod_more", "horovod_fp16", "horovod_timeline", "deferred", "mismatch", "broadcast_mismatch", "devices", "devices_staged", "devices_staged_host",
+    # byteps first: its bps.init() (no backend given) makes the store from hybridrun's
+    # HYBRIDPS_BACKEND, which the later hps.init(store) calls then must agree with.
+    scenarios = ["byteps", "byteps_training", "byteps_trainer_broadcasts", "byteps_module",
+                 "horovod", "horovod_more", "horovod_fp16", "horovod_timeline", "deferred", "mismatch", "broadcast_mismatch", "devices", "devices_staged", "devices_staged_host",
                  "order", "classic", "module_fit_workers", "sync_sgd_workers",
                  "save", "sync_sgd",
                  "devices_trainer", "devices_trainer_staged", "digits", "overlap",
@@ -397,6 +400,126 @@ def test_horovod_shutdown(job):
         assert r["again"].startswith("RuntimeError") and "shutdown" in r["again"], r
         assert r["rank_after"].startswith("ValueError") and "shut down" in r["rank_after"]
         assert r["second_shutdown"] is None, r  # a no-op
+
+
+def test_byteps_init_ranks_and_sizes(job):
+    """bps.init() with no argument joins the store hybridrun chose (HYBRIDPS_BACKEND); the
+    ranks and sizes are the Horovod API's."""
+    store, results = job
+    for r in both(results, "byteps"):
+        assert r["store"] == store, r
+        assert r["rank_"] == r["rank"] and r["size"] == 2, r
+        ls = r["local_size"]
+        assert 2 % ls == 0 and r["local_rank"] == r["rank"] % ls, r
+        assert r["same_as_horovod"] is True, r
+
+
+def test_byteps_push_pull_mean_sum_in_place(job):
+    """byteps_push_pull writes the tensor itself and returns None: the mean over the
+    workers by default, the sum with is_average=False, in every dtype."""
+    store, results = job
+    for r in both(results, "byteps"):
+        assert r["returned"] == "None", r
+        # [[1..3], [4..6]] times rank + 1: (1 + 2) / 2 = 1.5 times.
+        assert r["avg"] == [[1.5, 3.0, 4.5], [6.0, 7.5, 9.0]], r
+        assert r["sum"] == [3.0] * 4, r
+        assert r["dtypes"] == {"f64": ["float64", [0.75] * 3],  # (0.25 + 1.25) / 2
+                               "f16": ["float16", [4.5] * 5],  # 1.5 + 3
+                               "i32": ["int32", [21, 21]]}, r  # 7 + 14
+        assert r["same_unchanged"] is True, r  # the mean of equal tensors is the tensor
+        assert r["twice"] == [15.0, 15.0], r  # (10 + 20) / 2, then (15 + 15) / 2
+
+
+def test_byteps_broadcast_parameters_from_rank_1(job):
+    store, results = job
+    for r in both(results, "byteps"):
+        assert r["bcast_dict"] == {"b": [100.0, 101.0, 102.0],
+                                   "w": [[11.0, 11.0], [11.0, 11.0]]}, r  # rank 1's
+        assert r["bcast_params"] == r["root_params"], r  # rank 1's initial weights
+
+
+def test_byteps_refusals_name_the_call(job):
+    store, results = job
+    for r in both(results, "byteps"):
+        e = r["errors"]
+        assert e["undeclared"].startswith("ValueError") and "'nope'" in e["undeclared"], e
+        assert "byteps_declare_tensor('nope')" in e["undeclared"], e
+        assert e["unnamed"].startswith("ValueError: byteps_push_pull needs name="), e
+        for call, key, what in (
+                ("byteps_push_pull", "version", "version=1 is not supported"),
+                ("byteps_declare_tensor", "declare_kwargs",
+                 "compression arguments ['byteps_compressor_type'] of 'g' is not supported"),
+                ("suspend", "suspend", "is not available: hybridps jobs are not elastic"),
+                ("resume", "resume", "is not available: hybridps jobs are not elastic"),
+                ("DistributedTrainer", "compressor",
+                 "compression_params ['compressor', 'ef'] is not supported"),
+                ("DistributedOptimizer", "async",
+                 "asynchronous training (BYTEPS_ENABLE_ASYNC is set) is not supported"),
+                ("Compression.nag", "nag", "is not available")):
+            assert e[key] and e[key].startswith(
+                f"NotImplementedError: hybridps.mxnet.byteps.{call}"), (key, e[key])
+            assert what in e[key], (key, e[key])
+        assert e["bcast_list"].startswith("ValueError: broadcast_parameters"), e
+        # A DistributedOptimizer given to DistributedTrainer: unwrapped, with a warning.
+        assert r["unwrapped"][0] == "SGD", r
+        assert any("unwrapped" in m for m in r["unwrapped"][1]), r
+
+
+@pytest.mark.parametrize("kind", ["trainer", "trainer_devices", "optimizer"])
+def test_byteps_training_matches_one_process(job, kind):
+    """Workers seeded differently, root_rank 1, step(per-worker batch): both end with the
+    same weights, those of one process with the whole batch from rank 1's weights.
+    DistributedTrainer scales the gradients itself (BytePS's convention: the optimizer's
+    rescale_grad is 1), also over two devices per worker (each half of the batch);
+    DistributedOptimizer keeps gluon's 1 / batch."""
+    store, results = job
+    r0, r1 = both(results, "byteps_training")
+    for r in (r0, r1):
+        g = r[kind]
+        assert g["moved"] > 1e-3, "the weights did not move: nothing was tested"
+        assert g["diff"] <= TOLERANCE, (store, kind, g)
+        assert g["rescale_grad"] == (1.0 / 8 if kind == "optimizer" else 1.0), g
+        if kind == "trainer_devices":
+            assert r["devices_equal"] is True, r
+    assert r0[kind]["sha256"] == r1[kind]["sha256"], (r0[kind], r1[kind])
+
+
+def test_byteps_module_with_distributed_optimizer(job):
+    """BytePS's Module flow: broadcast_parameters of get_params() from rank 1, then fit
+    with bps.DistributedOptimizer: both workers end with the weights of one process with
+    the whole batch (10 steps)."""
+    store, results = job
+    r0, r1 = both(results, "byteps_module")
+    for r in (r0, r1):
+        assert r["moved"] > 1e-3, "the weights did not move: nothing was tested"
+        assert r["max_abs_diff"] <= TOLERANCE, (store, r)
+    assert r0["weights_sha256"] == r1["weights_sha256"], (r0, r1)
+
+
+def test_byteps_trainer_fp16(job):
+    """compression_params={'fp16': True}: float16 on the wire, so further from the fp32
+    one-process weights than TOLERANCE, but close (as test_horovod_fp16_compression)."""
+    store, results = job
+    for r in both(results, "byteps"):
+        assert r["compression"] == ["float16", "float32", True], r  # bps.Compression
+    r0, r1 = both(results, "byteps_training")
+    for r in (r0, r1):
+        g = r["trainer_fp16"]
+        assert g["moved"] > 1e-3, g
+        assert TOLERANCE < g["diff"] <= 5e-4, (store, g)
+    assert r0["trainer_fp16"]["sha256"] == r1["trainer_fp16"]["sha256"]
+
+
+def test_byteps_trainer_broadcasts_at_creation_and_first_step(job):
+    """Rank r's weights start at r + 1, root_rank 1: rank 1's 2.0 everywhere once the
+    trainer exists; rank 0's weights set to 100 afterwards are rank 1's again after the
+    first step (a zero gradient); a deferred parameter is rank 1's at its first use."""
+    store, results = job
+    for r in both(results, "byteps_trainer_broadcasts"):
+        assert r["root"] == 1, r
+        assert r["created"] == [2.0] * 12, r
+        assert r["first_step"] == [2.0] * 12, r
+        assert r["deferred_out"] == [8.0] * 3, r  # four ones times rank 1's 2.0
 
 
 def test_plain_sum_after_server_optimizer(job):
