@@ -232,8 +232,8 @@ class DirectJob:
                  worker_args: list[str], backend: str = "dist_hybrid",
                  worker_env: Callable[[int], dict[str, str]] = lambda rank: {},
                  before_workers: Callable[[int], None] = lambda port: None) -> None:
-        if backend == ONE_NODE:
-            backend = "dist_allreduce"
+        if backend in (ONE_NODE, HYBRID_ONE_NODE):
+            backend = "dist_allreduce" if backend == ONE_NODE else "dist_hybrid"
             worker_env = lambda rank: {"HYBRIDPS_LOCAL_RANK": str(rank),  # noqa: E731
                                        "HYBRIDPS_LOCAL_SIZE": str(workers)}
         elif backend == HIERARCHICAL:
@@ -355,6 +355,9 @@ ONE_NODE = "dist_allreduce_one_node"
 # dist_allreduce over a node of workers 0, 1 and a node of worker 2, hierarchical: each
 # node sums in shared memory (worker 2 alone), the nodes' local ranks 0 over Gloo.
 HIERARCHICAL = "dist_allreduce_hierarchical"
+# dist_hybrid with every worker a local rank of one node (what hybridrun -np N gives): the
+# node reduces in shared memory before its one push.
+HYBRID_ONE_NODE = "dist_hybrid_one_node"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -479,12 +482,13 @@ def test_survivors_name_the_killed_worker(job: JobEnv, tmp_path: Path,
     assert_nothing_left(job.marker)
 
 
-@pytest.mark.parametrize("backend", [*BACKENDS, ONE_NODE])
+@pytest.mark.parametrize("backend", [*BACKENDS, ONE_NODE, HYBRID_ONE_NODE])
 def test_survivors_name_a_worker_that_left_early(job: JobEnv, tmp_path: Path,
                                                  direct: list[DirectJob], backend: str) -> None:
     """Worker 1 runs fewer rounds than the others (a smaller data shard) and exits in
     order: the others fail at once, naming it, instead of at their operation timeout."""
-    j = DirectJob(job, tmp_path, workers=3, servers=2 if backend == "dist_hybrid" else 0,
+    servers = 2 if backend in ("dist_hybrid", HYBRID_ONE_NODE) else 0
+    j = DirectJob(job, tmp_path, workers=3, servers=servers,
                   worker_args=["--rounds", "200", "--sleep-ms", "20", "--leave-rank", "1",
                                "--leave-round", "2", "--expect-failure"], backend=backend)
     direct.append(j)

@@ -202,6 +202,7 @@ absl::Status LocalReducer::WaitAll(const std::atomic<uint32_t>& counter, absl::T
 }
 
 LocalReducer::~LocalReducer() {
+  if (shared_) shared_->left[layout_.local_rank].store(1, std::memory_order_release);
   if (thread_.joinable()) {
     exit_.store(true);
     const char b = 1;

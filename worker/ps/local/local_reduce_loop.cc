@@ -117,7 +117,10 @@ void LocalReducer::TakeInbox(int e) {
 }
 
 // The other local ranks pump at least every heartbeat interval: one whose beat has not
-// moved for heartbeat_timeout died or hangs, and breaks executor e (every task fails).
+// moved for heartbeat_timeout died or hangs, and breaks executor e (every task fails). One
+// that shut its store down left the job: that breaks the executor only once it has work
+// (which needs every local rank), so that a rank that trains longer, or evaluates after
+// training, is not failed while it does not use the store.
 void LocalReducer::CheckLiveness(int e, absl::Time now) {
   Exec& x = exec_[e];
   const int me = layout_.local_rank;
@@ -127,10 +130,17 @@ void LocalReducer::CheckLiveness(int e, absl::Time now) {
       x.last_beat[lr] = b;
       x.last_change[lr] = now;
     } else if (now - x.last_change[lr] > options_.heartbeat_timeout) {
-      x.broken = absl::UnavailableError(absl::StrCat(
-          Who(lr), " (pid ", layout_.pids[lr], " on ", layout_.host,
-          ") stopped: no sign of life in the node's shared memory for ",
-          absl::FormatDuration(options_.heartbeat_timeout), "; its process died or hangs"));
+      const bool left = shared_->left[lr].load(std::memory_order_acquire) != 0;
+      if (left && x.tasks.empty()) continue;
+      x.broken = left ? absl::FailedPreconditionError(absl::StrCat(
+                            Who(lr), " (pid ", layout_.pids[lr], " on ", layout_.host,
+                            ") left the job (shut down its store); no push_pull of the node "
+                            "can run without it"))
+                      : absl::UnavailableError(absl::StrCat(
+                            Who(lr), " (pid ", layout_.pids[lr], " on ", layout_.host,
+                            ") stopped: no sign of life in the node's shared memory for ",
+                            absl::FormatDuration(options_.heartbeat_timeout),
+                            "; its process died or hangs"));
       HPS_LOG(ERROR) << x.broken.message();
       for (auto it = x.tasks.begin(); it != x.tasks.end(); it = x.tasks.erase(it)) {
         Leave(*it, x.broken);

@@ -119,6 +119,9 @@ struct LocalReducer::Shared {
   std::atomic<uint32_t> bells_open;  // local ranks that opened every doorbell
   std::atomic<uint32_t> table_lock;  // guards the keys of the slot table
   alignas(64) std::atomic<uint64_t> beats[local_reduce_shm::kMaxLocal];  // liveness, by local rank
+  // 1 once the local rank shut its store down (left the job in order), by local rank: a
+  // beat that stops then is a departure, not a death.
+  alignas(64) std::atomic<uint32_t> left[local_reduce_shm::kMaxLocal];
 };
 
 inline local_reduce_shm::SlotHeader* SlotAt(LocalReducer::Shared* shared, int i) {
