@@ -341,8 +341,9 @@ void PsStore::TakeCommands() {
 }
 
 void PsStore::StartOp(std::shared_ptr<Op> op) {
-  if (!broken_.ok()) {
-    op->handle->Complete(broken_);
+  if (!broken_.ok()) {  // named like the operations the break itself failed (Break)
+    op->handle->Complete(absl::Status(
+        broken_.code(), absl::StrCat(op->Describe(), " failed: ", broken_.message())));
     return;
   }
   // A burst that arrives while earlier work is in flight is gathered (Activate holds its
