@@ -66,7 +66,7 @@ absl::StatusOr<wire::Welcome> ControlClient::Register(const std::string& data_en
       if (!msg) break;
       auto d = Decode(std::move(*msg), false);
       if (!d.ok()) {
-        HPS_LOG(WARNING) << "rejected a message from the scheduler: " << d.status();
+        HPS_LOG_EVERY_SEC(WARNING, 1) << "rejected a message from the scheduler: " << d.status();
         continue;
       }
       last_heard_ = absl::Now();
@@ -109,7 +109,7 @@ void ControlClient::OnReadable() {
     if (!*msg) return;
     auto d = Decode(std::move(**msg), false);
     if (!d.ok()) {
-      HPS_LOG(WARNING) << "rejected a message from the scheduler: " << d.status();
+      HPS_LOG_EVERY_SEC(WARNING, 1) << "rejected a message from the scheduler: " << d.status();
       continue;
     }
     last_heard_ = absl::Now();

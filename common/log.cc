@@ -1,6 +1,7 @@
 #include "common/log.h"
 
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <mutex>
 
@@ -23,7 +24,8 @@ void SetLogTag(std::string tag) {
   g_tag = std::move(tag);
 }
 
-LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(level) {
+LogMessage::LogMessage(LogLevel level, const char* file, int line, uint64_t dropped)
+    : level_(level), dropped_(dropped) {
   static const char* kNames[] = {"E", "W", "I", "D"};
   absl::string_view f(file);
   if (auto p = f.rfind('/'); p != absl::string_view::npos) f.remove_prefix(p + 1);
@@ -38,10 +40,24 @@ LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(leve
 }
 
 LogMessage::~LogMessage() {
+  if (dropped_ > 0) stream_ << " (and " << dropped_ << " more like it since the last)";
   stream_ << '\n';
   std::string s = stream_.str();
   std::fwrite(s.data(), 1, s.size(), stderr);
   std::fflush(stderr);
+}
+
+bool LogRate::Allow(absl::Time now, uint64_t* dropped) {
+  const int64_t t = absl::ToUnixNanos(now);
+  int64_t next = next_ns_.load(std::memory_order_relaxed);
+  while (t >= next) {
+    if (next_ns_.compare_exchange_weak(next, t + interval_ns_, std::memory_order_relaxed)) {
+      *dropped = dropped_.exchange(0, std::memory_order_relaxed);
+      return true;
+    }
+  }
+  dropped_.fetch_add(1, std::memory_order_relaxed);
+  return false;
 }
 
 }  // namespace hybridps

@@ -133,7 +133,7 @@ absl::Status Scheduler::Run() {
 void Scheduler::HandleMessage(Message raw) {
   auto d = Decode(std::move(raw), true);
   if (!d.ok()) {
-    HPS_LOG(WARNING) << "rejected a message: " << d.status().message();
+    HPS_LOG_EVERY_SEC(WARNING, 1) << "rejected a message: " << d.status().message();
     return;
   }
   const std::string& peer = d->peer;
@@ -156,7 +156,7 @@ void Scheduler::HandleMessage(Message raw) {
     return;
   }
   if (it == nodes_.end() || !it->second.hello) {
-    HPS_LOG(WARNING) << "rejected a message from a peer that did not say hello";
+    HPS_LOG_EVERY_SEC(WARNING, 1) << "rejected a message from a peer that did not say hello";
     ReplyError(peer, env.id(), absl::FailedPreconditionError("handshake (Hello) required first"));
     return;
   }
@@ -206,15 +206,15 @@ void Scheduler::HandleMessage(Message raw) {
       HandleKvWait(node, env.id(), env.kv_wait());
       break;
     default:
-      HPS_LOG(WARNING) << "rejected an unexpected message (body " << env.body_case()
-                       << ") from " << NodeName(node);
+      HPS_LOG_EVERY_SEC(WARNING, 1) << "rejected an unexpected message (body "
+                                    << env.body_case() << ") from " << NodeName(node);
       ReplyError(peer, env.id(), absl::InvalidArgumentError("unexpected message"));
   }
 }
 
 void Scheduler::HandleRegister(Node& node, uint64_t id, const wire::Register& reg) {
   auto fail = [&](absl::Status s) {
-    HPS_LOG(WARNING) << "refused a registration: " << s.message();
+    HPS_LOG_EVERY_SEC(WARNING, 1) << "refused a registration: " << s.message();
     ReplyError(node.peer, id, s);
     if (!node.registered) nodes_.erase(node.peer);  // a registered node stays registered
   };

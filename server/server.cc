@@ -289,7 +289,7 @@ void Server::HandleOptimizer(const std::string& peer, uint64_t id,
 
 void Server::Reject(const std::string& peer, uint64_t id, const absl::Status& why) {
   stats_.rejected.fetch_add(1, std::memory_order_relaxed);
-  HPS_LOG(WARNING) << "rejected a message: " << why.message();
+  HPS_LOG_EVERY_SEC(WARNING, 1) << "rejected a message: " << why.message();
   if (peer.empty()) return;
   Message msg = Encode(peer, MakeError(id, why));
   (void)data_->Send(msg);

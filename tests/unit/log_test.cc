@@ -1,0 +1,56 @@
+// Logging (common/log.h): HPS_LOG_EVERY_SEC writes one line per call site and interval,
+// and the next line says how many it left out, so that a flood of bad input from a peer
+// costs a line a second, not a line a message.
+#include "common/log.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+namespace hybridps {
+namespace {
+
+TEST(LogRateTest, OneLinePerIntervalThenHowManyWereLeftOut) {
+  LogRate rate(absl::Seconds(1));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  uint64_t dropped = 99;
+  ASSERT_TRUE(rate.Allow(t0, &dropped));
+  EXPECT_EQ(dropped, 0u);
+  for (int i = 1; i <= 5; ++i) {
+    EXPECT_FALSE(rate.Allow(t0 + absl::Milliseconds(100 * i), &dropped)) << i;
+  }
+  ASSERT_TRUE(rate.Allow(t0 + absl::Milliseconds(1000), &dropped));
+  EXPECT_EQ(dropped, 5u);
+  EXPECT_FALSE(rate.Allow(t0 + absl::Milliseconds(1500), &dropped));
+  ASSERT_TRUE(rate.Allow(t0 + absl::Seconds(10), &dropped));
+  EXPECT_EQ(dropped, 1u);
+}
+
+// Each call site has its own budget; the macro is one statement.
+TEST(LogRateTest, TheMacroLimitsEachCallSiteOnItsOwn) {
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 1000; ++i) {
+    if (i >= 0) HPS_LOG_EVERY_SEC(WARNING, 3600) << "first site " << i;  // unbraced if
+    HPS_LOG_EVERY_SEC(WARNING, 3600) << "second site " << i;
+  }
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << out;
+  EXPECT_TRUE(absl::StrContains(lines[0], "first site 0")) << out;
+  EXPECT_TRUE(absl::StrContains(lines[1], "second site 0")) << out;
+}
+
+TEST(LogRateTest, ALineSaysHowManyWereLeftOutBeforeIt) {
+  ::testing::internal::CaptureStderr();
+  { LogMessage(LogLevel::WARNING, "x.cc", 1, 41).stream() << "rejected a message"; }
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(absl::StrContains(out, "rejected a message (and 41 more like it since the last)"))
+      << out;
+}
+
+}  // namespace
+}  // namespace hybridps
