@@ -1,0 +1,231 @@
+// Registration at the scheduler: what it refuses and why, with hand-driven peers.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "common/hybridps.pb.h"
+#include "common/options.h"
+#include "common/transport.h"
+#include "common/wire.h"
+#include "scheduler/scheduler.h"
+#include "tests/cluster/raw_peer.h"
+#include "tests/status_matchers.h"
+
+namespace hybridps::testing {
+namespace {
+
+// Replies come long before this.
+constexpr absl::Duration kQuick = absl::Seconds(5);
+
+// A process whose settings differ from the job's is refused at registration, naming the
+// setting, its value and the job's, and the job fails at once (it cannot start without
+// that process) instead of hanging until the start timeout or failing in a round: the
+// job's shape against the scheduler's own, the workers' data layout against the first
+// worker's, a server's message limit against the workers' largest message.
+TEST(RegistrationTest, SettingsThatMustAgreeAreComparedAtRegistration) {
+  Options o;
+  o.role = Role::kScheduler;
+  o.num_workers = 2;
+  o.num_servers = 1;
+  o.scheduler_endpoint = "tcp://127.0.0.1:0";
+  o.log_level = 1;
+  using Change = std::function<void(wire::JobSettings*)>;
+  auto registration = [&o](wire::NodeRole role, const Change& change) {
+    wire::Envelope env;
+    env.set_id(1);
+    auto* r = env.mutable_register_();
+    r->set_role(role);
+    r->set_requested_rank(-1);
+    r->set_data_endpoint(role == wire::ROLE_SERVER ? "tcp://127.0.0.1:1" : "");
+    r->set_host("h");
+    r->set_pid(7);
+    *r->mutable_settings() = JobSettingsOf(o);
+    if (change) change(r->mutable_settings());
+    return env;
+  };
+  // A fresh job: registers `first` (a matching process, unless ROLE_UNKNOWN), then a
+  // process of `role` with o's settings changed by `change`, which must be refused with an
+  // error mentioning each of `mentions`; the first process must hear the same from the
+  // scheduler's shutdown, and the scheduler must end the job with it.
+  auto expect_refused = [&](wire::NodeRole first, wire::NodeRole role, const Change& change,
+                            const std::vector<std::string>& mentions) {
+    SCOPED_TRACE(mentions[0]);
+    Context ctx;
+    ASSERT_OK_AND_ASSIGN(auto scheduler, Scheduler::Create(ctx, o));
+    absl::Status ended;
+    std::thread run([&] { ended = scheduler->Run(); });
+    std::optional<RawPeer> early;
+    if (first != wire::ROLE_UNKNOWN) {
+      early.emplace(ctx, scheduler->endpoint());
+      early->SendEnvelope(MakeHello(Role::kWorker, -1));
+      ASSERT_TRUE(early->Receive(kQuick).has_value());  // the HelloAck
+      early->SendEnvelope(registration(first, nullptr));
+    }
+    RawPeer peer(ctx, scheduler->endpoint());
+    peer.SendEnvelope(MakeHello(Role::kWorker, -1));
+    ASSERT_TRUE(peer.Receive(kQuick).has_value());
+    peer.SendEnvelope(registration(role, change));
+    auto reply = peer.Receive(kQuick);
+    ASSERT_TRUE(reply.has_value());
+    ASSERT_EQ(reply->body_case(), wire::Envelope::kError) << reply->DebugString();
+    for (const std::string& m : mentions) EXPECT_TRUE(Mentions(reply->error().message(), m));
+    if (early) {
+      auto shutdown = early->Receive(kQuick);
+      ASSERT_TRUE(shutdown.has_value());
+      ASSERT_EQ(shutdown->body_case(), wire::Envelope::kShutdown) << shutdown->DebugString();
+      EXPECT_TRUE(shutdown->shutdown().failed());
+      EXPECT_TRUE(Mentions(shutdown->shutdown().reason(), mentions[0]));
+    }
+    run.join();  // the scheduler ends the job by itself
+    EXPECT_FALSE(ended.ok());
+    EXPECT_TRUE(Mentions(ended.message(), mentions[0]));
+  };
+  const wire::NodeRole none = wire::ROLE_UNKNOWN, worker = wire::ROLE_WORKER,
+                       server = wire::ROLE_SERVER;
+  // The job's shape, against the scheduler's own.
+  expect_refused(none, worker, [](wire::JobSettings* s) { s->set_backend("dist_allreduce"); },
+                 {"HYBRIDPS_BACKEND=dist_allreduce", "dist_hybrid", "scheduler"});
+  expect_refused(worker, server, [](wire::JobSettings* s) { s->set_num_servers(2); },
+                 {"HYBRIDPS_NUM_SERVERS=2", "has 1"});
+  expect_refused(server, worker, [](wire::JobSettings* s) { s->set_num_workers(3); },
+                 {"HYBRIDPS_NUM_WORKERS=3", "has 2"});
+  // The first worker sets the workers' data layout.
+  expect_refused(worker, worker, [](wire::JobSettings* s) { s->set_partition_bytes(1 << 20); },
+                 {"HYBRIDPS_PARTITION_BYTES=1048576", "4194304", "first worker (on h pid 7)"});
+  expect_refused(worker, worker, [](wire::JobSettings* s) { s->set_wire_chunk_bytes(1 << 19); },
+                 {"HYBRIDPS_WIRE_CHUNK_BYTES=524288", "262144", "first worker"});
+  // A server that would refuse the workers' messages, registering after or before them.
+  expect_refused(worker, server, [](wire::JobSettings* s) { s->set_max_message_bytes(100000); },
+                 {"at most 100000 bytes (HYBRIDPS_MAX_MESSAGE_BYTES)",
+                  "HYBRIDPS_WIRE_CHUNK_BYTES=262144"});
+  {
+    Change small = [](wire::JobSettings* s) { s->set_max_message_bytes(100000); };
+    Context ctx;
+    ASSERT_OK_AND_ASSIGN(auto scheduler, Scheduler::Create(ctx, o));
+    std::thread run([&] { (void)scheduler->Run(); });
+    RawPeer srv(ctx, scheduler->endpoint()), wrk(ctx, scheduler->endpoint());
+    srv.SendEnvelope(MakeHello(Role::kServer, -1));
+    ASSERT_TRUE(srv.Receive(kQuick).has_value());
+    srv.SendEnvelope(registration(server, small));
+    wrk.SendEnvelope(MakeHello(Role::kWorker, -1));
+    ASSERT_TRUE(wrk.Receive(kQuick).has_value());
+    wrk.SendEnvelope(registration(worker, nullptr));
+    auto reply = wrk.Receive(kQuick);
+    ASSERT_TRUE(reply.has_value());
+    ASSERT_EQ(reply->body_case(), wire::Envelope::kError) << reply->DebugString();
+    EXPECT_TRUE(Mentions(reply->error().message(), "at most 100000 bytes"));
+    EXPECT_TRUE(Mentions(reply->error().message(), "the worker on h pid 7 sends"));
+    run.join();
+  }
+  {
+    // A registration without settings comes from another version of hybridps.
+    Context ctx;
+    ASSERT_OK_AND_ASSIGN(auto scheduler, Scheduler::Create(ctx, o));
+    std::thread run([&] { (void)scheduler->Run(); });
+    RawPeer peer(ctx, scheduler->endpoint());
+    peer.SendEnvelope(MakeHello(Role::kWorker, -1));
+    ASSERT_TRUE(peer.Receive(kQuick).has_value());
+    wire::Envelope bare = registration(worker, nullptr);
+    bare.mutable_register_()->clear_settings();
+    peer.SendEnvelope(bare);
+    auto reply = peer.Receive(kQuick);
+    ASSERT_TRUE(reply.has_value());
+    ASSERT_EQ(reply->body_case(), wire::Envelope::kError) << reply->DebugString();
+    EXPECT_TRUE(Mentions(reply->error().message(), "sent no job settings"));
+    run.join();
+  }
+}
+
+// A bare scheduler for one worker and one server: registrations that must be refused.
+TEST(RegistrationTest, SchedulerRefusesBadRegistrations) {
+  Context ctx;
+  Options o;
+  o.role = Role::kScheduler;
+  o.num_workers = 1;
+  o.num_servers = 1;
+  o.scheduler_endpoint = "tcp://127.0.0.1:0";
+  o.log_level = 1;
+  auto scheduler = Scheduler::Create(ctx, o);
+  ASSERT_OK(scheduler);
+  std::thread run([s = scheduler->get()] { (void)s->Run(); });
+  const std::string endpoint = (*scheduler)->endpoint();
+
+  auto registration = [&o](wire::NodeRole role, int rank, absl::string_view endpoint) {
+    wire::Envelope env;
+    env.set_id(1);
+    auto* r = env.mutable_register_();
+    r->set_role(role);
+    r->set_requested_rank(rank);
+    r->set_data_endpoint(std::string(endpoint));
+    r->set_host("test");
+    r->set_pid(1);
+    *r->mutable_settings() = JobSettingsOf(o);
+    return env;
+  };
+  // Registers through `peer`; the scheduler's Error message, or "" if no reply came
+  // within `wait`.
+  auto try_register = [&](RawPeer& peer, const wire::Envelope& reg,
+                          absl::Duration wait = kQuick) -> std::string {
+    peer.SendEnvelope(MakeHello(Role::kWorker, -1));
+    auto ack = peer.Receive(kQuick);
+    EXPECT_TRUE(ack.has_value() && ack->body_case() == wire::Envelope::kHelloAck);
+    peer.SendEnvelope(reg);
+    auto reply = peer.Receive(wait);
+    if (!reply) return "";
+    EXPECT_EQ(reply->body_case(), wire::Envelope::kError) << reply->DebugString();
+    return reply->error().message();
+  };
+
+  // The job's one worker: accepted, so it waits for the Welcome (no reply yet).
+  RawPeer worker(ctx, endpoint);
+  EXPECT_EQ(try_register(worker, registration(wire::ROLE_WORKER, 0, ""), absl::Milliseconds(300)),
+            "");
+  {
+    RawPeer peer(ctx, endpoint);
+    EXPECT_TRUE(Mentions(try_register(peer, registration(wire::ROLE_WORKER, -1, "")),
+                         "already have 1 workers"));
+  }
+  {
+    RawPeer peer(ctx, endpoint);
+    EXPECT_TRUE(Mentions(try_register(peer, registration(wire::ROLE_SERVER, 3, "tcp://x:1")),
+                         "out of range"));
+  }
+  {
+    RawPeer peer(ctx, endpoint);
+    EXPECT_TRUE(
+        Mentions(try_register(peer, registration(wire::ROLE_SERVER, 0, "")), "data endpoint"));
+  }
+  {
+    RawPeer peer(ctx, endpoint);
+    EXPECT_TRUE(Mentions(try_register(peer, registration(wire::ROLE_SCHEDULER, -1, "")),
+                         "only workers and servers"));
+  }
+
+  // The job can still start: a valid server completes it and both get their Welcome.
+  RawPeer server(ctx, endpoint);
+  server.SendEnvelope(MakeHello(Role::kServer, 0));
+  server.SendEnvelope(registration(wire::ROLE_SERVER, 0, "tcp://127.0.0.1:1"));
+  bool server_welcomed = false;
+  for (int i = 0; i < 2 && !server_welcomed; ++i) {
+    auto reply = server.Receive(kQuick);
+    ASSERT_TRUE(reply.has_value());
+    server_welcomed = reply->body_case() == wire::Envelope::kWelcome;
+  }
+  EXPECT_TRUE(server_welcomed);
+  auto welcome = worker.Receive(kQuick);
+  ASSERT_TRUE(welcome.has_value());
+  ASSERT_EQ(welcome->body_case(), wire::Envelope::kWelcome) << welcome->DebugString();
+  EXPECT_EQ(welcome->welcome().rank(), 0);
+  EXPECT_EQ(welcome->welcome().servers(0).endpoint(), "tcp://127.0.0.1:1");
+
+  (*scheduler)->Stop();
+  run.join();
+}
+
+}  // namespace
+}  // namespace hybridps::testing
