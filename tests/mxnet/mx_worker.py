@@ -157,15 +157,6 @@ def devices_trainer(kv, staged):
            update_on_kvstore=bool(tr._update_on_kvstore))
 
 
-def _error(call):
-    """The error `call` raised (type: message), or None."""
-    try:
-        call()
-    except Exception as exc:  # noqa: BLE001 - the test checks which one
-        return f"{type(exc).__name__}: {exc}"[:600]
-    return None
-
-
 def classic(kv):
     """The classic API (init, push, pull) without an optimizer on the store: pull returns
     rank 0's init value, then the sum over the workers of the last push. Every worker
@@ -236,19 +227,19 @@ def classic(kv):
     # communication (push), so the workers go on together.
     rsp = mx.nd.sparse.zeros("row_sparse", (4,))
     got["errors"] = {
-        "pull_unknown": _error(lambda: kv.pull("never", out=mx.nd.zeros((4,)))),
-        "row_sparse_pull": _error(lambda: kv.row_sparse_pull(
+        "pull_unknown": _err(lambda: kv.pull("never", out=mx.nd.zeros((4,)))),
+        "row_sparse_pull": _err(lambda: kv.row_sparse_pull(
             "w", out=rsp, row_ids=mx.nd.array([0], dtype="int64"))),
-        "push_sparse": _error(lambda: kv.push("w", mx.nd.ones((4,)).tostype("row_sparse"))),
-        "init_sparse": _error(lambda: kv.init("s", mx.nd.ones((4,)).tostype("row_sparse"))),
-        "pull_sparse_strict": _error(lambda: kv.pull("w", out=rsp, ignore_sparse=False)),
-        "push_shape": _error(lambda: kv.push("w", mx.nd.ones((5,)))),
-        "broadcast_two": _error(lambda: kv.broadcast(
+        "push_sparse": _err(lambda: kv.push("w", mx.nd.ones((4,)).tostype("row_sparse"))),
+        "init_sparse": _err(lambda: kv.init("s", mx.nd.ones((4,)).tostype("row_sparse"))),
+        "pull_sparse_strict": _err(lambda: kv.pull("w", out=rsp, ignore_sparse=False)),
+        "push_shape": _err(lambda: kv.push("w", mx.nd.ones((5,)))),
+        "broadcast_two": _err(lambda: kv.broadcast(
             "b2", [mx.nd.ones((3,)), mx.nd.ones((3,))], out=mx.nd.zeros((3,)))),
-        "capability": _error(lambda: type(kv).is_capable("compression")),
+        "capability": _err(lambda: type(kv).is_capable("compression")),
     }
     # ignore_sparse=True (the default): sparse outputs are skipped, as MXNet does.
-    got["pull_sparse_ignored"] = _error(lambda: kv.pull("w", out=[outs[0], rsp]))
+    got["pull_sparse_ignored"] = _err(lambda: kv.pull("w", out=[outs[0], rsp]))
     # is_capable on the class (MXNet's test_kvstore_custom calls it so) and the instance.
     got["capable"] = {"class": type(kv).is_capable("optimizer"),
                       "class_upper": type(kv).is_capable("OPTIMIZER"),
@@ -264,7 +255,7 @@ def classic_optimizer(kv):
     r = kv.rank
     sgd = mx.optimizer.create("sgd", learning_rate=0.5, rescale_grad=1.0)
     if not type(kv).is_capable("optimizer"):
-        report("classic_optimizer", rank=r, error=_error(lambda: kv.set_optimizer(sgd)))
+        report("classic_optimizer", rank=r, error=_err(lambda: kv.set_optimizer(sgd)))
         return
     kv.init("before", mx.nd.full((3,), 2.0 + r))
     kv.set_optimizer(sgd)
