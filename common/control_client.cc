@@ -167,6 +167,10 @@ void ControlClient::Tick(absl::Time now) {
   }
   if (last_heard_ != absl::InfinitePast() && now - last_heard_ > options_.heartbeat_timeout) {
     lost_ = true;
+    // What is still queued for the dead scheduler (heartbeats) must not hold the process
+    // at exit for the socket's linger: it is to end within the heartbeat timeout.
+    int zero = 0;
+    zmq_setsockopt(socket_->raw(), ZMQ_LINGER, &zero, sizeof zero);
     absl::Status s = absl::UnavailableError(absl::StrCat(
         "the scheduler at ", options_.SchedulerEndpoint(), " has not answered for ",
         absl::FormatDuration(now - last_heard_), " (heartbeat timeout ",
