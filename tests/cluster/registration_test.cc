@@ -22,20 +22,27 @@ namespace {
 // Replies come long before this.
 constexpr absl::Duration kQuick = absl::Seconds(5);
 
+// A scheduler's options for a job of `workers` workers and `servers` servers, on an
+// ephemeral loopback port.
+Options SchedulerOptions(int workers, int servers) {
+  Options o;
+  o.role = Role::kScheduler;
+  o.num_workers = workers;
+  o.num_servers = servers;
+  o.scheduler_endpoint = "tcp://127.0.0.1:0";
+  o.log_level = 1;
+  return o;
+}
+
 // A process whose settings differ from the job's is refused at registration, naming the
 // setting, its value and the job's, and the job fails at once (it cannot start without
 // that process) instead of hanging until the start timeout or failing in a round: the
 // job's shape against the scheduler's own, the workers' data layout against the first
 // worker's, a server's message limit against the workers' largest message.
 TEST(RegistrationTest, SettingsThatMustAgreeAreComparedAtRegistration) {
-  Options o;
-  o.role = Role::kScheduler;
-  o.num_workers = 2;
-  o.num_servers = 1;
-  o.scheduler_endpoint = "tcp://127.0.0.1:0";
-  o.log_level = 1;
+  const Options o = SchedulerOptions(2, 1);
   using Change = std::function<void(wire::JobSettings*)>;
-  auto registration = [&o](wire::NodeRole role, const Change& change) {
+  auto reg = [&o](wire::NodeRole role, const Change& change) {
     wire::Envelope env;
     env.set_id(1);
     auto* r = env.mutable_register_();
@@ -48,11 +55,12 @@ TEST(RegistrationTest, SettingsThatMustAgreeAreComparedAtRegistration) {
     if (change) change(r->mutable_settings());
     return env;
   };
-  // A fresh job: registers `first` (a matching process, unless ROLE_UNKNOWN), then a
-  // process of `role` with o's settings changed by `change`, which must be refused with an
-  // error mentioning each of `mentions`; the first process must hear the same from the
-  // scheduler's shutdown, and the scheduler must end the job with it.
-  auto expect_refused = [&](wire::NodeRole first, wire::NodeRole role, const Change& change,
+  // A fresh job: registers `first` (unless none; the scheduler accepts it), then
+  // `refused`, which must be refused with an error mentioning each of `mentions`; the
+  // first process must hear the same from the scheduler's shutdown, and the scheduler must
+  // end the job with it.
+  auto expect_refused = [&](const std::optional<wire::Envelope>& first,
+                            const wire::Envelope& refused,
                             const std::vector<std::string>& mentions) {
     SCOPED_TRACE(mentions[0]);
     Context ctx;
@@ -60,16 +68,16 @@ TEST(RegistrationTest, SettingsThatMustAgreeAreComparedAtRegistration) {
     absl::Status ended;
     std::thread run([&] { ended = scheduler->Run(); });
     std::optional<RawPeer> early;
-    if (first != wire::ROLE_UNKNOWN) {
+    if (first) {
       early.emplace(ctx, scheduler->endpoint());
       early->SendEnvelope(MakeHello(Role::kWorker, -1));
       ASSERT_TRUE(early->Receive(kQuick).has_value());  // the HelloAck
-      early->SendEnvelope(registration(first, nullptr));
+      early->SendEnvelope(*first);
     }
     RawPeer peer(ctx, scheduler->endpoint());
     peer.SendEnvelope(MakeHello(Role::kWorker, -1));
     ASSERT_TRUE(peer.Receive(kQuick).has_value());
-    peer.SendEnvelope(registration(role, change));
+    peer.SendEnvelope(refused);
     auto reply = peer.Receive(kQuick);
     ASSERT_TRUE(reply.has_value());
     ASSERT_EQ(reply->body_case(), wire::Envelope::kError) << reply->DebugString();
@@ -85,71 +93,41 @@ TEST(RegistrationTest, SettingsThatMustAgreeAreComparedAtRegistration) {
     EXPECT_FALSE(ended.ok());
     EXPECT_TRUE(Mentions(ended.message(), mentions[0]));
   };
-  const wire::NodeRole none = wire::ROLE_UNKNOWN, worker = wire::ROLE_WORKER,
-                       server = wire::ROLE_SERVER;
+  const wire::NodeRole worker = wire::ROLE_WORKER, server = wire::ROLE_SERVER;
+  const wire::Envelope a_worker = reg(worker, nullptr);
+  const wire::Envelope a_server = reg(server, nullptr);
   // The job's shape, against the scheduler's own.
-  expect_refused(none, worker, [](wire::JobSettings* s) { s->set_backend("dist_allreduce"); },
+  expect_refused(std::nullopt,
+                 reg(worker, [](wire::JobSettings* s) { s->set_backend("dist_allreduce"); }),
                  {"HYBRIDPS_BACKEND=dist_allreduce", "dist_hybrid", "scheduler"});
-  expect_refused(worker, server, [](wire::JobSettings* s) { s->set_num_servers(2); },
+  expect_refused(a_worker, reg(server, [](wire::JobSettings* s) { s->set_num_servers(2); }),
                  {"HYBRIDPS_NUM_SERVERS=2", "has 1"});
-  expect_refused(server, worker, [](wire::JobSettings* s) { s->set_num_workers(3); },
+  expect_refused(a_server, reg(worker, [](wire::JobSettings* s) { s->set_num_workers(3); }),
                  {"HYBRIDPS_NUM_WORKERS=3", "has 2"});
   // The first worker sets the workers' data layout.
-  expect_refused(worker, worker, [](wire::JobSettings* s) { s->set_partition_bytes(1 << 20); },
+  expect_refused(a_worker,
+                 reg(worker, [](wire::JobSettings* s) { s->set_partition_bytes(1 << 20); }),
                  {"HYBRIDPS_PARTITION_BYTES=1048576", "4194304", "first worker (on h pid 7)"});
-  expect_refused(worker, worker, [](wire::JobSettings* s) { s->set_wire_chunk_bytes(1 << 19); },
+  expect_refused(a_worker,
+                 reg(worker, [](wire::JobSettings* s) { s->set_wire_chunk_bytes(1 << 19); }),
                  {"HYBRIDPS_WIRE_CHUNK_BYTES=524288", "262144", "first worker"});
   // A server that would refuse the workers' messages, registering after or before them.
-  expect_refused(worker, server, [](wire::JobSettings* s) { s->set_max_message_bytes(100000); },
+  const Change small = [](wire::JobSettings* s) { s->set_max_message_bytes(100000); };
+  expect_refused(a_worker, reg(server, small),
                  {"at most 100000 bytes (HYBRIDPS_MAX_MESSAGE_BYTES)",
                   "HYBRIDPS_WIRE_CHUNK_BYTES=262144"});
-  {
-    Change small = [](wire::JobSettings* s) { s->set_max_message_bytes(100000); };
-    Context ctx;
-    ASSERT_OK_AND_ASSIGN(auto scheduler, Scheduler::Create(ctx, o));
-    std::thread run([&] { (void)scheduler->Run(); });
-    RawPeer srv(ctx, scheduler->endpoint()), wrk(ctx, scheduler->endpoint());
-    srv.SendEnvelope(MakeHello(Role::kServer, -1));
-    ASSERT_TRUE(srv.Receive(kQuick).has_value());
-    srv.SendEnvelope(registration(server, small));
-    wrk.SendEnvelope(MakeHello(Role::kWorker, -1));
-    ASSERT_TRUE(wrk.Receive(kQuick).has_value());
-    wrk.SendEnvelope(registration(worker, nullptr));
-    auto reply = wrk.Receive(kQuick);
-    ASSERT_TRUE(reply.has_value());
-    ASSERT_EQ(reply->body_case(), wire::Envelope::kError) << reply->DebugString();
-    EXPECT_TRUE(Mentions(reply->error().message(), "at most 100000 bytes"));
-    EXPECT_TRUE(Mentions(reply->error().message(), "the worker on h pid 7 sends"));
-    run.join();
-  }
-  {
-    // A registration without settings comes from another version of hybridps.
-    Context ctx;
-    ASSERT_OK_AND_ASSIGN(auto scheduler, Scheduler::Create(ctx, o));
-    std::thread run([&] { (void)scheduler->Run(); });
-    RawPeer peer(ctx, scheduler->endpoint());
-    peer.SendEnvelope(MakeHello(Role::kWorker, -1));
-    ASSERT_TRUE(peer.Receive(kQuick).has_value());
-    wire::Envelope bare = registration(worker, nullptr);
-    bare.mutable_register_()->clear_settings();
-    peer.SendEnvelope(bare);
-    auto reply = peer.Receive(kQuick);
-    ASSERT_TRUE(reply.has_value());
-    ASSERT_EQ(reply->body_case(), wire::Envelope::kError) << reply->DebugString();
-    EXPECT_TRUE(Mentions(reply->error().message(), "sent no job settings"));
-    run.join();
-  }
+  expect_refused(reg(server, small), a_worker,
+                 {"at most 100000 bytes", "the worker on h pid 7 sends"});
+  // A registration without settings comes from another version of hybridps.
+  wire::Envelope bare = a_worker;
+  bare.mutable_register_()->clear_settings();
+  expect_refused(std::nullopt, bare, {"sent no job settings"});
 }
 
 // A bare scheduler for one worker and one server: registrations that must be refused.
 TEST(RegistrationTest, SchedulerRefusesBadRegistrations) {
   Context ctx;
-  Options o;
-  o.role = Role::kScheduler;
-  o.num_workers = 1;
-  o.num_servers = 1;
-  o.scheduler_endpoint = "tcp://127.0.0.1:0";
-  o.log_level = 1;
+  const Options o = SchedulerOptions(1, 1);
   auto scheduler = Scheduler::Create(ctx, o);
   ASSERT_OK(scheduler);
   std::thread run([s = scheduler->get()] { (void)s->Run(); });
