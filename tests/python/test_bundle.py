@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,13 @@ def test_layout_binaries_and_libraries(bundle: Path) -> None:
         assert not name.startswith(("libc.so", "libm.so", "libpthread.so", "libcuda.so",
                                     "libcudart.so", "libnccl.so")), name
     assert (bundle / "scripts" / "hybridrun").is_file()
+    # The multi-process tests (device-checks runs their GPU cases) load with their harness.
+    collected = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         str(bundle / "tests" / "multiproc" / "test_multiproc.py")],
+        env={**os.environ, "HYBRIDPS_BUILD_DIR": str(bundle / "build")},
+        capture_output=True, text=True, timeout=120)
+    assert collected.returncode == 0, collected.stdout + collected.stderr
     text = (bundle / "BUNDLE.txt").read_text()
     assert "build/scheduler/hybridps-scheduler" in text, text
 
