@@ -46,6 +46,7 @@ absl::StatusOr<wire::Welcome> ControlClient::Register(const std::string& data_en
   r->set_local_size(options_.local_size);
   r->set_node(options_.node_id.empty() ? std::string(host) : options_.node_id);
   r->set_token_digest(options_.JobTokenDigest());
+  r->set_nccl_gpus(options_.nccl_gpus);
   *r->mutable_settings() = JobSettingsOf(options_);
   Send(env);
   Poller poller;

@@ -95,7 +95,7 @@ absl::Status Options::Validate() const {
   }
   if (two_shot_bytes > (8 << 20)) return bad("two_shot_bytes", two_shot_bytes);
   if (spin < absl::ZeroDuration() || spin > absl::Milliseconds(10)) return bad("spin_us", spin);
-  if (gpu_local_reduce != "host" && gpu_local_reduce != "nccl") {
+  if (gpu_local_reduce != "auto" && gpu_local_reduce != "host" && gpu_local_reduce != "nccl") {
     return bad("gpu_local_reduce", gpu_local_reduce);
   }
   if (mxnet_merge != "device" && mxnet_merge != "host") return bad("mxnet_merge", mxnet_merge);

@@ -172,11 +172,18 @@ struct Options {
   // Gloo. Rank 0's value is used by every worker.
   int local_allreduce = 1;
   // HYBRIDPS_GPU_LOCAL_REDUCE (dist_hybrid, GPU tensors, nodes of several local ranks):
-  // "host" (default): each GPU's tensor is copied to the host and the node's ranks sum in
-  // shared memory (worker/ps/local/local_reduce.h); "nccl": the node's GPUs sum each partition
-  // with NCCL into the rank that pushes it, and broadcast the result back
-  // (worker/ps/local/node_gpu_reduce.h; builds with NCCL). Every local rank must set it alike.
-  std::string gpu_local_reduce = "host";
+  // "auto" (default): "nccl" on a node whose every local rank sees at least as many GPUs as
+  // the node has local ranks (one GPU each, as with gpu(local_rank)) in a build with NCCL,
+  // else "host"; the scheduler decides per node, so a node's ranks always agree. "host":
+  // each GPU's tensor is copied to the host and the node's ranks sum in shared memory
+  // (worker/ps/local/local_reduce.h). "nccl": the node's GPUs sum each partition with NCCL
+  // into the rank that pushes it, and broadcast the result back
+  // (worker/ps/local/node_gpu_reduce.h; builds with NCCL; local ranks on one GPU need
+  // "host"). Every worker must set it alike.
+  std::string gpu_local_reduce = "auto";
+  // Not an environment variable: the GPUs this process could reduce on with NCCL, which the
+  // GPU store fills in before it registers (0: none, or a build without NCCL), for "auto".
+  int nccl_gpus = 0;
   // HYBRIDPS_MXNET_MERGE (the MXNet plugin, a pushpull of one array per device, every one
   // of them off the host, i.e. GPUs): "device" (default): the arrays are summed on one of
   // their devices (chosen per key, spread by bytes as MXNet's CommDevice does), and only

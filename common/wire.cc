@@ -146,6 +146,7 @@ wire::JobSettings JobSettingsOf(const Options& options) {
   s.set_partition_bytes(options.partition_bytes);
   s.set_wire_chunk_bytes(options.wire_chunk_bytes);
   s.set_max_message_bytes(options.max_message_bytes);
+  s.set_gpu_local_reduce(options.gpu_local_reduce);
   return s;
 }
 

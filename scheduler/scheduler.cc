@@ -372,6 +372,10 @@ absl::Status Scheduler::CheckSettings(const wire::Register& reg) const {
       return differs("HYBRIDPS_WIRE_CHUNK_BYTES", s.wire_chunk_bytes(),
                      f.settings().wire_chunk_bytes(), whose);
     }
+    if (s.gpu_local_reduce() != f.settings().gpu_local_reduce()) {
+      return differs("HYBRIDPS_GPU_LOCAL_REDUCE", s.gpu_local_reduce(),
+                     f.settings().gpu_local_reduce(), whose);
+    }
     return absl::OkStatus();
   }
   for (const auto& [peer, n] : nodes_) {
@@ -439,8 +443,19 @@ void Scheduler::AssignRanksAndWelcome() {
   w.mutable_workers()->Reserve(options_.num_workers);
   for (int i = 0; i < options_.num_workers; ++i) w.add_workers();
   for (int i = 0; i < options_.num_servers; ++i) w.add_servers();
+  // HYBRIDPS_GPU_LOCAL_REDUCE per node (the workers agree on the setting: CheckSettings):
+  // "auto" is NCCL where each of the node's ranks sees a GPU per local rank.
+  std::vector<bool> node_nccl(w.num_nodes(), true);
+  for (Node* n : workers) {
+    const int local_size = std::max(1, n->reg.local_size());
+    const std::string& mode = n->reg.settings().gpu_local_reduce();
+    const bool nccl = local_size > 1 && (mode == "nccl" || (mode == "auto" &&
+                                                            n->reg.nccl_gpus() >= local_size));
+    if (!nccl) node_nccl[node_of[n->rank]] = false;
+  }
   for (Node* n : workers) {
     auto* info = w.mutable_workers(n->rank);
+    info->set_gpu_reduce_nccl(node_nccl[node_of[n->rank]]);
     info->set_role(wire::ROLE_WORKER);
     info->set_rank(n->rank);
     info->set_host(n->reg.host());

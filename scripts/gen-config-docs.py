@@ -90,7 +90,7 @@ AGREE = {
     "HYBRIDPS_FUSION_BYTES": RANK0 + " (a worker whose own differs logs a warning)",
     "HYBRIDPS_FUSION_MAX_TENSOR_BYTES": RANK0,
     "HYBRIDPS_LOCAL_ALLREDUCE": RANK0,
-    "HYBRIDPS_GPU_LOCAL_REDUCE": NODE,
+    "HYBRIDPS_GPU_LOCAL_REDUCE": WORKERS + CHECKED,
     "HYBRIDPS_MXNET_MERGE": "each worker its own",
     "HYBRIDPS_HIERARCHICAL_ALLREDUCE": RANK0,
     "HYBRIDPS_EAGER_BYTES": "each worker its own (an operation goes eagerly only when every "

@@ -85,6 +85,8 @@ ClusterConfig Config(int workers, int servers, int local_size = 1) {
   c.servers = servers;
   c.local_size = local_size;
   c.partition_bytes = 4096;  // several partitions per tensor
+  // Staging through the host, also where a real GPU per local rank would make "auto" NCCL.
+  c.worker_options = [](int, Options* o) { o->gpu_local_reduce = "host"; };
   return c;
 }
 

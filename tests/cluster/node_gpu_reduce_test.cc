@@ -413,10 +413,10 @@ TEST(NodeGpuReduceFaultTest, AbortEndsTheNodesWaitsAtOnce) {
 #if HYBRIDPS_WITH_CUDA
 // The stores created next build the node's reduction on the stand-ins (undone by
 // SetNodeGpuPartsForTesting({})).
-void StandInsForTheStore(std::shared_ptr<HostCopier::Shared> shared) {
+void StandInsForTheStore(std::shared_ptr<HostCopier::Shared> shared, int devices = 2) {
   PsGpuStore::SetNodeGpuPartsForTesting(
-      {[shared] {
-         return std::make_unique<HostCopier>(shared, 2, absl::Microseconds(20),
+      {[shared, devices] {
+         return std::make_unique<HostCopier>(shared, devices, absl::Microseconds(20),
                                              HostCopier::Faults{});
        },
        [](ShmAllreduce* ex, const NodeLayout& layout) { return MakeHostCollectives(ex, layout); }});
@@ -486,6 +486,35 @@ TEST(NodeGpuReduceStoreTest, GpuPushPullsTakeTheNodePathAndPathsDoNotOverlapOnAN
   });
   cluster->reset();
   PsGpuStore::SetNodeGpuPartsForTesting({});
+}
+
+// HYBRIDPS_GPU_LOCAL_REDUCE=auto (the default): the node sums on its GPUs when each local
+// rank sees a GPU per local rank, and stays on the host path when they would share one.
+TEST(NodeGpuReduceStoreTest, AutoReducesOnTheNodesGpusWhenEachRankHasOne) {
+  for (int devices : {2, 1}) {
+    SCOPED_TRACE(devices);
+    auto shared = std::make_shared<HostCopier::Shared>();
+    StandInsForTheStore(shared, devices);
+    ClusterConfig c = OneNodeOfTwo();
+    c.worker_options = [](int, Options* o) { EXPECT_EQ(o->gpu_local_reduce, "auto"); };
+    auto cluster = LocalCluster::Start(c);
+    ASSERT_OK(cluster);
+    (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
+      auto* store = dynamic_cast<PsGpuStore*>(kv);
+      ASSERT_NE(store, nullptr);
+      EXPECT_EQ(store->reduces_on_node_gpus(), devices == 2);
+      if (devices == 1) return;  // the host path would stage through a real GPU
+      FakeGpuTensor g(shared.get(), DType::kFloat32, 1000);
+      g.buf.Fill(rank, 0, 1);
+      ASSERT_OK(kv->PushPull("g", g.view(), g.view()));
+      for (size_t e = 0; e < 1000; e += 7) {
+        ASSERT_EQ(g.buf.at(e), Value(e, 0, 0, 1) + Value(e, 1, 0, 1)) << e;
+      }
+      EXPECT_EQ(store->staging_stats().gpu_ops, 0u);
+    });
+    cluster->reset();
+    PsGpuStore::SetNodeGpuPartsForTesting({});
+  }
 }
 
 // When the store breaks (here: the scheduler names a dead server), it ends the node's

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -111,6 +112,9 @@ TEST(RegistrationTest, SettingsThatMustAgreeAreComparedAtRegistration) {
   expect_refused(a_worker,
                  reg(worker, [](wire::JobSettings* s) { s->set_wire_chunk_bytes(1 << 19); }),
                  {"HYBRIDPS_WIRE_CHUNK_BYTES=524288", "262144", "first worker"});
+  expect_refused(a_worker,
+                 reg(worker, [](wire::JobSettings* s) { s->set_gpu_local_reduce("host"); }),
+                 {"HYBRIDPS_GPU_LOCAL_REDUCE=host", "has auto", "first worker"});
   // A server that would refuse the workers' messages, registering after or before them.
   const Change small = [](wire::JobSettings* s) { s->set_max_message_bytes(100000); };
   expect_refused(a_worker, reg(server, small),
@@ -122,6 +126,72 @@ TEST(RegistrationTest, SettingsThatMustAgreeAreComparedAtRegistration) {
   wire::Envelope bare = a_worker;
   bare.mutable_register_()->clear_settings();
   expect_refused(std::nullopt, bare, {"sent no job settings"});
+}
+
+// HYBRIDPS_GPU_LOCAL_REDUCE as the scheduler resolves it per node, in the Welcome: "auto"
+// is NCCL only where every rank of the node sees a GPU per local rank; "nccl" and "host"
+// are taken as set; a node of one rank never reduces; the ranks of a node always agree.
+TEST(RegistrationTest, GpuLocalReduceIsResolvedPerNode) {
+  struct Worker {
+    std::string node;
+    int local_rank, local_size, gpus;
+  };
+  // Registers one server and `workers` (all with `mode`); returns each worker's
+  // gpu_reduce_nccl from its Welcome, by rank.
+  auto resolve = [](const std::string& mode, const std::vector<Worker>& workers) {
+    Options o = SchedulerOptions(static_cast<int>(workers.size()), 1);
+    Context ctx;
+    auto scheduler = Scheduler::Create(ctx, o);
+    EXPECT_OK(scheduler);
+    std::thread run([&] { (void)(*scheduler)->Run(); });
+    std::vector<std::unique_ptr<RawPeer>> peers;
+    for (size_t i = 0; i <= workers.size(); ++i) {
+      const bool server = i == workers.size();
+      peers.push_back(std::make_unique<RawPeer>(ctx, (*scheduler)->endpoint()));
+      peers.back()->SendEnvelope(MakeHello(server ? Role::kServer : Role::kWorker, -1));
+      wire::Envelope env;
+      env.set_id(1);
+      auto* r = env.mutable_register_();
+      r->set_role(server ? wire::ROLE_SERVER : wire::ROLE_WORKER);
+      r->set_requested_rank(server ? 0 : static_cast<int>(i));
+      r->set_data_endpoint(server ? "tcp://127.0.0.1:1" : "");
+      r->set_host("h");
+      r->set_pid(7);
+      Options mine = o;
+      mine.gpu_local_reduce = mode;
+      *r->mutable_settings() = JobSettingsOf(mine);
+      if (!server) {
+        r->set_node(workers[i].node);
+        r->set_local_rank(workers[i].local_rank);
+        r->set_local_size(workers[i].local_size);
+        r->set_nccl_gpus(workers[i].gpus);
+      }
+      peers.back()->SendEnvelope(env);
+    }
+    std::vector<bool> nccl;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      std::optional<wire::Envelope> reply;
+      do {
+        reply = peers[i]->Receive(kQuick);
+      } while (reply && reply->body_case() == wire::Envelope::kHelloAck);
+      EXPECT_TRUE(reply && reply->body_case() == wire::Envelope::kWelcome)
+          << (reply ? reply->DebugString() : "no reply");
+      nccl.push_back(reply && reply->welcome().workers(i).gpu_reduce_nccl());
+    }
+    (*scheduler)->Stop();
+    run.join();
+    return nccl;
+  };
+  using V = std::vector<bool>;
+  // Node a: two ranks that each see 2 GPUs; node b: one of its ranks sees only 1; node c:
+  // a node of one rank with GPUs.
+  const std::vector<Worker> job = {{"a", 0, 2, 2}, {"a", 1, 2, 2}, {"b", 0, 2, 2},
+                                   {"b", 1, 2, 1}, {"c", 0, 1, 8}};
+  EXPECT_EQ(resolve("auto", job), V({true, true, false, false, false}));
+  EXPECT_EQ(resolve("host", job), V({false, false, false, false, false}));
+  EXPECT_EQ(resolve("nccl", job), V({true, true, true, true, false}));
+  // A build without NCCL (or a host without GPUs) reports none: auto stays on the host.
+  EXPECT_EQ(resolve("auto", {{"a", 0, 2, 0}, {"a", 1, 2, 0}}), V({false, false}));
 }
 
 // A bare scheduler for one worker and one server: registrations that must be refused.

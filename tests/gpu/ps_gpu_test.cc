@@ -39,6 +39,8 @@ class PsGpuTest : public ::testing::TestWithParam<Shape> {
     c.servers = GetParam().servers;
     c.local_size = GetParam().local_size;
     c.partition_bytes = 64 << 10;  // several partitions per tensor
+    // Host staging: every rank's tensors are on GPU 0 (NCCL's node reduction: tests/multiproc).
+    c.worker_options = [](int, Options* o) { o->gpu_local_reduce = "host"; };
     auto cl = LocalCluster::Start(c);
     ASSERT_OK(cl);
     cluster_ = std::move(*cl);

@@ -481,6 +481,25 @@ def test_gpu_hybrid_nccl_node_reduction(job: JobEnv, tmp_path: Path,
     assert_nothing_left(job.marker)
 
 
+def test_gpu_hybrid_nccl_ranks_sharing_a_gpu_are_told(job: JobEnv, tmp_path: Path,
+                                                     direct: list[DirectJob]) -> None:
+    """Local ranks on one GPU with HYBRIDPS_GPU_LOCAL_REDUCE=nccl (no NCCL_HOSTID): every
+    rank fails at its first GPU push_pull with an error that says so, not NCCL's."""
+    if visible_gpus() < 1:
+        pytest.skip("needs a GPU: not run")
+    j = DirectJob(job, tmp_path, workers=2, servers=1,
+                  worker_args=["--gpu", "--same-gpu", "--rounds", "1", "--expect-failure"],
+                  worker_env=nccl_nodes(2))
+    direct.append(j)
+    codes = j.wait_all(RUN_TIMEOUT)
+    for rank in range(2):
+        assert codes[f"worker {rank}"] == 3, j.text()
+        errors = error_lines(j.lines(f"worker {rank}"))
+        assert errors and "local ranks 0 and 1 of this node both put their tensors on the GPU" \
+            in errors[0], j.text()
+    assert_nothing_left(job.marker)
+
+
 def test_gpu_hybrid_nccl_node_survivor_names_the_killed_local_rank(
         job: JobEnv, tmp_path: Path, direct: list[DirectJob]) -> None:
     j = DirectJob(job, tmp_path, workers=2, servers=1,

@@ -14,6 +14,7 @@
 //   --gpu                        the tensors live on GPU `rank % devices` (dist_allreduce
 //                                with NCCL, or dist_hybrid staging them through host
 //                                memory); copied there before and back after each round
+//   --same-gpu                   with --gpu: every rank on GPU 0
 //   --count-gpus                 prints "gpus N" (CUDA's device count; 0 without a GPU
 //                                or without CUDA in the build) and exits
 //   --shared-gpu                 several NCCL ranks on one GPU (tests on a one-GPU
@@ -62,6 +63,7 @@ struct Flags {
   bool gpu = false;
   bool count_gpus = false;
   bool shared_gpu = false;
+  bool same_gpu = false;
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -71,6 +73,7 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
                    : k == "--gpu"            ? &f->gpu
                    : k == "--count-gpus"     ? &f->count_gpus
                    : k == "--shared-gpu"     ? &f->shared_gpu
+                   : k == "--same-gpu"       ? &f->same_gpu
                                              : nullptr;
     if (toggle != nullptr) {
       *toggle = true;
@@ -168,6 +171,7 @@ absl::Status Cuda(cudaError_t e, const char* what) {
 
 // --gpu: allocates the tensors' GPU copies on the GPU of `rank`, or copies them one way.
 enum class Copy { kAllocate, kToDevice, kToHost };
+// `rank`: the tensors go to GPU rank % devices.
 absl::Status OnGpu(std::vector<Tensor>& tensors, int rank, Copy copy) {
 #if HYBRIDPS_WITH_CUDA
   int devices = 0;
@@ -215,8 +219,9 @@ int Run(const Flags& flags) {
   std::unique_ptr<hybridps::KVStore> kv = std::move(*created);
   const int rank = kv->rank();
   const int size = kv->num_workers();
+  const int gpu_rank = flags.same_gpu ? 0 : rank;
   if (flags.gpu) {
-    if (absl::Status s = OnGpu(tensors, rank, Copy::kAllocate); !s.ok()) {
+    if (absl::Status s = OnGpu(tensors, gpu_rank, Copy::kAllocate); !s.ok()) {
       return Fail(flags, s);
     }
   }
@@ -239,7 +244,7 @@ int Run(const Flags& flags) {
       for (size_t i = 0; i < x.count; ++i) x.Set(i, Value(i, rank, round, static_cast<int>(t)));
     }
     if (flags.gpu) {
-      if (absl::Status s = OnGpu(tensors, rank, Copy::kToDevice); !s.ok()) {
+      if (absl::Status s = OnGpu(tensors, gpu_rank, Copy::kToDevice); !s.ok()) {
         return Fail(flags, s);
       }
     }
@@ -256,7 +261,7 @@ int Run(const Flags& flags) {
     }
     if (!first_error.ok()) return Fail(flags, first_error);
     if (flags.gpu) {
-      if (absl::Status s = OnGpu(tensors, rank, Copy::kToHost); !s.ok()) {
+      if (absl::Status s = OnGpu(tensors, gpu_rank, Copy::kToHost); !s.ok()) {
         return Fail(flags, s);
       }
     }

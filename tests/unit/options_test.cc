@@ -350,8 +350,12 @@ void CheckChoice(const char* env, std::string Options::*field, const char* def,
 }
 
 TEST_F(OptionsTest, GpuLocalReduce) {
-  CheckChoice("HYBRIDPS_GPU_LOCAL_REDUCE", &Options::gpu_local_reduce, "host", "nccl", "NVLink",
+  CheckChoice("HYBRIDPS_GPU_LOCAL_REDUCE", &Options::gpu_local_reduce, "auto", "nccl", "NVLink",
               "gpu_local_reduce");
+  setenv("HYBRIDPS_GPU_LOCAL_REDUCE", "host", 1);
+  auto o = OptionsFromEnvironment();
+  ASSERT_OK(o);
+  EXPECT_EQ(o->gpu_local_reduce, "host");
 }
 
 TEST_F(OptionsTest, MxnetMerge) {

@@ -19,6 +19,7 @@ absl::StatusOr<NodeLayout> NodeLayoutFromWelcome(const wire::Welcome& w, int ran
   l.local_rank = me.local_rank();
   l.local_size = std::max(1, me.local_size());
   l.host = me.host();
+  l.gpu_reduce_nccl = me.gpu_reduce_nccl() && l.local_size > 1;
   l.node_of.resize(w.num_workers());
   std::vector<std::string> said;
   std::vector<int> by_local(l.local_size, -1);

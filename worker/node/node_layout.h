@@ -24,6 +24,9 @@ struct NodeLayout {
   std::vector<uint32_t> pids;  // of the members, by local rank
   uint64_t job_id = 0;
   std::string host;
+  // The node sums GPU tensors with NCCL (HYBRIDPS_GPU_LOCAL_REDUCE as the scheduler
+  // resolved it for the node).
+  bool gpu_reduce_nccl = false;
 };
 // Checks that this worker's node is complete and consistent (local_size ranks with local
 // ranks 0 .. local_size-1); the error names the node's ranks and what they said.

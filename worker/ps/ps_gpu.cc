@@ -37,7 +37,17 @@ absl::StatusOr<std::unique_ptr<PsGpuStore>> PsGpuStore::Create(
     std::unique_ptr<DeviceCopier> copier) {
   std::unique_ptr<PsGpuStore> s(new PsGpuStore());
   PsGpuStore* self = s.get();
-  ASSIGN_OR_RETURN(s->ps_, PsStore::Create(std::move(ctx), options,
+  // For HYBRIDPS_GPU_LOCAL_REDUCE=auto the scheduler needs to know how many GPUs this
+  // process could reduce on with NCCL: none without NCCL or without a usable GPU.
+  Options opts = options;
+  opts.nccl_gpus = 0;
+  if (opts.gpu_local_reduce == "auto") {
+    if (auto parts = NodeGpuPartsToUse(); parts.ok()) {
+      auto count = parts->copier()->DeviceCount();
+      if (count.ok()) opts.nccl_gpus = *count;
+    }
+  }
+  ASSIGN_OR_RETURN(s->ps_, PsStore::Create(std::move(ctx), opts,
                                            [self](const absl::Status& st) { self->OnBroken(st); }));
   PsStore* ps = s->ps_.get();
   GpuStager::Backend backend;
@@ -51,7 +61,10 @@ absl::StatusOr<std::unique_ptr<PsGpuStore>> PsGpuStore::Create(
                                            ps->num_workers(), options.op_timeout,
                                            /*waiting_threads_help=*/options.caller_rounds != 0,
                                            options.wait_grace);
-  if (options.gpu_local_reduce == "nccl" && ps->layout().local_size > 1) {
+  if (ps->layout().gpu_reduce_nccl) {
+    HPS_LOG(INFO) << "the node's " << ps->layout().local_size
+                  << " local ranks sum GPU tensors on their GPUs (HYBRIDPS_GPU_LOCAL_REDUCE="
+                  << options.gpu_local_reduce << ")";
     ASSIGN_OR_RETURN(NodeGpuParts parts, NodeGpuPartsToUse());
     ASSIGN_OR_RETURN(s->node_, NodeGpuReducer::Create(options, ps->layout(), parts.copier(),
                                                       ps, parts.collectives));

@@ -65,6 +65,8 @@ class PsGpuStore : public KVStore {
   absl::Status Shutdown() override;
 
   GpuStager::Stats staging_stats() { return stager_->stats(); }
+  // The node's GPUs sum GPU push_pulls with NCCL (HYBRIDPS_GPU_LOCAL_REDUCE, as resolved).
+  bool reduces_on_node_gpus() const { return node_ != nullptr; }
   // The parameter-server store behind it (tests read its counters and layout).
   PsStore* ps() { return ps_.get(); }
 

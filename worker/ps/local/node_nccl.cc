@@ -1,6 +1,7 @@
 // NodeCollectives on NCCL (worker/ps/local/node_gpu_reduce.h): one communicator among a node's
 // local ranks, made on the reducer's thread; its waits poll with deadlines and stop when
 // Abort() was called, with its reason (NcclComm then aborts the communicator).
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/status.h"
+#include "worker/comm/cuda_util.h"
 #include "worker/comm/nccl_comm.h"
 #include "worker/ps/local/node_gpu_reduce.h"
 
@@ -20,6 +22,24 @@ class NcclNodeCollectives : public NodeCollectives {
   explicit NcclNodeCollectives(ShmAllreduce* exchange) : exchange_(exchange) {}
 
   absl::Status Open(int device, absl::Time deadline) override {
+    // Each rank's GPU (with NCCL_HOSTID, which lets ranks of one GPU pose as hosts), so
+    // that ranks sharing a GPU get an error that says so rather than NCCL's "invalid usage".
+    char bus[32] = {0};
+    RETURN_IF_ERROR(CudaStatus(cudaDeviceGetPCIBusId(bus, sizeof bus - 1, device),
+                               "cudaDeviceGetPCIBusId"));
+    const char* host_id = std::getenv("NCCL_HOSTID");
+    const std::string gpu = absl::StrCat(bus, "|", host_id != nullptr ? host_id : "");
+    ASSIGN_OR_RETURN(auto gpus, exchange_->Allgather(gpu, deadline - absl::Now()));
+    for (size_t a = 0; a < gpus.size(); ++a) {  // every rank checks every pair: all fail
+      for (size_t b = a + 1; b < gpus.size(); ++b) {
+        if (gpus[a] != gpus[b]) continue;
+        return absl::FailedPreconditionError(absl::StrCat(
+            "local ranks ", a, " and ", b, " of this node both put their tensors on the GPU "
+            "at PCI ", gpus[a].substr(0, gpus[a].find('|')), ": the node's NCCL reduction "
+            "needs one GPU per local rank (use gpu(local_rank)), or set "
+            "HYBRIDPS_GPU_LOCAL_REDUCE=host"));
+      }
+    }
     std::string id;
     if (exchange_->local_rank() == 0) {
       ASSIGN_OR_RETURN(id, NewNcclId());
