@@ -48,8 +48,9 @@ environment of the workers:
   (here 0..N-1 and N: the workers of one host form one node and reduce locally;
   across hosts the position among, and number of, the workers of the host, and
   HYBRIDPS_NODE_ID=the host) HYBRIDPS_SCHEDULER_ADDR HYBRIDPS_SCHEDULER_PORT HYBRIDPS_NUM_WORKERS
-  HYBRIDPS_NUM_SERVERS HYBRIDPS_BACKEND HYBRIDPS_JOB_TOKEN (the exported one, else a
-  new random one; the scheduler refuses processes with another) PYTHONUNBUFFERED=1;
+  HYBRIDPS_NUM_SERVERS HYBRIDPS_BACKEND HYBRIDPS_JOB_TOKEN (the exported one, or the
+  one in the file HYBRIDPS_JOB_TOKEN_FILE names, else a new random one; remote
+  processes read it from stdin; processes with another cannot join) PYTHONUNBUFFERED=1;
   across hosts also HYBRIDPS_DEPLOYMENT HYBRIDPS_EXTRA_SERVERS and, with
   --network-interface, HYBRIDPS_INTERFACE. Local processes inherit the environment
   of hybridrun; remote ones get only these, the -x variables and the HYBRIDPS_*
@@ -217,9 +218,29 @@ def multi_host(args: argparse.Namespace) -> tuple[MultiHost, Host] | None:
 
 
 def job_token(environ: Mapping[str, str]) -> str:
-    """The job's HYBRIDPS_JOB_TOKEN: the one exported to hybridrun (so that processes
-    started by hand can join with it), else a new random one."""
-    return environ.get("HYBRIDPS_JOB_TOKEN") or secrets.token_hex(16)
+    """The job's token: the exported HYBRIDPS_JOB_TOKEN, or the first line of the file
+    HYBRIDPS_JOB_TOKEN_FILE names (only its owner may read it), so that processes started
+    by hand can join with it; else a new random one. Raises SetupError."""
+    direct, path = environ.get("HYBRIDPS_JOB_TOKEN"), environ.get("HYBRIDPS_JOB_TOKEN_FILE")
+    if direct and path:
+        raise SetupError("both HYBRIDPS_JOB_TOKEN and HYBRIDPS_JOB_TOKEN_FILE are set: "
+                         "set one of them")
+    token = direct
+    if path:
+        try:
+            st = os.stat(path)
+            with open(path, encoding="utf-8", errors="replace") as f:
+                token = f.readline().strip()
+        except OSError as exc:
+            raise SetupError(f"HYBRIDPS_JOB_TOKEN_FILE={path}: {exc.strerror}") from exc
+        if st.st_mode & 0o077:
+            raise SetupError(f"HYBRIDPS_JOB_TOKEN_FILE={path}: others can read it "
+                             f"(mode {st.st_mode & 0o7777:04o}): chmod 600 it")
+        if not token:
+            raise SetupError(f"HYBRIDPS_JOB_TOKEN_FILE={path}: the file holds no token")
+    if token and ("\n" in token or "\r" in token):
+        raise SetupError("the job token holds a line break: use one line")
+    return token or secrets.token_hex(16)
 
 
 def make_plan(args: argparse.Namespace, repo_root: Path, port_file: str) -> JobPlan:

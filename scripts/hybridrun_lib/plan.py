@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from .hosts import Placement
-from .remote import wrapped_command, remote_argv
+from .remote import remote_argv, secret_lines, wrapped_command
 
 BACKENDS = ("dist_hybrid", "dist_allreduce")
 DEFAULT_BACKEND = "dist_hybrid"
@@ -28,10 +28,12 @@ MANAGED_VARS = frozenset({
     "HYBRIDPS_ROLE", "HYBRIDPS_RANK", "HYBRIDPS_LOCAL_RANK", "HYBRIDPS_LOCAL_SIZE",
     "HYBRIDPS_SCHEDULER_ADDR", "HYBRIDPS_SCHEDULER_PORT", "HYBRIDPS_NUM_WORKERS",
     "HYBRIDPS_NUM_SERVERS", "HYBRIDPS_PORT_FILE", "HYBRIDPS_BACKEND",
-    "HYBRIDPS_JOB_TOKEN", "HYBRIDPS_INTERFACE", "HYBRIDPS_DEPLOYMENT", "HYBRIDPS_NODE_ID",
+    "HYBRIDPS_JOB_TOKEN", "HYBRIDPS_JOB_TOKEN_FILE", "HYBRIDPS_INTERFACE", "HYBRIDPS_DEPLOYMENT", "HYBRIDPS_NODE_ID",
     "HYBRIDPS_EXTRA_SERVERS",
 })
 CHILD_DEFAULTS = {"PYTHONUNBUFFERED": "1"}
+# Variables a remote process reads from its stdin instead of its command line.
+SECRET_VARS = ("HYBRIDPS_JOB_TOKEN",)
 
 
 @dataclass(frozen=True)
@@ -196,9 +198,19 @@ class RemoteLauncher:
                 base_env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
         remote_env = {**CHILD_DEFAULTS, **spec.env}
         unset = sorted(MANAGED_VARS - remote_env.keys())
-        line = wrapped_command(spec.argv, remote_env, unset, os.getcwd())
+        # The job token goes through the remote shell's stdin (process.py writes it), never
+        # on a command line that `ps` shows to every user of either host.
+        secrets = [name for name in SECRET_VARS if name in remote_env]
+        shown = {k: v for k, v in remote_env.items() if k not in secrets}
+        line = wrapped_command(spec.argv, shown, unset, os.getcwd(), secrets)
         return (remote_argv(self.template, spec.host.name, line),
                 child_environment(base_env, {}))
+
+
+def stdin_preamble(spec: ProcessSpec) -> str:
+    """What a remote process's stdin must carry first (RemoteLauncher): its secrets."""
+    env = {**CHILD_DEFAULTS, **spec.env}
+    return secret_lines(env, [name for name in SECRET_VARS if name in env])
 
 
 def launcher_for(host: Host) -> Launcher:

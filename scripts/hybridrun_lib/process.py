@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import BinaryIO, TextIO
 
-from .plan import ProcessSpec
+from .plan import ProcessSpec, stdin_preamble
 
 MAX_LINE_BYTES = 1 << 16  # a longer line without a newline is forwarded in pieces
 
@@ -109,6 +109,12 @@ class ManagedProcess:
             close_fds=True)
         self.pid = self._popen.pid
         self.pgid = self._popen.pid  # start_new_session: the child leads its group
+        if self.remote and self._popen.stdin is not None:
+            try:  # the job token, which the remote wrapper reads before anything else
+                self._popen.stdin.write(stdin_preamble(spec).encode())
+                self._popen.stdin.flush()
+            except OSError:
+                pass  # the remote shell already failed: its exit says why
         self._reader = threading.Thread(target=self._forward_output,
                                         name=f"output {self.label}", daemon=True)
         self._waiter = threading.Thread(target=self._wait, name=f"wait {self.label}",

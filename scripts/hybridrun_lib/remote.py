@@ -27,6 +27,7 @@ REMOTE_KILL_GRACE_S = 3
 # When the process exits, what it left in its group is stopped too, so nothing
 # outlives the job on any host.
 _WRAPPER = """\
+{secrets}
 {cd}
 exec 3<&0
 setsid {command} </dev/null 3<&- &
@@ -82,17 +83,27 @@ def remote_argv(template: str, host: str, command_line: str) -> list[str]:
 
 
 def wrapped_command(argv: Sequence[str], env: Mapping[str, str],
-                    unset: Sequence[str], cwd: str) -> str:
+                    unset: Sequence[str], cwd: str, secrets: Sequence[str] = ()) -> str:
     """A shell command line that runs ``argv`` with ``env`` set and ``unset`` removed,
-    in ``cwd`` when it exists there, under the wrapper above."""
+    in ``cwd`` when it exists there, under the wrapper above. The variables named in
+    ``secrets`` are not on it: the wrapper reads them from its stdin first, one line each
+    in that order (secret_lines), so that no command line, here or there, shows them."""
     env_words = ["env", *(f"-u {shlex.quote(name)}" for name in sorted(unset)),
                  *(shlex.quote(f"{k}={v}") for k, v in sorted(env.items()))]
     command = " ".join([*env_words, *(shlex.quote(a) for a in argv)])
     cd = (f"cd {shlex.quote(cwd)} 2>/dev/null || echo \"hybridrun: note: no folder "
           f"{cwd} on $(hostname); running in $(pwd)\" >&2")
-    script = _WRAPPER.format(cd=cd, command=command, grace=REMOTE_KILL_GRACE_S,
+    read = "\n".join(f"IFS= read -r {name} || {{ echo \"hybridrun: no {name} on stdin "
+                     f"on $(hostname): does the --remote-shell forward stdin?\" >&2; exit 70; }}"
+                     f"; export {name}" for name in secrets)
+    script = _WRAPPER.format(secrets=read, cd=cd, command=command, grace=REMOTE_KILL_GRACE_S,
                              ticks=int(REMOTE_KILL_GRACE_S * 10))
     return "sh -c " + shlex.quote(script)
+
+
+def secret_lines(env: Mapping[str, str], secrets: Sequence[str]) -> str:
+    """What the wrapper of wrapped_command(..., secrets) reads from its stdin first."""
+    return "".join(f"{env.get(name, '')}\n" for name in secrets)
 
 
 def check_hosts(template: str, hosts: Sequence[str], timeout: float) -> list[str]:

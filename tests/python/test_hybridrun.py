@@ -257,6 +257,25 @@ def test_an_exported_job_token_is_the_jobs(standins: Standins) -> None:
     assert {e["HYBRIDPS_JOB_TOKEN"] for e in envs.values()} == {"chosen-by-the-user"}
 
 
+def test_a_job_token_file_is_the_jobs(standins: Standins, tmp_path: Path) -> None:
+    # The processes get the file's token as HYBRIDPS_JOB_TOKEN, and not the file's name
+    # (both set would make them refuse to start); a file others can read is refused.
+    token_file = tmp_path / "token"
+    token_file.write_text("from-the-file\n")
+    token_file.chmod(0o600)
+    code, _, err = standins.run("-np", "2", "--servers", "1",
+                                env={"HYBRIDPS_JOB_TOKEN_FILE": str(token_file)})
+    assert code == 0, err
+    envs = standins.envs()
+    assert {e["HYBRIDPS_JOB_TOKEN"] for e in envs.values()} == {"from-the-file"}
+    assert not any("HYBRIDPS_JOB_TOKEN_FILE" in e for e in envs.values())
+    token_file.chmod(0o644)
+    code, _, err = standins.run("-np", "2", "--servers", "1",
+                                env={"HYBRIDPS_JOB_TOKEN_FILE": str(token_file)})
+    assert code != 0
+    assert "others can read it (mode 0644): chmod 600 it" in err, err
+
+
 def test_worker_failure_stops_job(standins: Standins) -> None:
     code, out, err = standins.run("-np", "3", "--servers", "2",
                                   env={"STANDIN_WORKER_MODE": "fail",

@@ -260,6 +260,24 @@ def test_job_through_remote_shell_on_this_machine(backend: str) -> None:
     assert not wait_until_gone(lambda: marker_pids(marker))
 
 
+@needs_build
+def test_the_job_token_is_on_no_command_line(tmp_path: Path) -> None:
+    """The remote shells' command lines (what `ps` shows every user, here and there) do not
+    hold the job token: the remote wrapper reads it from its stdin, and the job runs."""
+    log = tmp_path / "argv.log"
+    shell = tmp_path / "logging-shell"
+    shell.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >> {log}\nexec sh -c "$2"\n')
+    shell.chmod(0o755)
+    done = hybridrun("--bin-dir", str(BUILD), "--remote-shell", f"{shell} {{host}} {{command}}",
+                     "--network-interface", "lo", "-H", "a,b", "--", str(TEST_WORKER),
+                     "--rounds", "2", env=clean_env(**JOB_ENV, HYBRIDPS_JOB_TOKEN="s3cr3t-t0ken"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[worker 1@b] round 1 ok" in done.stdout, done.stdout
+    argv = log.read_text()
+    assert "HYBRIDPS_SCHEDULER_PORT=" in argv, argv  # the job's variables did go this way
+    assert "s3cr3t-t0ken" not in argv, argv
+
+
 # ---- network namespaces (root) --------------------------------------------------------
 
 def have_netns() -> bool:
