@@ -4,6 +4,10 @@
 # each and their ratio. Every result is checked by hybridps-bench itself.
 #
 #   bench/compare_builds.sh BEFORE_BUILD_DIR AFTER_BUILD_DIR [-r RUNS] [--out DIR]
+#                           [--after-env VAR=VALUE]...
+#
+# --after-env sets a variable for the AFTER runs only, e.g. one build against itself with
+# a setting changed: bench/compare_builds.sh build build --after-env HYBRIDPS_ENCRYPT=1.
 #
 # Per run (default 3) and build, taking turns:
 #   scripts/hybridrun -np 1 --servers 1 --bin-dir B -- B/bench/hybridps-bench \
@@ -13,15 +17,19 @@
 # any run failed.
 set -euo pipefail
 
-[[ $# -ge 2 ]] || { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -ge 2 ]] || { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 before=$(cd "$1" && pwd)
 after=$(cd "$2" && pwd)
 shift 2
 runs=3
 out=""
+after_env=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -r|--runs) runs="$2"; shift 2 ;;
+    --after-env)
+      [[ "$2" == *=* ]] || { echo "compare_builds: --after-env takes VAR=VALUE" >&2; exit 2; }
+      after_env+=("$2"); shift 2 ;;
     --out) out="$2"; shift 2 ;;
     *) echo "compare_builds: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -31,7 +39,7 @@ cd "$(dirname "$0")/.."
 [[ -n "$out" ]] || out="$(mktemp -d /tmp/hybridps-compare.XXXXXX)"
 mkdir -p "$out"
 echo "before: $before" | tee "$out/machine.txt"
-echo "after: $after" | tee -a "$out/machine.txt"
+echo "after: $after ${after_env[*]:-}" | tee -a "$out/machine.txt"
 echo "host: $(nproc) cores, load average at start: $(cut -d' ' -f1-3 /proc/loadavg)" |
   tee -a "$out/machine.txt"
 
@@ -43,7 +51,9 @@ for i in $(seq 1 "$runs"); do
       read -r nw ns <<<"$cfg"
       name="$which-${nw}w${ns}s.run$i"
       echo "run $i: $which ${nw}w${ns}s"
-      timeout 600 scripts/hybridrun -np "$nw" --servers "$ns" --bin-dir "$b" -- \
+      env_args=()
+      [[ $which == after ]] && env_args=("${after_env[@]}")
+      timeout 600 env "${env_args[@]}" scripts/hybridrun -np "$nw" --servers "$ns" --bin-dir "$b" -- \
         "$b/bench/hybridps-bench" "${flags[@]}" --csv "$out/$name.csv" >"$out/$name.log" 2>&1 ||
         { echo "compare_builds: $name failed (see $out/$name.log)" >&2; exit 1; }
     done

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -15,6 +16,7 @@ absl::StatusOr<std::unique_ptr<ControlClient>> ControlClient::Connect(const Cont
                                                                       Callbacks callbacks) {
   std::unique_ptr<ControlClient> c(new ControlClient(options, std::move(callbacks)));
   ASSIGN_OR_RETURN(c->socket_, Socket::Create(ctx, SocketType::kDealer, 64 << 20));
+  RETURN_IF_ERROR(EncryptAsClient(*c->socket_, options, options.SchedulerEndpoint()));
   RETURN_IF_ERROR(c->socket_->Connect(options.SchedulerEndpoint()));
   return c;
 }
@@ -26,12 +28,57 @@ void ControlClient::Send(const wire::Envelope& env) {
   }
 }
 
+absl::StatusOr<wire::Envelope> ControlClient::NextBeforeWelcome(absl::Time deadline) {
+  Poller poller;
+  poller.Add(socket_.get());
+  while (true) {
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no answer from the scheduler at ", options_.SchedulerEndpoint(), " within ",
+          absl::FormatDuration(options_.start_timeout), " (is it running, and have all ",
+          options_.num_workers, " workers and ", options_.num_servers,
+          " servers started? A scheduler of another HYBRIDPS_ENCRYPT setting, or one that "
+          "encrypts with another job's token, does not answer either)"));
+    }
+    ASSIGN_OR_RETURN(int n, poller.Poll(std::min(deadline - now, absl::Milliseconds(200))));
+    if (n == 0) continue;
+    ASSIGN_OR_RETURN(auto msg, socket_->TryRecv());
+    if (!msg) continue;
+    auto d = Decode(std::move(*msg), false);
+    if (!d.ok()) {
+      HPS_LOG_EVERY_SEC(WARNING, 1) << "rejected a message from the scheduler: " << d.status();
+      continue;
+    }
+    last_heard_ = absl::Now();
+    return std::move(d->env);
+  }
+}
+
+absl::Status ControlClient::Authenticate(absl::Time deadline) {
+  const ClientHandshake hs(JobKey(options_.job_token), ToWire(options_.role), options_.rank);
+  Send(hs.Hello());
+  const std::string scheduler = absl::StrCat("the scheduler at ", options_.SchedulerEndpoint());
+  while (true) {
+    ASSIGN_OR_RETURN(wire::Envelope env, NextBeforeWelcome(deadline));
+    if (env.body_case() == wire::Envelope::kError) {
+      absl::Status refused = FromWire(env.error());
+      return absl::Status(refused.code(),
+                          absl::StrCat(scheduler, " refused this process: ", refused.message()));
+    }
+    if (env.body_case() != wire::Envelope::kHelloAck) continue;
+    ASSIGN_OR_RETURN(wire::Envelope auth, hs.Answer(env.hello_ack(), scheduler));
+    Send(auth);
+    return absl::OkStatus();
+  }
+}
+
 absl::StatusOr<wire::Welcome> ControlClient::Register(const std::string& data_endpoint) {
   // A little longer than the scheduler's own start timeout, so that when the job does not
   // come together, its explanation (who is missing) arrives before we give up.
   const absl::Time deadline =
       absl::Now() + options_.start_timeout + options_.heartbeat_timeout;
-  Send(MakeHello(options_.role, options_.rank));
+  RETURN_IF_ERROR(Authenticate(deadline));
   wire::Envelope env;
   env.set_id(next_id_++);
   auto* r = env.mutable_register_();
@@ -45,46 +92,22 @@ absl::StatusOr<wire::Welcome> ControlClient::Register(const std::string& data_en
   r->set_local_rank(options_.local_rank);
   r->set_local_size(options_.local_size);
   r->set_node(options_.node_id.empty() ? std::string(host) : options_.node_id);
-  r->set_token_digest(options_.JobTokenDigest());
   r->set_nccl_gpus(options_.nccl_gpus);
   *r->mutable_settings() = JobSettingsOf(options_);
   Send(env);
-  Poller poller;
-  poller.Add(socket_.get());
   while (true) {
-    absl::Time now = absl::Now();
-    if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no answer from the scheduler at ", options_.SchedulerEndpoint(), " within ",
-          absl::FormatDuration(options_.start_timeout),
-          " (is it running, and have all ", options_.num_workers, " workers and ",
-          options_.num_servers, " servers started?)"));
-    }
-    ASSIGN_OR_RETURN(int n, poller.Poll(std::min(deadline - now, absl::Milliseconds(200))));
-    if (n == 0) continue;
-    while (true) {
-      ASSIGN_OR_RETURN(auto msg, socket_->TryRecv());
-      if (!msg) break;
-      auto d = Decode(std::move(*msg), false);
-      if (!d.ok()) {
-        HPS_LOG_EVERY_SEC(WARNING, 1) << "rejected a message from the scheduler: " << d.status();
-        continue;
-      }
-      last_heard_ = absl::Now();
-      switch (d->env.body_case()) {
-        case wire::Envelope::kHelloAck:
-          break;
-        case wire::Envelope::kWelcome:
-          next_heartbeat_ = absl::Now();
-          return d->env.welcome();
-        case wire::Envelope::kError:
-          return FromWire(d->env.error());
-        case wire::Envelope::kShutdown:
-          return absl::AbortedError(
-              absl::StrCat("the scheduler shut the job down: ", d->env.shutdown().reason()));
-        default:
-          HPS_LOG(DEBUG) << "ignored before welcome: " << d->env.body_case();
-      }
+    ASSIGN_OR_RETURN(wire::Envelope reply, NextBeforeWelcome(deadline));
+    switch (reply.body_case()) {
+      case wire::Envelope::kWelcome:
+        next_heartbeat_ = absl::Now();
+        return reply.welcome();
+      case wire::Envelope::kError:
+        return FromWire(reply.error());
+      case wire::Envelope::kShutdown:
+        return absl::AbortedError(
+            absl::StrCat("the scheduler shut the job down: ", reply.shutdown().reason()));
+      default:
+        HPS_LOG(DEBUG) << "ignored before welcome: " << reply.body_case();
     }
   }
 }

@@ -55,6 +55,10 @@ class ControlClient {
   void FailAll(const absl::Status& status);
 
  private:
+  // The job-token handshake (common/auth.h), before anything else is sent.
+  absl::Status Authenticate(absl::Time deadline);
+  // The scheduler's next decodable message before the Welcome, or DeadlineExceeded.
+  absl::StatusOr<wire::Envelope> NextBeforeWelcome(absl::Time deadline);
   ControlClient(const Options& options, Callbacks callbacks)
       : options_(options), callbacks_(std::move(callbacks)) {}
   void Handle(wire::Envelope env);

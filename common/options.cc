@@ -1,14 +1,19 @@
 #include "common/options.h"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
+#include <fstream>
 #include <initializer_list>
 #include <optional>
 #include <thread>
 #include <type_traits>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/partition.h"
@@ -37,6 +42,11 @@ absl::Status Options::Validate() const {
       return absl::InvalidArgumentError(absl::StrCat("invalid option ", what, "=", v));
     }
   };
+  if (job_token.empty() && !absl::StartsWith(SchedulerEndpoint(), "inproc://")) {
+    return absl::InvalidArgumentError(
+        "no job token (HYBRIDPS_JOB_TOKEN, Options::job_token): a job that listens on the "
+        "network needs a secret that every one of its processes holds");
+  }
   if (num_workers < 1) return bad("num_workers", num_workers);
   if (num_servers < 0) return bad("num_servers", num_servers);
   if (backend != "dist_hybrid" && backend != "dist_allreduce") return bad("backend", backend);
@@ -87,6 +97,7 @@ absl::Status Options::Validate() const {
   if (stall_warning <= absl::ZeroDuration()) return bad("stall_warning_ms", stall_warning);
   if (caller_rounds != 0 && caller_rounds != 1) return bad("caller_rounds", caller_rounds);
   if (eager_bytes > (2 << 20)) return bad("eager_bytes", eager_bytes);
+  if (encrypt != 0 && encrypt != 1) return bad("encrypt", encrypt);
   if (local_allreduce != 0 && local_allreduce != 1) {
     return bad("local_allreduce", local_allreduce);
   }
@@ -125,14 +136,6 @@ size_t Options::LargestDataFrame() const {
 std::string Options::SchedulerEndpoint() const {
   if (!scheduler_endpoint.empty()) return scheduler_endpoint;
   return absl::StrCat("tcp://", scheduler_addr, ":", scheduler_port);
-}
-
-std::string Options::JobTokenDigest() const {
-  if (job_token.empty()) return "";
-  // The project's stable 64-bit string hash, over a fixed prefix and the token: the same
-  // in every process and build, and it does not give the token away.
-  const uint64_t h = TensorKey(absl::StrCat("hybridps job token\n", job_token));
-  return absl::StrCat(absl::Hex(h, absl::kZeroPad16));
 }
 
 namespace {
@@ -200,6 +203,55 @@ absl::Status GetMicros(const char* name, absl::Duration* out) {
   return absl::OkStatus();
 }
 
+// HYBRIDPS_JOB_TOKEN, or the first line of the file HYBRIDPS_JOB_TOKEN_FILE names, which
+// only its owner may read (as ssh asks of a private key); one of them is required.
+absl::Status ReadJobToken(std::string* token) {
+  const auto direct = Get("HYBRIDPS_JOB_TOKEN");
+  const auto file = Get("HYBRIDPS_JOB_TOKEN_FILE");
+  if (direct && file) {
+    return absl::InvalidArgumentError(
+        "both HYBRIDPS_JOB_TOKEN and HYBRIDPS_JOB_TOKEN_FILE are set: set one of them");
+  }
+  if (direct) {
+    *token = *direct;
+    return absl::OkStatus();
+  }
+  if (!file && !Get("HYBRIDPS_SCHEDULER_PORT") && !Get("HYBRIDPS_SCHEDULER_ENDPOINT")) {
+    return absl::InvalidArgumentError(
+        "no hybridps job in this process's environment (HYBRIDPS_SCHEDULER_PORT and "
+        "HYBRIDPS_JOB_TOKEN are not set): start it through the launcher, scripts/hybridrun "
+        "-np N [--servers M] -- your program, or set the job's variables by hand "
+        "(docs/deployment.md)");
+  }
+  if (!file) {
+    return absl::InvalidArgumentError(
+        "no job token: set HYBRIDPS_JOB_TOKEN (e.g. export HYBRIDPS_JOB_TOKEN=$(openssl rand "
+        "-hex 16)) or HYBRIDPS_JOB_TOKEN_FILE (a file only you can read) to the same secret "
+        "in every process of the job; hybridrun makes one for its jobs. Only processes that "
+        "hold it can join the job");
+  }
+  struct stat st;
+  if (stat(file->c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "HYBRIDPS_JOB_TOKEN_FILE=", *file, ": no such file"));
+  }
+  if ((st.st_mode & 077) != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "HYBRIDPS_JOB_TOKEN_FILE=%s: others can read it (mode %04o): chmod 600 it", *file,
+        st.st_mode & 07777));
+  }
+  std::ifstream in(*file);
+  std::string line;
+  std::getline(in, line);
+  line = std::string(absl::StripAsciiWhitespace(line));
+  if (line.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HYBRIDPS_JOB_TOKEN_FILE=", *file, ": the file holds no token"));
+  }
+  *token = line;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Options> OptionsFromEnvironment() {
@@ -222,7 +274,8 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   if (auto v = Get("HYBRIDPS_BACKEND")) o.backend = *v;
   if (auto v = Get("HYBRIDPS_INTERFACE")) o.interface = *v;
   if (auto v = Get("HYBRIDPS_TRANSPORT")) o.transport = *v;
-  if (auto v = Get("HYBRIDPS_JOB_TOKEN")) o.job_token = *v;
+  RETURN_IF_ERROR(ReadJobToken(&o.job_token));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_ENCRYPT", &o.encrypt));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_SCHEDULER_PORT", &o.scheduler_port));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_NUM_WORKERS", &o.num_workers));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_NUM_SERVERS", &o.num_servers));

@@ -69,12 +69,19 @@ struct Options {
   std::string interface;
   // HYBRIDPS_TRANSPORT: tcp | ipc | inproc — how servers bind their data endpoint.
   std::string transport = "tcp";
-  // HYBRIDPS_JOB_TOKEN: the job's token (hybridrun makes a random one per job). The
-  // scheduler refuses workers and servers whose token differs from its own (both unset
-  // counts as equal), so a process of another job that reaches this scheduler's address
-  // cannot join. Only a fingerprint travels; it keeps jobs apart, it does not
-  // authenticate against someone who can read the job's traffic.
+  // HYBRIDPS_JOB_TOKEN / HYBRIDPS_JOB_TOKEN_FILE: the job's secret (hybridrun makes a
+  // random one per job), or the file (mode 0600, first line) that holds it; one of the two
+  // is required. Every connection opens with a handshake in which both sides prove they
+  // hold it without sending it (common/auth.h), so a process without it cannot join the
+  // job; against someone who can read or alter the traffic, add HYBRIDPS_ENCRYPT=1
+  // (docs/security.md).
   std::string job_token;
+  // HYBRIDPS_ENCRYPT: 1: every link to the scheduler and the servers is encrypted and
+  // authenticated per message (ZeroMQ CURVE, keys bound to the job token; common/auth.h);
+  // 0 (default): the links are authenticated at connection (the token handshake) but
+  // travel in clear. dist_allreduce's Gloo and NCCL links are never encrypted
+  // (docs/security.md). Every process must set it alike: one that differs cannot connect.
+  int encrypt = 0;
   // HYBRIDPS_PARTITION_BYTES: a tensor is split into partitions of at most this size.
   size_t partition_bytes = 4 << 20;
   // HYBRIDPS_WIRE_CHUNK_BYTES: a partition travels to its server as requests of at most
@@ -226,8 +233,6 @@ struct Options {
   absl::Status Validate() const;
   // The ZeroMQ endpoint of the scheduler.
   std::string SchedulerEndpoint() const;
-  // What Register carries of job_token: empty without one, else a 64-bit hash in hex.
-  std::string JobTokenDigest() const;
   // The largest payload frame a worker sends or a server answers with: a wire chunk, or a
   // whole partition when partitions are smaller or chunks are off.
   size_t LargestDataFrame() const;

@@ -44,12 +44,12 @@ absl::StatusOr<Decoded> Decode(Message msg, bool from_router) {
   return d;
 }
 
-wire::Envelope MakeHello(Role role, int rank) {
+wire::Envelope MakeHello(wire::NodeRole role, int rank) {
   wire::Envelope env;
   auto* h = env.mutable_hello();
   h->set_magic(kMagic);
   h->set_version(kProtocolVersion);
-  h->set_role(ToWire(role));
+  h->set_role(role);
   h->set_rank(rank);
   return env;
 }
@@ -64,6 +64,11 @@ absl::Status CheckHello(const wire::Hello& hello) {
     return absl::FailedPreconditionError(
         absl::StrCat("protocol version ", hello.version(), " is not supported (this build "
                      "speaks version ", kProtocolVersion, ")"));
+  }
+  if (hello.nonce().size() != 32) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a Hello with a ", hello.nonce().size(), "-byte nonce (the job-token handshake "
+        "sends 32)"));
   }
   return absl::OkStatus();
 }

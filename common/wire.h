@@ -16,7 +16,7 @@
 namespace hybridps {
 
 inline constexpr uint32_t kMagic = 0x48505321;  // "HPS!"
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;  // 2: the job-token handshake (common/auth.h)
 
 struct Decoded {
   std::string peer;              // routing id (ROUTER side), else empty
@@ -33,7 +33,7 @@ Message Encode(const std::string& peer, const wire::Envelope& env,
 absl::StatusOr<Decoded> Decode(Message msg, bool from_router);
 
 // A Hello for this node.
-wire::Envelope MakeHello(Role role, int rank);
+wire::Envelope MakeHello(wire::NodeRole role, int rank);
 // OK if `hello` has our magic and version; else FailedPrecondition naming what differs.
 absl::Status CheckHello(const wire::Hello& hello);
 

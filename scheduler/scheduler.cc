@@ -20,6 +20,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const Context& ctx,
   RETURN_IF_ERROR(options.Validate());
   std::unique_ptr<Scheduler> s(new Scheduler(options));
   ASSIGN_OR_RETURN(s->socket_, Socket::Create(ctx, SocketType::kRouter, 64 << 20));
+  RETURN_IF_ERROR(EncryptAsServer(*s->socket_, options, options.SchedulerEndpoint()));
   ASSIGN_OR_RETURN(s->endpoint_, s->socket_->Bind(options.SchedulerEndpoint()));
   if (!options.port_file.empty()) {
     auto colon = s->endpoint_.rfind(':');
@@ -139,25 +140,41 @@ void Scheduler::HandleMessage(Message raw) {
   const std::string& peer = d->peer;
   wire::Envelope& env = d->env;
   auto it = nodes_.find(peer);
+  // The job-token handshake (common/auth.h): nothing is kept for a connection, and
+  // nothing else it sends is accepted, until its Auth checks out.
   if (env.body_case() == wire::Envelope::kHello) {
     if (auto s = CheckHello(env.hello()); !s.ok()) {
-      HPS_LOG(WARNING) << "refused a connection: " << s.message();
+      HPS_LOG_EVERY_SEC(WARNING, 1) << "refused a connection: " << s.message();
+      ReplyError(peer, env.id(), s);
+      return;
+    }
+    if (it == nodes_.end()) Reply(peer, gate_.Challenge(peer, env.hello()));
+    return;
+  }
+  if (env.body_case() == wire::Envelope::kAuth) {
+    const wire::Auth& auth = env.auth();
+    absl::Status s = it != nodes_.end()
+                         ? absl::FailedPreconditionError("this connection is authenticated")
+                     : auth.role() != wire::ROLE_WORKER && auth.role() != wire::ROLE_SERVER
+                         ? absl::PermissionDeniedError("only workers and servers connect")
+                         : gate_.Verify(peer, auth);
+    if (!s.ok()) {
+      HPS_LOG_EVERY_SEC(WARNING, 1) << "refused a connection: " << s.message();
       ReplyError(peer, env.id(), s);
       return;
     }
     Node& n = nodes_[peer];
     n.peer = peer;
-    n.hello = true;
-    n.role = env.hello().role();
+    n.role = auth.role();
+    n.claimed_rank = auth.rank();
     n.last_seen = absl::Now();
-    wire::Envelope ack;
-    ack.mutable_hello_ack();
-    Reply(peer, ack);
     return;
   }
-  if (it == nodes_.end() || !it->second.hello) {
-    HPS_LOG_EVERY_SEC(WARNING, 1) << "rejected a message from a peer that did not say hello";
-    ReplyError(peer, env.id(), absl::FailedPreconditionError("handshake (Hello) required first"));
+  if (it == nodes_.end()) {
+    HPS_LOG_EVERY_SEC(WARNING, 1)
+        << "rejected a message from a connection that has not authenticated";
+    ReplyError(peer, env.id(), absl::PermissionDeniedError(
+                                   "the job-token handshake (Hello, Auth) must come first"));
     return;
   }
   Node& node = it->second;
@@ -185,7 +202,19 @@ void Scheduler::HandleMessage(Message raw) {
       break;
     }
     case wire::Envelope::kKvSet: {
-      kv_[env.kv_set().key()] = env.kv_set().value();
+      const wire::KvSet& set = env.kv_set();
+      auto old = kv_.find(set.key());
+      const size_t held = old == kv_.end() ? 0 : old->first.size() + old->second.size();
+      const size_t after = kv_bytes_ - held + set.key().size() + set.value().size();
+      if (after > kMaxKvBytes) {
+        ReplyError(peer, env.id(), absl::ResourceExhaustedError(absl::StrCat(
+            "the scheduler's key-value store would hold ", after, " bytes with '", set.key(),
+            "' (", set.value().size(), " bytes); it holds rendezvous data, at most ",
+            kMaxKvBytes, " bytes")));
+        break;
+      }
+      kv_bytes_ = after;
+      kv_[set.key()] = set.value();
       wire::Envelope r;
       r.set_id(env.id());
       r.mutable_kv_reply()->set_found(true);
@@ -228,22 +257,10 @@ void Scheduler::HandleRegister(Node& node, uint64_t id, const wire::Register& re
   if (reg.role() != wire::ROLE_WORKER && reg.role() != wire::ROLE_SERVER) {
     return fail(absl::InvalidArgumentError("only workers and servers register"));
   }
-  if (reg.token_digest() != token_digest_) {
-    const std::string who =
-        absl::StrCat("the ", WireRoleName(reg.role()), " on ", reg.host(), " pid ", reg.pid());
-    const std::string job =
-        absl::StrCat("the job of the scheduler at ", options_.SchedulerEndpoint());
-    std::string what;
-    if (reg.token_digest().empty()) {
-      what = absl::StrCat(who, " has no HYBRIDPS_JOB_TOKEN, but ", job, " has one");
-    } else if (token_digest_.empty()) {
-      what = absl::StrCat(who, " has a HYBRIDPS_JOB_TOKEN, but ", job, " has none");
-    } else {
-      what = absl::StrCat(who, " has a different HYBRIDPS_JOB_TOKEN from ", job);
-    }
+  if (reg.role() != node.role || reg.requested_rank() != node.claimed_rank) {
     return fail(absl::PermissionDeniedError(absl::StrCat(
-        what, ": it belongs to another job. Start every process of a job with the same "
-        "token (hybridrun does), or leave it unset everywhere")));
+        "this connection authenticated as ", WireRoleName(node.role), " ", node.claimed_rank,
+        " and cannot register as ", WireRoleName(reg.role()), " ", reg.requested_rank())));
   }
   if (absl::Status s = CheckSettings(reg); !s.ok()) {
     // A process of this job (it has the job's token) that cannot take part: the job
@@ -537,6 +554,11 @@ void Scheduler::CompleteBarriers() {
 }
 
 void Scheduler::HandleKvWait(Node& node, uint64_t id, const wire::KvWait& wait) {
+  if (kv_waiters_.size() >= kMaxKvWaiters) {
+    ReplyError(node.peer, id, absl::ResourceExhaustedError(absl::StrCat(
+        "the scheduler already holds ", kMaxKvWaiters, " key-value waits")));
+    return;
+  }
   KvWaiter w{node.peer, id, {wait.keys().begin(), wait.keys().end()},
              absl::Now() + absl::Milliseconds(std::max<int64_t>(0, wait.timeout_ms()))};
   kv_waiters_.push_back(std::move(w));

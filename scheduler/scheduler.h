@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "common/hybridps.pb.h"
 #include "common/wire.h"
 #include "common/options.h"
@@ -44,7 +45,7 @@ class Scheduler {
     std::string peer;  // routing id
     wire::NodeRole role = wire::ROLE_UNKNOWN;
     int rank = -1;
-    bool hello = false;
+    int claimed_rank = -1;  // the rank its handshake claimed (-1: none yet)
     bool registered = false;
     bool finalized = false;
     bool dead = false;
@@ -92,13 +93,18 @@ class Scheduler {
   std::string endpoint_;
   std::map<std::string, Node> nodes_;  // by routing id
   bool welcomed_ = false;
-  const std::string token_digest_ = options_.JobTokenDigest();  // Register must match it
+  const Gatekeeper gate_{JobKey(options_.job_token)};  // the job-token handshake
   const wire::JobSettings settings_ = JobSettingsOf(options_);  // the job's shape
   int register_order_ = 0;  // Registration order, kept in Node::rank until ranks are given.
   absl::Time start_time_;
   // Barrier arrivals per group: peer -> request id.
   std::map<int, std::map<std::string, uint64_t>> barriers_;
   std::map<std::string, std::string> kv_;
+  size_t kv_bytes_ = 0;  // keys and values held in kv_
+  // Bounds on what the job's processes can make the scheduler hold (rendezvous data is a
+  // few KiB): more is refused with a named error.
+  static constexpr size_t kMaxKvBytes = 64 << 20;
+  static constexpr size_t kMaxKvWaiters = 4096;
   std::vector<KvWaiter> kv_waiters_;
   absl::Status job_status_;
   bool done_ = false;

@@ -70,6 +70,8 @@ AGREE = {
     "HYBRIDPS_INTERFACE": OWN + " (hybridrun gives every process the same name)",
     "HYBRIDPS_TRANSPORT": "the servers (every worker must be able to reach what they bind)",
     "HYBRIDPS_JOB_TOKEN": EVERY + HYBRIDRUN,
+    "HYBRIDPS_JOB_TOKEN_FILE": EVERY + " (the same token as HYBRIDPS_JOB_TOKEN's)",
+    "HYBRIDPS_ENCRYPT": EVERY + " (one that differs cannot connect)",
     "HYBRIDPS_PARTITION_BYTES": WORKERS + CHECKED,
     "HYBRIDPS_WIRE_CHUNK_BYTES": WORKERS + CHECKED,
     "HYBRIDPS_LOCAL_INLINE_BYTES": NODE,
@@ -103,6 +105,9 @@ AGREE = {
 }
 
 # Variables the scripts read (not Options): name -> (read by, meaning).
+# Variables read into a field of another name (by a helper of options.cc, not a Get*).
+FIELD_OF = {"HYBRIDPS_JOB_TOKEN": "job_token", "HYBRIDPS_JOB_TOKEN_FILE": "job_token"}
+
 SCRIPT_VARS = {
     "HYBRIDPS_BIN_DIR": ("hybridrun", "where `hybridps-scheduler` and `hybridps-server` are "
                          "(as `--bin-dir`); a bundle's `env.sh` sets it"),
@@ -191,7 +196,7 @@ def parse_reads(options_cc: str) -> dict[str, tuple[str, str, list[str]]]:
         if name not in out:
             out[name] = (m.group(2) or name[len("HYBRIDPS_"):].lower(), "", [])
     for name in set(re.findall(r'"(HYBRIDPS_\w+)"', options_cc)) - set(out):
-        out[name] = (name[len("HYBRIDPS_"):].lower(), "", [])
+        out[name] = (FIELD_OF.get(name, name[len("HYBRIDPS_"):].lower()), "", [])
     return out
 
 
@@ -343,7 +348,8 @@ GROUPS = [
      "HYBRIDPS_SCHEDULER_PORT", "HYBRIDPS_SCHEDULER_ENDPOINT", "HYBRIDPS_PORT_FILE",
      "HYBRIDPS_NUM_WORKERS", "HYBRIDPS_NUM_SERVERS", "HYBRIDPS_RANK", "HYBRIDPS_LOCAL_RANK",
      "HYBRIDPS_LOCAL_SIZE", "HYBRIDPS_NODE_ID", "HYBRIDPS_BACKEND", "HYBRIDPS_INTERFACE",
-     "HYBRIDPS_DEPLOYMENT", "HYBRIDPS_EXTRA_SERVERS", "HYBRIDPS_JOB_TOKEN"]),
+     "HYBRIDPS_DEPLOYMENT", "HYBRIDPS_EXTRA_SERVERS", "HYBRIDPS_JOB_TOKEN",
+     "HYBRIDPS_JOB_TOKEN_FILE", "HYBRIDPS_ENCRYPT"]),
     ("Liveness and deadlines", ["HYBRIDPS_HEARTBEAT_INTERVAL_MS",
      "HYBRIDPS_HEARTBEAT_TIMEOUT_MS", "HYBRIDPS_TIMEOUT_MS", "HYBRIDPS_START_TIMEOUT_MS",
      "HYBRIDPS_STALL_WARNING_MS", "HYBRIDPS_LOG_LEVEL", "HYBRIDPS_MAX_MESSAGE_BYTES"]),

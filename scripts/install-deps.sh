@@ -13,7 +13,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${HYBRIDPS_VENV:-$root/.venv}
 
 debs=(build-essential cmake pkg-config git
-      libzmq3-dev cppzmq-dev libprotobuf-dev protobuf-compiler libabsl-dev
+      libzmq3-dev libsodium-dev cppzmq-dev libprotobuf-dev protobuf-compiler libabsl-dev
       libgtest-dev libgmock-dev googletest libbenchmark-dev libgloo-dev pybind11-dev
       python3-dev python3-venv libquadmath0 iproute2 procps iperf3 clang graphviz)
 

@@ -48,7 +48,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const Context& ctx,
   std::unique_ptr<Server> s(new Server(options));
   ASSIGN_OR_RETURN(s->data_,
                    Socket::Create(ctx, SocketType::kRouter, options.max_message_bytes));
-  ASSIGN_OR_RETURN(s->endpoint_, s->data_->Bind(DataBindEndpoint(options)));
+  const std::string bind = DataBindEndpoint(options);
+  RETURN_IF_ERROR(EncryptAsServer(*s->data_, options, bind));
+  ASSIGN_OR_RETURN(s->endpoint_, s->data_->Bind(bind));
   if (absl::StartsWith(s->endpoint_, "tcp://0.0.0.0:")) {
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
@@ -301,26 +303,41 @@ void Server::HandleData(Message raw) {
   auto d = Decode(std::move(raw), true);
   if (!d.ok()) return Reject(peer_id, 0, d.status());
   wire::Envelope& env = d->env;
+  // The job-token handshake (common/auth.h): nothing is kept for a connection, and
+  // nothing else it sends is accepted, until its Auth checks out.
+  auto it = peers_.find(d->peer);
   if (env.body_case() == wire::Envelope::kHello) {
     if (auto s = CheckHello(env.hello()); !s.ok()) return Reject(d->peer, env.id(), s);
     if (env.hello().role() != wire::ROLE_WORKER) {
       return Reject(d->peer, env.id(),
                     absl::PermissionDeniedError("only workers talk to a server's data port"));
     }
-    Peer& p = peers_[d->peer];
-    p.hello = true;
-    p.node = env.hello().rank();  // a worker's data Hello carries its node
-    wire::Envelope ack;
+    if (it != peers_.end()) return;
+    wire::Envelope ack = gate_.Challenge(d->peer, env.hello());
     ack.set_id(env.id());
-    ack.mutable_hello_ack();
     Message msg = Encode(d->peer, ack);
     (void)data_->Send(msg);
     return;
   }
-  auto it = peers_.find(d->peer);
-  if (it == peers_.end() || !it->second.hello) {
-    return Reject(d->peer, env.id(),
-                  absl::FailedPreconditionError("handshake (Hello) required first"));
+  if (env.body_case() == wire::Envelope::kAuth) {
+    const wire::Auth& auth = env.auth();
+    if (it != peers_.end()) {
+      return Reject(d->peer, env.id(),
+                    absl::FailedPreconditionError("this connection is authenticated"));
+    }
+    if (auth.role() != wire::ROLE_WORKER) {
+      return Reject(d->peer, env.id(),
+                    absl::PermissionDeniedError("only workers talk to a server's data port"));
+    }
+    if (absl::Status s = gate_.Verify(d->peer, auth); !s.ok()) {
+      return Reject(d->peer, env.id(), s);
+    }
+    peers_[d->peer].node = auth.rank();  // a worker's data connection speaks for its node
+    return;
+  }
+  if (it == peers_.end()) {
+    return Reject(d->peer, env.id(), absl::PermissionDeniedError(
+                                         "the job-token handshake (Hello, Auth) must come first"));
   }
   if (env.body_case() == wire::Envelope::kOptimizerRequest) {
     return HandleOptimizer(d->peer, env.id(), env.optimizer_request());

@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/auth.h"
 #include "common/control_client.h"
 #include "common/options.h"
 #include "common/transport.h"
@@ -46,9 +47,8 @@ class Server {
   const Stats& stats() const { return stats_; }
 
  private:
-  struct Peer {
-    bool hello = false;
-    int node = -1;  // the worker node it speaks for (its Hello)
+  struct Peer {  // an authenticated connection
+    int node = -1;  // the worker node it speaks for (its handshake)
   };
   explicit Server(const Options& options) : options_(options) {}
   void HandleData(Message msg);
@@ -79,7 +79,8 @@ class Server {
   OptimizerHost optimizer_;          // I/O thread (updates run on engines)
   // LAMB/LARS: the partitions of a tensor's round that closed so far, by key.
   absl::flat_hash_map<uint64_t, std::shared_ptr<PendingUpdate>> groups_;
-  absl::flat_hash_map<std::string, Peer> peers_;
+  absl::flat_hash_map<std::string, Peer> peers_;  // by routing id, once authenticated
+  const Gatekeeper gate_{JobKey(options_.job_token)};  // the job-token handshake
   Waker waker_;  // engines' completions and Stop()
   std::atomic<bool> stop_{false};
   absl::Status exit_status_;

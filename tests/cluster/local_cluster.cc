@@ -40,6 +40,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterC
   o.cycle_time = c.cycle_time;
   o.stall_warning = c.stall_warning;
   o.log_level = 1;
+  o.job_token = c.job_token;
+  o.encrypt = c.encrypt;
   const int id = counter++;
   if (c.transport == "inproc") {
     o.scheduler_endpoint = absl::StrCat("inproc://scheduler-", id);

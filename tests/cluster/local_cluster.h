@@ -30,6 +30,9 @@ inline PsStore* PsOf(KVStore* kv) {
   return nullptr;
 }
 
+// The job token of the test clusters and of RawPeer's handshakes unless a test says.
+inline constexpr char kTestJobToken[] = "test-job-token";
+
 struct ClusterConfig {
   // "dist_hybrid", or "dist_allreduce": no servers are started (the scheduler expects
   // none, whatever `servers` says); its Gloo traffic is tcp loopback whatever `transport`.
@@ -70,6 +73,9 @@ struct ClusterConfig {
   // Called with each worker's rank and options before it starts (tests of workers whose
   // settings differ); null: all alike.
   std::function<void(int, Options*)> worker_options;
+  // Every process's job token (the handshake's key).
+  std::string job_token = kTestJobToken;
+  int encrypt = 0;  // HYBRIDPS_ENCRYPT
 };
 
 class LocalCluster {

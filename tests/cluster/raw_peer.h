@@ -17,8 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/hybridps.pb.h"
+#include "common/auth.h"
 #include "common/transport.h"
 #include "common/wire.h"
+#include "tests/cluster/local_cluster.h"
 #include "tests/status_matchers.h"
 
 namespace hybridps::testing {
@@ -33,7 +35,8 @@ inline ::testing::AssertionResult Mentions(absl::string_view text, absl::string_
 // reports when the connection is dropped.
 class RawPeer {
  public:
-  RawPeer(const Context& ctx, const std::string& endpoint) {
+  // `curve`: connect with its HYBRIDPS_ENCRYPT setting and job token (EncryptAsClient).
+  RawPeer(const Context& ctx, const std::string& endpoint, const Options* curve = nullptr) {
     static std::atomic<int> counter{0};
     auto sock = Socket::Create(ctx, SocketType::kDealer, size_t{1} << 30, absl::ZeroDuration());
     EXPECT_OK(sock);
@@ -46,6 +49,9 @@ class RawPeer {
     int zero = 0;
     zmq_setsockopt(monitor_, ZMQ_LINGER, &zero, sizeof zero);
     EXPECT_EQ(zmq_connect(monitor_, monitor_endpoint.c_str()), 0);
+    if (curve != nullptr) {
+      EXPECT_OK(EncryptAsClient(*sock_, *curve, endpoint));
+    }
     EXPECT_OK(sock_->Connect(endpoint));
   }
   ~RawPeer() {
@@ -81,6 +87,23 @@ class RawPeer {
       if (d.ok()) return d->env;
     }
     return std::nullopt;
+  }
+  // The job-token handshake (common/auth.h) as `role` `rank` holding `token`: succeeds
+  // once the server proved the same token and the Auth is sent, else says what came.
+  ::testing::AssertionResult Authenticate(wire::NodeRole role, int rank,
+                                          const std::string& token = kTestJobToken,
+                                          absl::Duration wait = absl::Seconds(5)) {
+    const ClientHandshake hs(JobKey(token), role, rank);
+    SendEnvelope(hs.Hello());
+    auto ack = Receive(wait);
+    if (!ack) return ::testing::AssertionFailure() << "no answer to the Hello";
+    if (ack->body_case() != wire::Envelope::kHelloAck) {
+      return ::testing::AssertionFailure() << ack->DebugString();
+    }
+    auto auth = hs.Answer(ack->hello_ack(), "the peer");
+    if (!auth.ok()) return ::testing::AssertionFailure() << auth.status();
+    SendEnvelope(*auth);
+    return ::testing::AssertionSuccess();
   }
   // Waits for the monitor to report ZeroMQ event `event` on the connection.
   bool WaitForEvent(int event, absl::Duration timeout) {

@@ -31,6 +31,7 @@ Options SchedulerOptions(int workers, int servers) {
   o.num_workers = workers;
   o.num_servers = servers;
   o.scheduler_endpoint = "tcp://127.0.0.1:0";
+  o.job_token = kTestJobToken;
   o.log_level = 1;
   return o;
 }
@@ -71,13 +72,13 @@ TEST(RegistrationTest, SettingsThatMustAgreeAreComparedAtRegistration) {
     std::optional<RawPeer> early;
     if (first) {
       early.emplace(ctx, scheduler->endpoint());
-      early->SendEnvelope(MakeHello(Role::kWorker, -1));
-      ASSERT_TRUE(early->Receive(kQuick).has_value());  // the HelloAck
+      ASSERT_TRUE(early->Authenticate(first->register_().role(),
+                                      first->register_().requested_rank()));
       early->SendEnvelope(*first);
     }
     RawPeer peer(ctx, scheduler->endpoint());
-    peer.SendEnvelope(MakeHello(Role::kWorker, -1));
-    ASSERT_TRUE(peer.Receive(kQuick).has_value());
+    ASSERT_TRUE(peer.Authenticate(refused.register_().role(),
+                                  refused.register_().requested_rank()));
     peer.SendEnvelope(refused);
     auto reply = peer.Receive(kQuick);
     ASSERT_TRUE(reply.has_value());
@@ -138,7 +139,8 @@ TEST(RegistrationTest, GpuLocalReduceIsResolvedPerNode) {
   };
   // Registers one server and `workers` (all with `mode`); returns each worker's
   // gpu_reduce_nccl from its Welcome, by rank.
-  auto resolve = [](const std::string& mode, const std::vector<Worker>& workers) {
+  auto resolve = [](const std::string& mode,
+                    const std::vector<Worker>& workers) -> std::vector<bool> {
     Options o = SchedulerOptions(static_cast<int>(workers.size()), 1);
     Context ctx;
     auto scheduler = Scheduler::Create(ctx, o);
@@ -148,7 +150,8 @@ TEST(RegistrationTest, GpuLocalReduceIsResolvedPerNode) {
     for (size_t i = 0; i <= workers.size(); ++i) {
       const bool server = i == workers.size();
       peers.push_back(std::make_unique<RawPeer>(ctx, (*scheduler)->endpoint()));
-      peers.back()->SendEnvelope(MakeHello(server ? Role::kServer : Role::kWorker, -1));
+      EXPECT_TRUE(peers.back()->Authenticate(server ? wire::ROLE_SERVER : wire::ROLE_WORKER,
+                                             server ? 0 : static_cast<int>(i)));
       wire::Envelope env;
       env.set_id(1);
       auto* r = env.mutable_register_();
@@ -170,10 +173,7 @@ TEST(RegistrationTest, GpuLocalReduceIsResolvedPerNode) {
     }
     std::vector<bool> nccl;
     for (size_t i = 0; i < workers.size(); ++i) {
-      std::optional<wire::Envelope> reply;
-      do {
-        reply = peers[i]->Receive(kQuick);
-      } while (reply && reply->body_case() == wire::Envelope::kHelloAck);
+      std::optional<wire::Envelope> reply = peers[i]->Receive(kQuick);
       EXPECT_TRUE(reply && reply->body_case() == wire::Envelope::kWelcome)
           << (reply ? reply->DebugString() : "no reply");
       nccl.push_back(reply && reply->welcome().workers(i).gpu_reduce_nccl());
@@ -217,11 +217,12 @@ TEST(RegistrationTest, SchedulerRefusesBadRegistrations) {
   };
   // Registers through `peer`; the scheduler's Error message, or "" if no reply came
   // within `wait`.
+  // The connection authenticates as what `reg` registers as, unless `as` says otherwise.
   auto try_register = [&](RawPeer& peer, const wire::Envelope& reg,
-                          absl::Duration wait = kQuick) -> std::string {
-    peer.SendEnvelope(MakeHello(Role::kWorker, -1));
-    auto ack = peer.Receive(kQuick);
-    EXPECT_TRUE(ack.has_value() && ack->body_case() == wire::Envelope::kHelloAck);
+                          absl::Duration wait = kQuick,
+                          std::optional<std::pair<wire::NodeRole, int>> as = {}) -> std::string {
+    EXPECT_TRUE(peer.Authenticate(as ? as->first : reg.register_().role(),
+                                  as ? as->second : reg.register_().requested_rank()));
     peer.SendEnvelope(reg);
     auto reply = peer.Receive(wait);
     if (!reply) return "";
@@ -253,10 +254,17 @@ TEST(RegistrationTest, SchedulerRefusesBadRegistrations) {
     EXPECT_TRUE(Mentions(try_register(peer, registration(wire::ROLE_SCHEDULER, -1, "")),
                          "only workers and servers"));
   }
+  {
+    // A connection speaks for what its handshake claimed, not another role or rank.
+    RawPeer peer(ctx, endpoint);
+    EXPECT_TRUE(Mentions(try_register(peer, registration(wire::ROLE_SERVER, 0, "tcp://x:1"),
+                                      kQuick, std::make_pair(wire::ROLE_WORKER, -1)),
+                         "authenticated as worker -1 and cannot register as server 0"));
+  }
 
   // The job can still start: a valid server completes it and both get their Welcome.
   RawPeer server(ctx, endpoint);
-  server.SendEnvelope(MakeHello(Role::kServer, 0));
+  ASSERT_TRUE(server.Authenticate(wire::ROLE_SERVER, 0));
   server.SendEnvelope(registration(wire::ROLE_SERVER, 0, "tcp://127.0.0.1:1"));
   bool server_welcomed = false;
   for (int i = 0; i < 2 && !server_welcomed; ++i) {

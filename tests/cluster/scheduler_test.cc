@@ -7,6 +7,7 @@
 #include <optional>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/control_client.h"
@@ -109,6 +110,32 @@ TEST_F(SchedulerTest, RendezvousStoreSetGetWait) {
   EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
 }
 
+// The store holds rendezvous data: what would take it past 64 MiB is refused, naming the
+// key, and replacing a value counts only the new one.
+TEST_F(SchedulerTest, RendezvousStoreIsBounded) {
+  StartScheduler(1);
+  auto c = Client(0);
+  ASSERT_OK(c->Register(""));
+  wire::Envelope set;
+  set.mutable_kv_set()->set_value(std::string(20 << 20, 'v'));
+  for (int i = 0; i < 3; ++i) {
+    set.mutable_kv_set()->set_key(absl::StrCat("big", i));
+    ASSERT_OK(Call(c.get(), set));
+  }
+  set.mutable_kv_set()->set_key("big0");  // replaces 20 MiB: still 60 MiB
+  ASSERT_OK(Call(c.get(), set));
+  set.mutable_kv_set()->set_key("big3");
+  auto r = Call(c.get(), set);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "'big3'")) << r.status();
+  wire::Envelope get;
+  get.mutable_kv_get()->set_key("big3");
+  r = Call(c.get(), get);
+  ASSERT_OK(r);
+  EXPECT_FALSE(r->kv_reply().found());
+}
+
 TEST_F(SchedulerTest, WaitIsAnsweredWhenAnotherNodeSetsTheKey) {
   StartScheduler(2);
   auto a = Client(0), b = Client(1);
@@ -148,33 +175,25 @@ TEST_F(SchedulerTest, DuplicateAndOutOfRangeRanksAreRefused) {
   ta.join();
 }
 
+// A process with another token (or none) fails the handshake at once: the scheduler does
+// not prove the token this process holds, and the error says so; the refused ones take no
+// place in the job.
 TEST_F(SchedulerTest, NodesOfAnotherJobAreRefusedByTheirToken) {
   options_.job_token = "token-of-this-job";
   StartScheduler(1);
-  const std::string digest = options_.JobTokenDigest();
-  EXPECT_EQ(digest.size(), 16u);
-  EXPECT_EQ(digest.find("token"), std::string::npos);  // the token itself does not travel
-  struct Case {
-    std::string token, expect;
-  } cases[] = {
-      {"token-of-another-job", "has a different HYBRIDPS_JOB_TOKEN from the job of the scheduler"},
-      {"", "has no HYBRIDPS_JOB_TOKEN, but the job of the scheduler"},
-  };
-  for (const Case& c : cases) {
+  for (const std::string token : {"token-of-another-job", ""}) {
     Options o = options_;
     o.role = Role::kWorker;
     o.rank = 0;
-    o.job_token = c.token;
+    o.job_token = token;
     auto stray = ControlClient::Connect(ctx_, o, {});
     ASSERT_OK(stray);
     auto r = (*stray)->Register("");
-    ASSERT_FALSE(r.ok()) << "token '" << c.token << "' was let in";
+    ASSERT_FALSE(r.ok()) << "token '" << token << "' was let in";
     EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
-    EXPECT_NE(r.status().message().find(c.expect), absl::string_view::npos) << r.status();
-    EXPECT_NE(r.status().message().find(absl::StrCat("pid ", getpid())), absl::string_view::npos)
-        << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "does not hold this job's token")) << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), scheduler_->endpoint())) << r.status();
   }
-  // The refused ones took no place: the job's own worker still gets rank 0.
   auto own = Client(0);
   auto welcome = own->Register("");
   ASSERT_OK(welcome);
@@ -190,9 +209,7 @@ TEST_F(SchedulerTest, ANodeWithATokenIsRefusedByASchedulerWithout) {
   ASSERT_OK(stray);
   auto r = (*stray)->Register("");
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.status().message().find("has a HYBRIDPS_JOB_TOKEN, but the job of the scheduler"),
-            absl::string_view::npos)
-      << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "does not hold this job's token")) << r.status();
 }
 
 TEST_F(SchedulerTest, StartTimeoutSaysWhoIsMissing) {

@@ -18,6 +18,7 @@ import re
 import signal
 import subprocess
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -305,8 +306,9 @@ def test_local_ranks_exact_sums_and_no_shared_memory_left(job: JobEnv, tmp_path:
 def test_a_process_of_another_job_is_refused(job: JobEnv, tmp_path: Path,
                                             direct: list[DirectJob]) -> None:
     """A worker started with another job's HYBRIDPS_JOB_TOKEN (a stale process, a second
-    launch on the same port) that reaches this job's scheduler first is refused: it exits
-    with an error naming the token, takes no rank, and the job itself runs."""
+    launch on the same port) that reaches this job's scheduler first is refused at the
+    handshake: it exits with an error naming the token, takes no rank, and the job itself
+    runs."""
     stray: list[subprocess.CompletedProcess[str]] = []
 
     def start_stray(port: int) -> None:
@@ -324,10 +326,11 @@ def test_a_process_of_another_job_is_refused(job: JobEnv, tmp_path: Path,
     direct.append(j)
     out = stray[0].stdout + stray[0].stderr
     assert stray[0].returncode != 0, out
-    assert "has a different HYBRIDPS_JOB_TOKEN from the job of the scheduler" in out, out
+    assert "does not hold this job's token: HYBRIDPS_JOB_TOKEN" in out, out
     assert "round 0 ok" not in out, out
     assert_every_round_ok(j, workers=2, rounds=3)
-    assert any("refused a registration" in line for line in j.lines("scheduler")), j.text()
+    registered = [line for line in j.lines("scheduler") if "registered from" in line]
+    assert len(registered) == 3, j.text()  # the job's 2 workers and its server only
     assert_nothing_left(job.marker)
 
 
@@ -514,4 +517,57 @@ def test_gpu_hybrid_nccl_node_survivor_names_the_killed_local_rank(
     assert j.exited["worker 0"] - died < DETECTION_BOUND, j.text()
     errors = error_lines(j.lines("worker 0"))
     assert errors and "worker 1" in errors[0], j.text()
+    assert_nothing_left(job.marker)
+
+
+# ---- what crosses the wire ------------------------------------------------------------------
+
+class LoopbackCapture:
+    """Every byte of every packet on the loopback interface while it runs (a raw packet
+    socket: root)."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+        self.sock.bind(("lo", 0))
+        self.sock.settimeout(0.2)
+        self.chunks: list[bytes] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.chunks.append(self.sock.recv(1 << 17))
+            except OSError:
+                continue
+
+    def finish(self) -> bytes:
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+        return b"".join(self.chunks)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a raw packet socket needs root")
+@pytest.mark.parametrize("encrypt", ["0", "1"])
+def test_what_the_wire_shows(job: JobEnv, encrypt: str) -> None:
+    """The job token never crosses the wire; tensor names and values do in clear unless
+    HYBRIDPS_ENCRYPT=1, with which nothing of them can be read on the loopback."""
+    token = f"tok{uuid.uuid4().hex}"
+    prefix = f"clear{uuid.uuid4().hex[:12]}."
+    job.env.update(HYBRIDPS_JOB_TOKEN=token, HYBRIDPS_ENCRYPT=encrypt)
+    capture = LoopbackCapture()
+    try:
+        run = hybridrun(job, 2, 2, [str(TEST_WORKER), "--rounds", "2", "--name-prefix", prefix])
+        code, out, err, _ = run.finish(RUN_TIMEOUT)
+    finally:
+        wire = capture.finish()
+    assert code == 0, f"{out}\n{err}"
+    assert "all 2 rounds ok" in "\n".join(worker_lines(out, 0)), out
+    assert len(wire) > 100_000, len(wire)  # the job's traffic was captured
+    assert token.encode() not in wire
+    assert (prefix.encode() in wire) == (encrypt == "0")
     assert_nothing_left(job.marker)

@@ -15,6 +15,7 @@
 //                                with NCCL, or dist_hybrid staging them through host
 //                                memory); copied there before and back after each round
 //   --same-gpu                   with --gpu: every rank on GPU 0
+//   --name-prefix P              the tensors' names start with P (a test can look for it)
 //   --count-gpus                 prints "gpus N" (CUDA's device count; 0 without a GPU
 //                                or without CUDA in the build) and exits
 //   --shared-gpu                 several NCCL ranks on one GPU (tests on a one-GPU
@@ -64,6 +65,7 @@ struct Flags {
   bool count_gpus = false;
   bool shared_gpu = false;
   bool same_gpu = false;
+  std::string name_prefix;
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -77,6 +79,10 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
                                              : nullptr;
     if (toggle != nullptr) {
       *toggle = true;
+      continue;
+    }
+    if (k == "--name-prefix" && i + 1 < argc) {
+      f->name_prefix = argv[++i];
       continue;
     }
     int* target = k == "--rounds"      ? &f->rounds
@@ -206,13 +212,13 @@ int Run(const Flags& flags) {
   if (!options.ok()) return Fail(flags, options.status());
   // Declared before the store, so they outlive any operation its destructor finishes.
   std::vector<Tensor> tensors;
-  tensors.push_back(MakeTensor("t.small", hybridps::DType::kFloat32, 7));
-  tensors.push_back(MakeTensor("t.multi", hybridps::DType::kFloat32, 10000));
-  tensors.push_back(MakeTensor("t.int64", hybridps::DType::kInt64, 3001));
-  tensors.push_back(MakeTensor("t.empty", hybridps::DType::kFloat32, 0));
+  tensors.push_back(MakeTensor(flags.name_prefix + "t.small", hybridps::DType::kFloat32, 7));
+  tensors.push_back(MakeTensor(flags.name_prefix + "t.multi", hybridps::DType::kFloat32, 10000));
+  tensors.push_back(MakeTensor(flags.name_prefix + "t.int64", hybridps::DType::kInt64, 3001));
+  tensors.push_back(MakeTensor(flags.name_prefix + "t.empty", hybridps::DType::kFloat32, 0));
   // Over dist_allreduce's eager limits: reduced by a collective (Gloo's ring, or shared
   // memory on one node) even when the ranks are in step.
-  tensors.push_back(MakeTensor("t.large", hybridps::DType::kFloat32, 300001));
+  tensors.push_back(MakeTensor(flags.name_prefix + "t.large", hybridps::DType::kFloat32, 300001));
 
   auto created = hybridps::KVStore::Create(options->backend, *options);
   if (!created.ok()) return Fail(flags, created.status());

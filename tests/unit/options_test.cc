@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <fstream>
 
 #include <algorithm>
 #include <string>
@@ -9,6 +13,7 @@
 #include <tuple>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tests/status_matchers.h"
 
@@ -17,8 +22,9 @@ namespace {
 
 class OptionsTest : public ::testing::Test {
  protected:
+  void SetUp() override { setenv("HYBRIDPS_JOB_TOKEN", "test-token", 1); }
   void TearDown() override {
-    for (const char* v : {"HYBRIDPS_ROLE", "HYBRIDPS_NUM_WORKERS", "HYBRIDPS_NUM_SERVERS",
+    for (const char* v : {"HYBRIDPS_ROLE", "HYBRIDPS_JOB_TOKEN", "HYBRIDPS_JOB_TOKEN_FILE", "HYBRIDPS_NUM_WORKERS", "HYBRIDPS_NUM_SERVERS",
                           "HYBRIDPS_PARTITION_BYTES", "HYBRIDPS_WIRE_CHUNK_BYTES",
                           "HYBRIDPS_LOCAL_INLINE_BYTES", "HYBRIDPS_BURST_GATHER_US",
                           "HYBRIDPS_SPIN_US", "HYBRIDPS_SERVER_WINDOW_BYTES",
@@ -347,6 +353,57 @@ void CheckChoice(const char* env, std::string Options::*field, const char* def,
   ASSERT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find(absl::StrCat(name, "=", bad)), absl::string_view::npos)
       << o.status();
+}
+
+// The job token: required, from HYBRIDPS_JOB_TOKEN or a file only its owner can read.
+TEST_F(OptionsTest, JobTokenIsRequiredFromTheVariableOrAPrivateFile) {
+  auto o = OptionsFromEnvironment();
+  ASSERT_OK(o);
+  EXPECT_EQ(o->job_token, "test-token");
+  unsetenv("HYBRIDPS_JOB_TOKEN");
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_TRUE(absl::StrContains(o.status().message(), "no hybridps job")) << o.status();
+  setenv("HYBRIDPS_SCHEDULER_PORT", "9000", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_TRUE(absl::StrContains(o.status().message(), "no job token")) << o.status();
+  const std::string file = ::testing::TempDir() + "/hps-token";
+  {
+    std::ofstream f(file);
+    f << "  secret-from-file \nsecond line\n";
+  }
+  setenv("HYBRIDPS_JOB_TOKEN_FILE", file.c_str(), 1);
+  chmod(file.c_str(), 0644);
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_TRUE(absl::StrContains(o.status().message(), "mode 0644")) << o.status();
+  chmod(file.c_str(), 0600);
+  o = OptionsFromEnvironment();
+  ASSERT_OK(o);
+  EXPECT_EQ(o->job_token, "secret-from-file");
+  setenv("HYBRIDPS_JOB_TOKEN", "x", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_TRUE(absl::StrContains(o.status().message(), "set one of them")) << o.status();
+  unsetenv("HYBRIDPS_JOB_TOKEN");
+  std::remove(file.c_str());
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_TRUE(absl::StrContains(o.status().message(), "no such file")) << o.status();
+}
+
+// Options built in code: a job on the network needs a token; one inside a process not.
+TEST_F(OptionsTest, ValidateWantsATokenUnlessInProcess) {
+  Options o;
+  absl::Status s = o.Validate();
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(absl::StrContains(s.message(), "no job token")) << s;
+  o.scheduler_endpoint = "inproc://x";
+  EXPECT_OK(o.Validate());
+  o.scheduler_endpoint = "";
+  o.job_token = "t";
+  EXPECT_OK(o.Validate());
 }
 
 TEST_F(OptionsTest, GpuLocalReduce) {

@@ -97,7 +97,8 @@ TEST(Wire, ValidatesPayloadAgainstHeader) {
 }
 
 TEST(Wire, HelloChecksMagicAndVersion) {
-  auto hello = MakeHello(Role::kWorker, 3);
+  auto hello = MakeHello(wire::ROLE_WORKER, 3);
+  hello.mutable_hello()->set_nonce(std::string(32, 'n'));
   EXPECT_OK(CheckHello(hello.hello()));
   EXPECT_EQ(hello.hello().rank(), 3);
   auto bad = hello;
@@ -106,6 +107,10 @@ TEST(Wire, HelloChecksMagicAndVersion) {
   bad = hello;
   bad.mutable_hello()->set_version(kProtocolVersion + 1);
   EXPECT_NE(CheckHello(bad.hello()).message().find("version"), absl::string_view::npos);
+  bad = hello;
+  bad.mutable_hello()->set_nonce(std::string(1 << 20, 'n'));  // never hashed
+  EXPECT_NE(CheckHello(bad.hello()).message().find("1048576-byte nonce"),
+            absl::string_view::npos);
 }
 
 TEST(Wire, ErrorsRoundTrip) {

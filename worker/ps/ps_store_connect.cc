@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/auth.h"
 #include "common/status.h"
 #include "common/wire.h"
 #include "worker/ps/ps_store.h"
@@ -14,6 +15,8 @@ namespace hybridps {
 absl::Status PsStore::ConnectServers() {
   Poller poller;
   const ServerPlacement placement{num_servers_, options_.extra_servers};
+  const JobKey key(options_.job_token);
+  std::vector<ClientHandshake> handshakes;  // by lane (common/auth.h)
   for (int s = 0; s < num_servers_; ++s) {
     const bool tcp = absl::StartsWith(servers_[s].endpoint(), "tcp://");
     inproc_.push_back(absl::StartsWith(servers_[s].endpoint(), "inproc://"));
@@ -22,9 +25,11 @@ absl::Status PsStore::ConnectServers() {
     for (int l = 0; l < lane_count_[s]; ++l) {
       ASSIGN_OR_RETURN(auto sock,
                        Socket::Create(*ctx_, SocketType::kDealer, options_.max_message_bytes));
+      RETURN_IF_ERROR(EncryptAsClient(*sock, options_, servers_[s].endpoint()));
       RETURN_IF_ERROR(sock->Connect(servers_[s].endpoint()));
-      // Servers count pushes per node: a node introduces itself by its node index.
-      Message hello = Encode("", MakeHello(Role::kWorker, layout_.node));
+      // Servers count pushes per node: a lane speaks for its worker's node.
+      handshakes.emplace_back(key, wire::ROLE_WORKER, layout_.node);
+      Message hello = Encode("", handshakes.back().Hello());
       RETURN_IF_ERROR(sock->Send(hello));
       poller.Add(sock.get());
       data_.push_back(std::move(sock));
@@ -63,6 +68,12 @@ absl::Status PsStore::ConnectServers() {
             d.env.error().message()));
       }
       if (d.env.body_case() == wire::Envelope::kHelloAck && !acked[i]) {
+        ASSIGN_OR_RETURN(wire::Envelope auth,
+                         handshakes[i].Answer(d.env.hello_ack(),
+                                              absl::StrCat("server ", s, " (",
+                                                           servers_[s].endpoint(), ")")));
+        Message m = Encode("", auth);
+        RETURN_IF_ERROR(data_[i]->Send(m));
         acked[i] = true;
         --pending;
       }
