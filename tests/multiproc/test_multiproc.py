@@ -571,3 +571,43 @@ def test_what_the_wire_shows(job: JobEnv, encrypt: str) -> None:
     assert token.encode() not in wire
     assert (prefix.encode() in wire) == (encrypt == "0")
     assert_nothing_left(job.marker)
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def test_strangers_get_nothing_and_cost_nothing(job: JobEnv, tmp_path: Path,
+                                                direct: list[DirectJob]) -> None:
+    """A process without the token floods a running job's scheduler and server (Hellos,
+    forged Auths, 64 KiB pushes at round 2^62, key-value sets): nothing is accepted, the
+    scheduler's and the server's memory stay put, their logs say so once a second at most,
+    and the job's sums stay exact."""
+    stranger = TEST_WORKER.parent / "hybridps-test-stranger"
+    rounds = 600
+    j = DirectJob(job, tmp_path, workers=2, servers=1,
+                  worker_args=["--rounds", str(rounds), "--sleep-ms", "20"])
+    direct.append(j)
+    j.output["worker 0"].wait_for(r"^round 1 ok$", RUN_TIMEOUT)
+    j.output["server 0"].wait_for(r"serving on tcp://", RUN_TIMEOUT)
+    server = next(m.group(1) for line in j.lines("server 0")
+                  if (m := re.search(r"serving on (tcp://\S+)", line)))
+    before = {label: rss_kib(j.procs[label].pid) for label in ("scheduler", "server 0")}
+    started = time.monotonic()
+    for endpoint in (f"tcp://127.0.0.1:{j.port}", server):
+        done = subprocess.run([str(stranger), endpoint, "500"], capture_output=True,
+                              text=True, timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, f"{endpoint}: {done.stdout}{done.stderr}"
+        assert "2000 messages, 2000 replies, 0 accepted" in done.stdout, done.stdout
+    flood_s = time.monotonic() - started
+    after = {label: rss_kib(j.procs[label].pid) for label in before}
+    assert j.procs["worker 0"].poll() is None, "the job ended before the flood did"
+    assert_every_round_ok(j, workers=2, rounds=rounds)
+    for label in before:
+        assert after[label] - before[label] < 8 * 1024, (label, before, after)
+        refusals = [line for line in j.lines(label) if "refused" in line or "rejected" in line]
+        assert len(refusals) <= 3 * (flood_s + 2), (label, len(refusals), flood_s)
+    assert_nothing_left(job.marker)
