@@ -226,7 +226,10 @@ struct Options {
   // at a time, until the waited-for operation completed (worker/gpu/gpu_staging.h).
   int caller_rounds = 1;
   // HYBRIDPS_STALL_WARNING_MS: an operation that some workers submitted and others have
-  // not for this long is logged, naming the missing ranks (it fails at op_timeout).
+  // not for this long is logged, naming the missing ranks (it fails at op_timeout, and
+  // the error names them too). dist_allreduce: by the workers' negotiation; dist_hybrid:
+  // each server tells the workers waiting in such a round whom it waits for (rank, host,
+  // pid), every this long.
   absl::Duration stall_warning = absl::Seconds(60);
 
   // InvalidArgument naming the field if a value is out of range.

@@ -4,7 +4,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/dtype.h"
+#include "common/log.h"
 #include "common/reduce.h"
 #include "common/wire.h"
 
@@ -25,6 +27,38 @@ std::string OpName(wire::DataOp op) {
 }
 
 }  // namespace
+
+void KeyStore::WarnStalls(absl::Time now, absl::Duration after,
+                          const std::vector<std::string>& worker_names) {
+  for (auto& [k, p] : parts_) {
+    if (p.num_arrived == 0 || p.num_arrived >= num_nodes_ || p.updating || !p.error.ok() ||
+        now - p.opened < after || now - p.warned < after) {
+      continue;
+    }
+    p.warned = now;
+    std::vector<std::string> missing;
+    for (int n = 0; n < num_nodes_; ++n) {
+      if (p.arrived[n]) continue;
+      const bool grouped = static_cast<size_t>(n) < workers_of_node_.size();
+      for (int w : grouped ? workers_of_node_[n] : std::vector<int>{n}) {
+        missing.push_back(static_cast<size_t>(w) < worker_names.size()
+                              ? worker_names[w] : absl::StrCat("worker ", w));
+      }
+    }
+    const std::string text = absl::StrCat(
+        "round ", p.round, " of '", p.name, "' partition ", k.part, " has waited ",
+        absl::FormatDuration(absl::Trunc(now - p.opened, absl::Milliseconds(100))), " for ",
+        absl::StrJoin(missing, ", "));
+    HPS_LOG_EVERY_SEC(WARNING, 1) << text;
+    for (const Waiter& w : p.waiters) {
+      Reply r;
+      r.peer = w.peer;
+      r.env.set_id(w.id);
+      r.env.mutable_stall_notice()->set_text(text);
+      emit_(std::move(r));
+    }
+  }
+}
 
 void KeyStore::ReplyError(const std::string& peer, uint64_t id, const wire::DataRequest& req,
                           const absl::Status& status) {
@@ -88,6 +122,8 @@ void KeyStore::Handle(const std::string& peer, int node, uint64_t id,
     p.count = req.count();
     p.root = req.root();
     p.first_node = node;
+    p.opened = absl::Now();
+    p.warned = absl::InfinitePast();
     p.first = req;
     p.total_count = req.total_count();
   } else if (p.error.ok() && req.fail().empty()) {

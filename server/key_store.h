@@ -24,6 +24,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/hybridps.pb.h"
 #include "common/transport.h"
@@ -92,6 +93,11 @@ class KeyStore {
   void Leave(int node, const std::string& reason);
 
   size_t num_partitions() const { return parts_.size(); }
+  // Rounds that have waited `after` for some worker nodes (and were not told so within
+  // `after`): tells each waiting request who is missing (a StallNotice with its id) and
+  // logs it. `worker_names`, by rank: how to name a worker ("worker 3 (host h, pid p)").
+  void WarnStalls(absl::Time now, absl::Duration after,
+                  const std::vector<std::string>& worker_names);
 
  private:
   struct Waiter {
@@ -111,6 +117,8 @@ class KeyStore {
     uint64_t total_count = 0;
     int root = -1;
     int first_node = -1;
+    absl::Time opened;                          // the round's first arrival
+    absl::Time warned = absl::InfinitePast();   // the last StallNotice of this round
     wire::DataRequest first;  // the first request's fields (no payload)
     bool updating = false;    // the optimizer has the round's sum
     std::optional<Frame> acc;

@@ -101,6 +101,8 @@ absl::Status Server::Run() {
   rank_ = welcome.rank();
   for (const wire::NodeInfo& w : welcome.workers()) {
     node_of_.push_back(welcome.num_nodes() > 0 ? w.node() : w.rank());
+    worker_names_.push_back(
+        absl::StrCat("worker ", w.rank(), " (host ", w.host(), ", pid ", w.pid(), ")"));
   }
   SetLogTag(absl::StrCat("server ", rank_));
   int threads = options_.server_threads;
@@ -172,7 +174,12 @@ absl::Status Server::Run() {
       }
     }
     if (poller.Readable(ctl_idx)) control_->OnReadable();
-    control_->Tick(absl::Now());
+    now = absl::Now();
+    control_->Tick(now);
+    if (now >= next_stall_check_) {  // HYBRIDPS_STALL_WARNING_MS: name who rounds wait for
+      store_->WarnStalls(now, options_.stall_warning, worker_names_);
+      next_stall_check_ = now + std::min(options_.stall_warning, absl::Seconds(1));
+    }
   }
   engines_.clear();  // Joins the engine threads.
   store_.reset();

@@ -74,6 +74,8 @@ class Server {
   std::string endpoint_;
   int rank_ = -1;
   std::vector<int> node_of_;  // worker rank -> its node (from the Welcome)
+  std::vector<std::string> worker_names_;  // by rank: "worker 3 (host h, pid p)"
+  absl::Time next_stall_check_ = absl::InfinitePast();
   std::vector<std::unique_ptr<Engine>> engines_;
   std::unique_ptr<KeyStore> store_;  // I/O thread
   OptimizerHost optimizer_;          // I/O thread (updates run on engines)

@@ -611,3 +611,26 @@ def test_strangers_get_nothing_and_cost_nothing(job: JobEnv, tmp_path: Path,
         refusals = [line for line in j.lines(label) if "refused" in line or "rejected" in line]
         assert len(refusals) <= 3 * (flood_s + 2), (label, len(refusals), flood_s)
     assert_nothing_left(job.marker)
+
+
+def test_a_stall_names_the_missing_worker(job: JobEnv, tmp_path: Path,
+                                          direct: list[DirectJob]) -> None:
+    """dist_hybrid across nodes, one worker alive but withholding its push_pulls: after
+    HYBRIDPS_STALL_WARNING_MS the others log whom the servers' rounds wait for (rank, host
+    and pid), and their deadline error names it too."""
+    job.env.update(HYBRIDPS_STALL_WARNING_MS="500", HYBRIDPS_TIMEOUT_MS="6000")
+    j = DirectJob(job, tmp_path, workers=3, servers=2,
+                  worker_args=["--rounds", "5", "--hang-rank", "1", "--hang-round", "2",
+                               "--expect-failure"])
+    direct.append(j)
+    assert j.wait("worker 0", RUN_TIMEOUT) == 3, j.text()
+    hung = re.search(r"worker 1 \(host \S+, pid (\d+)\)", j.text())
+    assert hung and int(hung.group(1)) == j.procs["worker 1"].pid, j.text()
+    for rank in (0, 2):
+        assert j.wait(f"worker {rank}", RUN_TIMEOUT) == 3, j.text()
+        lines = j.lines(f"worker {rank}")
+        warned = [line for line in lines if "server" in line and "says: round 2 of" in line]
+        assert warned and "has waited" in warned[0] and "worker 1 (host" in warned[0], j.text()
+        errors = error_lines(lines)
+        assert errors and "did not complete" in errors[0] and "worker 1 (host" in errors[0], \
+            j.text()

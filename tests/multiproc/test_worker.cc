@@ -10,6 +10,8 @@
 //                                round K, before pushing anything
 //   --leave-rank R --leave-round K  worker R leaves at the start of round K: shuts its
 //                                store down and exits 0 (a script that ran fewer steps)
+//   --hang-rank R --hang-round K worker R stops at the start of round K (sleeps, alive,
+//                                heartbeating) until it is killed
 //   --expect-failure             an operation is expected to fail (a peer is killed)
 //   --gpu                        the tensors live on GPU `rank % devices` (dist_allreduce
 //                                with NCCL, or dist_hybrid staging them through host
@@ -59,6 +61,8 @@ struct Flags {
   int die_rank = -1;
   int die_round = -1;
   int leave_rank = -1;
+  int hang_rank = -1;
+  int hang_round = -1;
   int leave_round = -1;
   bool expect_failure = false;
   bool gpu = false;
@@ -90,6 +94,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
                   : k == "--die-rank"  ? &f->die_rank
                   : k == "--die-round" ? &f->die_round
                   : k == "--leave-rank" ? &f->leave_rank
+                  : k == "--hang-rank" ? &f->hang_rank
+                  : k == "--hang-round" ? &f->hang_round
                   : k == "--leave-round" ? &f->leave_round
                                        : nullptr;
     if (target == nullptr || i + 1 >= argc || !absl::SimpleAtoi(argv[i + 1], target)) {
@@ -237,6 +243,11 @@ int Run(const Flags& flags) {
       std::printf("worker %d: dying at round %d\n", rank, round);
       std::fflush(stdout);
       std::raise(SIGKILL);
+    }
+    if (rank == flags.hang_rank && round == flags.hang_round) {
+      std::printf("worker %d: hanging at round %d\n", rank, round);
+      std::fflush(stdout);
+      absl::SleepFor(absl::Hours(1));
     }
     if (rank == flags.leave_rank && round == flags.leave_round) {
       std::printf("worker %d: leaving at round %d\n", rank, round);

@@ -37,6 +37,7 @@ struct PsStore::Op {
   std::string node_fail;    // FailNodeRoundAsync: its pushed partitions fail their rounds
   bool in_failing = false;  // listed in PsStore::failing_
   bool burst = false;       // submitted within burst_gather of the previous operation
+  absl::Time stall_logged = absl::InfinitePast();  // the last StallNotice logged
   int local_pending = 0;    // partitions the local reducer still works on (it may touch
                             // in/out until it reports them done)
   std::shared_ptr<HandleState> handle = std::make_shared<HandleState>();
@@ -526,7 +527,7 @@ void PsStore::SendPart(const PartTask& t, const GlobalOrder& order) {
   }
   last_send_ = absl::Now();
   in_flight_.emplace(id, InFlight{active_.at(op->seq), part.index, op->rounds[part.index],
-                                  part.server, pushed, order});
+                                  part.server, pushed, order, {}});
 }
 
 bool PsStore::HasCredit(size_t bytes) {
@@ -548,6 +549,19 @@ void PsStore::HandleReply(int server, Message raw) {
   }
   const wire::Envelope& env = d->env;
   if (env.body_case() == wire::Envelope::kHelloAck) return;
+  if (env.body_case() == wire::Envelope::kStallNotice) {
+    auto it = in_flight_.find(env.id());
+    if (it == in_flight_.end()) return;
+    Op* op = it->second.op.get();
+    const absl::Time now = absl::Now();
+    if (now - op->stall_logged >= options_.stall_warning) {  // once per operation and period
+      op->stall_logged = now;
+      HPS_LOG(WARNING) << op->Describe() << ": server " << server << " says: "
+                       << env.stall_notice().text();
+    }
+    it->second.stall = env.stall_notice().text();
+    return;
+  }
   if (auto call = server_calls_.find(env.id()); call != server_calls_.end()) {
     auto done = std::move(call->second.done);
     server_calls_.erase(call);
@@ -664,7 +678,8 @@ void PsStore::CheckDeadlines(absl::Time now) {
     if (f.op.get() == op) {
       const int s = op->parts[f.part].server;
       waiting.push_back(absl::StrCat("server ", s, " (", servers_[s].endpoint(),
-                                     ") partition ", f.part));
+                                     ") partition ", f.part,
+                                     f.stall.empty() ? "" : absl::StrCat(", whose ", f.stall)));
     }
   }
   // Waiting for the node's local ranks: the reducer names who is missing at the deadline.

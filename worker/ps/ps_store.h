@@ -129,6 +129,7 @@ class PsStore : public KVStore, public NodeSumSink {
     int server;
     size_t bytes;  // payload pushed (counted in windows_)
     GlobalOrder order;
+    std::string stall;  // the server's last StallNotice: whom the round waits for
   };
   // A command for the I/O thread.
   struct Command {
