@@ -119,7 +119,7 @@ void ControlClient::Request(wire::Envelope env, absl::Time deadline, Reply on_re
   }
   uint64_t id = next_id_++;
   env.set_id(id);
-  pending_.emplace(id, Pending{deadline, std::move(on_reply)});
+  pending_.emplace(id, Pending{deadline, std::move(on_reply), {}});
   Send(env);
 }
 
@@ -163,6 +163,11 @@ void ControlClient::Handle(wire::Envelope env) {
     HPS_LOG(DEBUG) << "reply to unknown request " << env.id() << " dropped";
     return;
   }
+  if (env.body_case() == wire::Envelope::kStallNotice) {  // not the reply: it still waits
+    HPS_LOG(WARNING) << "the scheduler says: " << env.stall_notice().text();
+    it->second.stall = env.stall_notice().text();
+    return;
+  }
   Reply reply = std::move(it->second.reply);
   pending_.erase(it);
   if (env.body_case() == wire::Envelope::kError) {
@@ -183,8 +188,11 @@ void ControlClient::Tick(absl::Time now) {
   for (auto it = pending_.begin(); it != pending_.end();) {
     if (now >= it->second.deadline) {
       Reply reply = std::move(it->second.reply);
+      const std::string stall = std::move(it->second.stall);
       it = pending_.erase(it);
-      reply(absl::DeadlineExceededError("no reply from the scheduler before the deadline"));
+      reply(absl::DeadlineExceededError(
+          absl::StrCat("no reply from the scheduler before the deadline",
+                       stall.empty() ? "" : absl::StrCat(": ", stall))));
     } else {
       ++it;
     }

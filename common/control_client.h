@@ -67,6 +67,7 @@ class ControlClient {
   struct Pending {
     absl::Time deadline;
     Reply reply;
+    std::string stall;  // the scheduler's last StallNotice about it
   };
   Options options_;
   Callbacks callbacks_;

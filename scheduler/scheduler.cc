@@ -122,6 +122,7 @@ absl::Status Scheduler::Run() {
       break;
     }
     if (welcomed_) CheckHeartbeats(now);
+    WarnBarrierStalls(now);
   }
   if (job_status_.ok()) {
     HPS_LOG(INFO) << "job finished";
@@ -513,6 +514,7 @@ void Scheduler::HandleBarrier(Node& node, uint64_t id, wire::BarrierGroup group)
     ReplyError(node.peer, id, job_status_);
     return;
   }
+  if (barriers_[group].empty()) barrier_clock_[group] = {absl::Now(), absl::InfinitePast()};
   barriers_[group][node.peer] = id;
   CompleteBarriers();
 }
@@ -549,7 +551,36 @@ void Scheduler::CompleteBarriers() {
         ReplyError(p, id, impossible);
       }
     }
+    barrier_clock_.erase(it->first);
     it = barriers_.erase(it);
+  }
+}
+
+void Scheduler::WarnBarrierStalls(absl::Time now) {
+  for (auto& [group, arrived] : barriers_) {
+    auto& [opened, warned] = barrier_clock_[group];
+    if (now - opened < options_.stall_warning || now - warned < options_.stall_warning) {
+      continue;
+    }
+    warned = now;
+    std::vector<std::string> missing;
+    for (const auto& [p, n] : nodes_) {
+      const bool member = (group & wire::GROUP_WORKERS && n.role == wire::ROLE_WORKER) ||
+                          (group & wire::GROUP_SERVERS && n.role == wire::ROLE_SERVER);
+      if (n.registered && member && !arrived.count(p)) missing.push_back(NodeName(n));
+    }
+    const std::string text = absl::StrCat(
+        "the barrier has waited ",
+        absl::FormatDuration(absl::Trunc(now - opened + absl::Milliseconds(50),
+                                         absl::Milliseconds(100))),
+        " for ", absl::StrJoin(missing, ", "));
+    HPS_LOG(WARNING) << text;
+    for (const auto& [p, id] : arrived) {
+      wire::Envelope r;
+      r.set_id(id);
+      r.mutable_stall_notice()->set_text(text);
+      Reply(p, r);
+    }
   }
 }
 

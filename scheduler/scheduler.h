@@ -67,6 +67,8 @@ class Scheduler {
   // names the setting, this process's value and the job's.
   absl::Status CheckSettings(const wire::Register& reg) const;
   void AssignRanksAndWelcome();
+  // Barriers that have waited stall_warning: tells the arrived whom they wait for.
+  void WarnBarrierStalls(absl::Time now);
   std::vector<int> GroupNodes(const std::vector<Node*>& workers);
   void HandleBarrier(Node& node, uint64_t id, wire::BarrierGroup group);
   void CompleteBarriers();
@@ -99,6 +101,8 @@ class Scheduler {
   absl::Time start_time_;
   // Barrier arrivals per group: peer -> request id.
   std::map<int, std::map<std::string, uint64_t>> barriers_;
+  // Per group with arrivals: when its first arrival came, and its last StallNotice.
+  std::map<int, std::pair<absl::Time, absl::Time>> barrier_clock_;
   std::map<std::string, std::string> kv_;
   size_t kv_bytes_ = 0;  // keys and values held in kv_
   // Bounds on what the job's processes can make the scheduler hold (rendezvous data is a

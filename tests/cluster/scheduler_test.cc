@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <optional>
 #include <thread>
 
@@ -245,6 +246,36 @@ TEST_F(SchedulerTest, BarrierAndOrderlyShutdown) {
   ASSERT_OK(Call(b.get(), fin));
   thread_.join();  // Run ends by itself once every worker finished.
   EXPECT_OK(run_status_);
+}
+
+// A barrier that a live worker does not reach: after stall_warning the scheduler tells
+// the waiting ones whom it waits for, and their deadline error names it.
+TEST_F(SchedulerTest, AStalledBarrierNamesWhoIsMissing) {
+  options_.stall_warning = absl::Milliseconds(200);
+  StartScheduler(2);
+  auto a = Client(0), b = Client(1);
+  std::thread tb([&] { ASSERT_OK(b->Register("")); });
+  ASSERT_OK(a->Register(""));
+  tb.join();
+  std::atomic<bool> stop{false};
+  std::thread alive([&] {  // b heartbeats but never reaches the barrier
+    Poller poller;
+    poller.Add(b->socket());
+    while (!stop.load()) {
+      (void)poller.Poll(absl::Milliseconds(10));
+      b->OnReadable();
+      b->Tick(absl::Now());
+    }
+  });
+  wire::Envelope barrier;
+  barrier.mutable_barrier()->set_group(wire::GROUP_WORKERS);
+  auto r = Call(a.get(), barrier, absl::Milliseconds(1500));
+  stop.store(true);
+  alive.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "the barrier has waited")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "for worker 1 (host ")) << r.status();
 }
 
 TEST_F(SchedulerTest, SilentWorkerIsDeclaredDeadAndOthersAreTold) {
