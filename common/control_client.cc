@@ -21,6 +21,17 @@ absl::StatusOr<std::unique_ptr<ControlClient>> ControlClient::Connect(const Cont
   return c;
 }
 
+void ControlClient::SampleClock(absl::Time sent, absl::Time received,
+                                absl::Time scheduler) {
+  // The scheduler read its clock somewhere between our send and our receipt: halfway,
+  // to within half the round trip, so the shortest round trip gives the best estimate.
+  const absl::Duration rtt = received - sent;
+  if (rtt < absl::ZeroDuration() || rtt >= clock_rtt_) return;
+  clock_rtt_ = rtt;
+  clock_offset_.store(absl::ToInt64Microseconds(sent + rtt / 2 - scheduler),
+                      std::memory_order_relaxed);
+}
+
 void ControlClient::Send(const wire::Envelope& env) {
   Message msg = Encode("", env);
   if (auto s = socket_->Send(msg); !s.ok()) {
@@ -57,6 +68,7 @@ absl::StatusOr<wire::Envelope> ControlClient::NextBeforeWelcome(absl::Time deadl
 
 absl::Status ControlClient::Authenticate(absl::Time deadline) {
   const ClientHandshake hs(JobKey(options_.job_token), ToWire(options_.role), options_.rank);
+  const absl::Time sent = absl::Now();
   Send(hs.Hello());
   const std::string scheduler = absl::StrCat("the scheduler at ", options_.SchedulerEndpoint());
   while (true) {
@@ -69,6 +81,7 @@ absl::Status ControlClient::Authenticate(absl::Time deadline) {
     if (env.body_case() != wire::Envelope::kHelloAck) continue;
     ASSIGN_OR_RETURN(wire::Envelope auth, hs.Answer(env.hello_ack(), scheduler));
     Send(auth);
+    SampleClock(sent, absl::Now(), absl::FromUnixMicros(env.hello_ack().time_us()));
     return absl::OkStatus();
   }
 }
@@ -144,6 +157,11 @@ void ControlClient::OnReadable() {
 void ControlClient::Handle(wire::Envelope env) {
   switch (env.body_case()) {
     case wire::Envelope::kHeartbeat:
+      if (env.heartbeat().scheduler_us() != 0 && env.heartbeat().sent_us() != 0) {
+        const absl::Time sent = absl::FromUnixMicros(env.heartbeat().sent_us());
+        SampleClock(sent, absl::Now(), absl::FromUnixMicros(env.heartbeat().scheduler_us()));
+      }
+      return;
     case wire::Envelope::kHelloAck:
       return;
     case wire::Envelope::kNodeFailed:
@@ -181,7 +199,7 @@ void ControlClient::Tick(absl::Time now) {
   if (lost_) return;
   if (now >= next_heartbeat_) {
     wire::Envelope hb;
-    hb.mutable_heartbeat();
+    hb.mutable_heartbeat()->set_sent_us(absl::ToUnixMicros(now));
     Send(hb);
     next_heartbeat_ = now + options_.heartbeat_interval;
   }

@@ -8,6 +8,7 @@
 #define HYBRIDPS_COMMON_CONTROL_CLIENT_H_
 
 #include <functional>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -51,6 +52,12 @@ class ControlClient {
   absl::Time NextTick() const;
 
   Socket* socket() { return socket_.get(); }
+  // This process's clock minus the scheduler's, measured in the handshake (Register).
+  // Estimated from the handshake and the heartbeats' echoes (the shortest round trip's);
+  // safe to read from any thread.
+  absl::Duration clock_offset() const {
+    return absl::Microseconds(clock_offset_.load(std::memory_order_relaxed));
+  }
   // Fails every pending request with `status` (the owner is shutting down).
   void FailAll(const absl::Status& status);
 
@@ -74,6 +81,9 @@ class ControlClient {
   std::unique_ptr<Socket> socket_;
   uint64_t next_id_ = 1;
   std::map<uint64_t, Pending> pending_;
+  void SampleClock(absl::Time sent, absl::Time received, absl::Time scheduler);
+  std::atomic<int64_t> clock_offset_{0};  // µs
+  absl::Duration clock_rtt_ = absl::InfiniteDuration();  // of the sample behind it
   absl::Time last_heard_ = absl::InfinitePast();
   absl::Time next_heartbeat_ = absl::InfinitePast();
   bool lost_ = false;

@@ -276,6 +276,7 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   if (auto v = Get("HYBRIDPS_TRANSPORT")) o.transport = *v;
   RETURN_IF_ERROR(ReadJobToken(&o.job_token));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_ENCRYPT", &o.encrypt));
+  if (auto v = Get("HYBRIDPS_TIMELINE")) o.timeline = *v;
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_SCHEDULER_PORT", &o.scheduler_port));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_NUM_WORKERS", &o.num_workers));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_NUM_SERVERS", &o.num_servers));

@@ -149,7 +149,11 @@ void Scheduler::HandleMessage(Message raw) {
       ReplyError(peer, env.id(), s);
       return;
     }
-    if (it == nodes_.end()) Reply(peer, gate_.Challenge(peer, env.hello()));
+    if (it == nodes_.end()) {
+      wire::Envelope ack = gate_.Challenge(peer, env.hello());
+      ack.mutable_hello_ack()->set_time_us(absl::ToUnixMicros(absl::Now()));
+      Reply(peer, ack);
+    }
     return;
   }
   if (env.body_case() == wire::Envelope::kAuth) {
@@ -185,6 +189,7 @@ void Scheduler::HandleMessage(Message raw) {
       HandleRegister(node, env.id(), env.register_());
       break;
     case wire::Envelope::kHeartbeat:
+      env.mutable_heartbeat()->set_scheduler_us(absl::ToUnixMicros(absl::Now()));
       Reply(peer, env);
       break;
     case wire::Envelope::kBarrier:

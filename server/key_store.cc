@@ -116,6 +116,7 @@ void KeyStore::Handle(const std::string& peer, int node, uint64_t id,
   }
   p.arrived[node] = true;
   ++p.num_arrived;
+  if (p.num_arrived == num_nodes_) p.all_arrived = absl::Now();
   if (p.num_arrived == 1) {
     p.op = req.op();
     p.dtype = req.dtype();
@@ -259,6 +260,7 @@ void KeyStore::CloseRound(Part& p, uint64_t key, uint32_t part) {
     if (!(p.op == wire::OP_BROADCAST && w.node == p.root)) r.payload = p.acc->Share();
     emit_(std::move(r));
   }
+  if (round_hook_) round_hook_(p.name, part, p.round, p.opened, p.all_arrived);
   p.value = std::move(p.acc);
 }
 

@@ -76,6 +76,12 @@ class KeyStore {
   // A validated request (ValidateDataRequest passed) from worker node `node` via `peer`.
   void Handle(const std::string& peer, int node, uint64_t id, const wire::DataRequest& req,
               std::optional<Frame> payload);
+  // Called as each round closes (its replies sent): name, partition, round, and when its
+  // first and its last node arrived (HYBRIDPS_TIMELINE).
+  using RoundHook = std::function<void(const std::string& name, uint32_t part,
+                                       uint64_t round, absl::Time opened,
+                                       absl::Time all_arrived)>;
+  void SetRoundHook(RoundHook hook) { round_hook_ = std::move(hook); }
   void SetOptimizerHooks(Update update, Broadcast broadcast) {
     update_ = std::move(update);
     broadcast_ = std::move(broadcast);
@@ -119,6 +125,7 @@ class KeyStore {
     int first_node = -1;
     absl::Time opened;                          // the round's first arrival
     absl::Time warned = absl::InfinitePast();   // the last StallNotice of this round
+    absl::Time all_arrived;                     // the round's last arrival
     wire::DataRequest first;  // the first request's fields (no payload)
     bool updating = false;    // the optimizer has the round's sum
     std::optional<Frame> acc;
@@ -148,6 +155,7 @@ class KeyStore {
   std::string NodeName(int node) const;
 
   const int num_nodes_;
+  RoundHook round_hook_;
   const std::vector<std::vector<int>> workers_of_node_;
   Emit emit_;
   Offload offload_;

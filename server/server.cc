@@ -140,6 +140,17 @@ absl::Status Server::Run() {
         engines_[EngineOf(t.key, t.part, engines_.size())]->Post(std::move(t));
       },
       std::move(workers_of_node));
+  timeline_ = Timeline::Open(options_.timeline, absl::StrCat("server ", rank_), 1000 + rank_,
+                             {"rounds: first to last push", "rounds: last push to replies"});
+  if (timeline_) {
+    store_->SetRoundHook([this](const std::string& name, uint32_t part, uint64_t round,
+                                absl::Time opened, absl::Time all_arrived) {
+      const std::string what = absl::StrCat("'", name, "' partition ", part);
+      const std::string args = absl::StrCat("\"round\": ", round);
+      timeline_->Span(what, "waiting for the nodes' pushes", opened, all_arrived, 0, args);
+      timeline_->Span(what, "sum, update, replies", all_arrived, absl::Now(), 1, args);
+    });
+  }
   store_->SetOptimizerHooks(
       [this](const wire::DataRequest& req, std::optional<Frame>* sum) -> absl::StatusOr<bool> {
         if (!optimizer_.active()) return false;
@@ -183,6 +194,15 @@ absl::Status Server::Run() {
   }
   engines_.clear();  // Joins the engine threads.
   store_.reset();
+  if (timeline_) {
+    timeline_->SetClockOffset(control_->clock_offset());
+    std::string path;
+    if (absl::Status w = timeline_->Write(&path); !w.ok()) {
+      HPS_LOG(WARNING) << w.message();
+    } else {
+      HPS_LOG(INFO) << "wrote the timeline " << path;
+    }
+  }
   return exit_status_;
 }
 

@@ -17,6 +17,7 @@
 #include "common/auth.h"
 #include "common/control_client.h"
 #include "common/options.h"
+#include "common/timeline.h"
 #include "common/transport.h"
 #include "server/engine.h"
 #include "server/optimizer_host.h"
@@ -75,6 +76,7 @@ class Server {
   int rank_ = -1;
   std::vector<int> node_of_;  // worker rank -> its node (from the Welcome)
   std::vector<std::string> worker_names_;  // by rank: "worker 3 (host h, pid p)"
+  std::unique_ptr<Timeline> timeline_;     // HYBRIDPS_TIMELINE; null: off
   absl::Time next_stall_check_ = absl::InfinitePast();
   std::vector<std::unique_ptr<Engine>> engines_;
   std::unique_ptr<KeyStore> store_;  // I/O thread

@@ -18,6 +18,7 @@ from .plan import (BACKENDS, DEFAULT_BACKEND, LOCALHOST, MANAGED_VARS, Host, Job
                    MultiHost, build_plan, describe)
 from .remote import (DEFAULT_REMOTE_SHELL, InterfaceError, TemplateError, check_hosts,
                      check_template, guess_scheduler_address, interface_ipv4)
+from . import timeline
 from .process import OutputSink
 
 USAGE = ("hybridrun -np N [-H HOST:SLOTS,... | --hostfile FILE] [--servers M]\n"
@@ -25,6 +26,7 @@ USAGE = ("hybridrun -np N [-H HOST:SLOTS,... | --hostfile FILE] [--servers M]\n"
          "                 [--backend {dist_hybrid,dist_allreduce}] [--network-interface IF]\n"
          "                 [-x VAR[=VALUE]]... [--remote-shell TEMPLATE] [--start-timeout S]\n"
          "                 [--shutdown-timeout S] [--bin-dir DIR] [--dry-run] [--verbose]\n"
+         "                 [--timeline-filename FILE]\n"
          "                 -- COMMAND [ARGS...]\n"
          "       hybridrun --check-build [--bin-dir DIR]")
 
@@ -120,6 +122,11 @@ def make_parser() -> argparse.ArgumentParser:
                         help="print the processes and their variables; start nothing")
     parser.add_argument("--verbose", action="store_true",
                         help="print each process as it starts and exits")
+    parser.add_argument("--timeline-filename", metavar="FILE",
+                        help="dist_hybrid: every worker and server records where its "
+                             "operations spend their time (HYBRIDPS_TIMELINE); hybridrun "
+                             "merges them into FILE, a Chrome trace (Perfetto, "
+                             "chrome://tracing)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
 
@@ -164,6 +171,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(f"--backend {args.backend} needs --servers of at least 1")
     if args.start_timeout <= 0 or args.shutdown_timeout < 0:
         parser.error("--start-timeout must be positive, --shutdown-timeout not negative")
+    if args.timeline_filename and args.backend != "dist_hybrid":
+        parser.error("--timeline-filename: only dist_hybrid jobs record a timeline so far")
     return args
 
 
@@ -182,6 +191,8 @@ def forwarded_environment(args: argparse.Namespace) -> dict[str, str]:
     for item in args.export:
         name, sep, value = item.partition("=")
         env[name] = value if sep else os.environ[name]
+    if args.timeline_filename:
+        env["HYBRIDPS_TIMELINE"] = timeline.parts_prefix(args.timeline_filename)
     return env
 
 
@@ -346,4 +357,9 @@ def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> in
         options = JobOptions(start_timeout=args.start_timeout,
                              shutdown_timeout=args.shutdown_timeout,
                              verbose=args.verbose)
-        return Job(plan, options, sink).run()
+        code = Job(plan, options, sink).run()
+        if args.timeline_filename:
+            sink.message(timeline.merge(args.timeline_filename,
+                                        [f"{s.role} {s.index}" for s in plan.processes()
+                                         if s.role in ("worker", "server")]))
+        return code

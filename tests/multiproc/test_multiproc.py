@@ -13,6 +13,7 @@ Binaries come from $HYBRIDPS_BUILD_DIR (CTest sets it), else <repo>/build.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -634,3 +635,38 @@ def test_a_stall_names_the_missing_worker(job: JobEnv, tmp_path: Path,
         errors = error_lines(lines)
         assert errors and "did not complete" in errors[0] and "worker 1 (host" in errors[0], \
             j.text()
+
+
+def test_timeline_of_a_job(job: JobEnv, tmp_path: Path) -> None:
+    """hybridrun --timeline-filename: one Chrome trace file with every worker's and server's
+    spans, each operation of each worker, and for every partition the server's round inside
+    the worker's push-to-reply span (push before the server's sum before the reply)."""
+    rounds = 4
+    out_file = tmp_path / "job.json"
+    run = hybridrun(job, 2, 2, [str(TEST_WORKER), "--rounds", str(rounds)],
+                    options=("--timeline-filename", str(out_file)))
+    code, out, err, _ = run.finish(RUN_TIMEOUT)
+    assert code == 0, f"{out}\n{err}"
+    assert f"timeline of 4 processes in {out_file}" in err, err
+    assert not (tmp_path / "job.json.parts").exists()
+    trace = json.loads(out_file.read_text())
+    assert sorted(trace["otherData"]["processes"]) == [
+        "server 0", "server 1", "worker 0", "worker 1"], trace["otherData"]
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    names = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    for rank in range(2):
+        ops = [e for e in spans if names[e["pid"]] == f"worker {rank}"
+               and e["name"].startswith("push_pull of 't.multi'")]
+        assert len(ops) == rounds, ops
+    tol = 2000  # µs: the processes' clocks, aligned through the scheduler
+    pushes = {(e["name"], e["args"]["round"]): e for e in spans
+              if e["cat"] == "push, server, reply"}
+    served = [e for e in spans if e["cat"] == "sum, update, replies"]
+    assert len(served) >= 5 * rounds, len(served)  # every tensor's partitions, every round
+    for s in served:
+        w = pushes.get((s["name"], s["args"]["round"]))
+        assert w is not None, s
+        assert w["ts"] <= s["ts"] + tol, (w, s)                              # pushed first
+        assert w["ts"] + w["dur"] + tol >= s["ts"] + s["dur"], (w, s)        # reply after
+    assert_nothing_left(job.marker)

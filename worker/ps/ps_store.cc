@@ -38,6 +38,7 @@ struct PsStore::Op {
   bool in_failing = false;  // listed in PsStore::failing_
   bool burst = false;       // submitted within burst_gather of the previous operation
   absl::Time stall_logged = absl::InfinitePast();  // the last StallNotice logged
+  absl::Time submitted = absl::Now();
   int local_pending = 0;    // partitions the local reducer still works on (it may touch
                             // in/out until it reports them done)
   std::shared_ptr<HandleState> handle = std::make_shared<HandleState>();
@@ -80,6 +81,10 @@ absl::Status PsStore::Start() {
     return absl::FailedPreconditionError("dist_hybrid needs at least one server");
   }
   windows_ = ServerWindows(num_servers_, options_.server_window_bytes);
+  std::vector<std::string> lanes = {"operations"};
+  for (int s = 0; s < num_servers_; ++s) lanes.push_back(absl::StrCat("to server ", s));
+  timeline_ = Timeline::Open(options_.timeline, absl::StrCat("worker ", rank_), 100 + rank_,
+                             std::move(lanes));
   RETURN_IF_ERROR(ConnectServers());
   if (layout_.local_size > 1) {
     // Events come from inside Pump, on the I/O thread, which takes them right after, or
@@ -235,9 +240,18 @@ absl::Status PsStore::Shutdown() {
     credits_->waker.Wake();
     io_thread_.join();
   }
+  if (timeline_ && control_) timeline_->SetClockOffset(control_->clock_offset());
   local_.reset();
   data_.clear();
   control_.reset();
+  if (timeline_) {
+    std::string path;
+    if (absl::Status w = timeline_->Write(&path); !w.ok()) {
+      HPS_LOG(WARNING) << w.message();
+    } else {
+      HPS_LOG(INFO) << "wrote the timeline " << path;
+    }
+  }
   return s;
 }
 
@@ -527,7 +541,7 @@ void PsStore::SendPart(const PartTask& t, const GlobalOrder& order) {
   }
   last_send_ = absl::Now();
   in_flight_.emplace(id, InFlight{active_.at(op->seq), part.index, op->rounds[part.index],
-                                  part.server, pushed, order, {}});
+                                  part.server, pushed, order, {}, absl::Now()});
 }
 
 bool PsStore::HasCredit(size_t bytes) {
@@ -578,6 +592,13 @@ void PsStore::HandleReply(int server, Message raw) {
   }
   std::shared_ptr<Op> op = std::move(it->second.op);
   const uint32_t pi = it->second.part;
+  if (timeline_) {
+    const Partition& tp = op->parts[pi];
+    timeline_->Span(absl::StrCat("'", op->name, "' partition ", pi), "push, server, reply",
+                    it->second.sent, absl::Now(), 1 + it->second.server,
+                    absl::StrCat("\"bytes\": ", tp.count * DTypeSize(op->in.dtype),
+                                 ", \"round\": ", it->second.round));
+  }
   if (it->second.bytes > 0) {
     windows_.Answered(it->second.server, it->second.order, it->second.bytes);
   }
@@ -650,6 +671,12 @@ void PsStore::MaybeComplete(Op* op) {
     }
   }
   op->completed = true;
+  if (timeline_) {
+    timeline_->Span(op->Describe(), op->status.ok() ? "operation" : "failed operation",
+                    op->submitted, absl::Now(), 0,
+                    absl::StrCat("\"bytes\": ", op->in.count * DTypeSize(op->in.dtype),
+                                 ", \"partitions\": ", op->parts.size()));
+  }
   op->handle->Complete(op->status);
   auto& queue = per_key_[op->key];
   for (auto it = queue.begin(); it != queue.end(); ++it) {

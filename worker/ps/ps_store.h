@@ -25,6 +25,7 @@
 #include "common/control_client.h"
 #include "common/hybridps.pb.h"
 #include "common/options.h"
+#include "common/timeline.h"
 #include "common/partition.h"
 #include "common/transport.h"
 #include "worker/kvstore.h"
@@ -130,6 +131,7 @@ class PsStore : public KVStore, public NodeSumSink {
     size_t bytes;  // payload pushed (counted in windows_)
     GlobalOrder order;
     std::string stall;  // the server's last StallNotice: whom the round waits for
+    absl::Time sent;    // when its request left (the timeline's span)
   };
   // A command for the I/O thread.
   struct Command {
@@ -201,6 +203,7 @@ class PsStore : public KVStore, public NodeSumSink {
   std::vector<wire::NodeInfo> servers_;
 
   // I/O thread only.
+  std::unique_ptr<Timeline> timeline_;  // HYBRIDPS_TIMELINE; null: off
   std::unique_ptr<ControlClient> control_;
   // The data connections: server s's lanes are data_[lane_first_[s]] and the
   // lane_count_[s] - 1 after it (Options::max_server_lanes); lane_server_ maps back.

@@ -1,0 +1,96 @@
+#include "common/timeline.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace hybridps {
+
+std::string JsonString(absl::string_view text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          out += absl::StrFormat("\\u%04x", c);
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::unique_ptr<Timeline> Timeline::Open(const std::string& prefix, const std::string& label,
+                                         int row, std::vector<std::string> lanes,
+                                         size_t capacity) {
+  if (prefix.empty()) return nullptr;
+  return std::unique_ptr<Timeline>(
+      new Timeline(prefix, label, row, std::move(lanes), std::max<size_t>(capacity, 1)));
+}
+
+void Timeline::Span(std::string name, absl::string_view category, absl::Time start,
+                    absl::Time end, int lane, std::string args) {
+  Event e{std::move(name), std::string(category), absl::ToUnixMicros(start),
+          std::max<int64_t>(0, absl::ToInt64Microseconds(end - start)), lane,
+          std::move(args)};
+  absl::MutexLock lock(&mu_);
+  if (events_.size() >= capacity_) {
+    events_.pop_front();
+    ++dropped_;
+  }
+  events_.push_back(std::move(e));
+}
+
+void Timeline::SetClockOffset(absl::Duration offset) {
+  absl::MutexLock lock(&mu_);
+  offset_ = offset;
+}
+
+absl::Status Timeline::Write(std::string* path) {
+  std::string name = label_;
+  std::replace(name.begin(), name.end(), ' ', '-');
+  const std::string file = absl::StrCat(prefix_, ".", name, ".json");
+  absl::MutexLock lock(&mu_);
+  const int64_t offset_us = absl::ToInt64Microseconds(offset_);
+  std::string out = "{\"traceEvents\": [\n";
+  absl::StrAppend(&out, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": ", row_,
+                  ", \"args\": {\"name\": ", JsonString(label_), "}},\n");
+  absl::StrAppend(&out, "{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": ", row_,
+                  ", \"args\": {\"sort_index\": ", row_, "}}");
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    absl::StrAppend(&out, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": ", row_,
+                    ", \"tid\": ", i, ", \"args\": {\"name\": ", JsonString(lanes_[i]), "}}");
+  }
+  for (const Event& e : events_) {
+    absl::StrAppend(&out, ",\n{\"name\": ", JsonString(e.name), ", \"cat\": ",
+                    JsonString(e.category), ", \"ph\": \"X\", \"ts\": ",
+                    e.start_us - offset_us, ", \"dur\": ", e.dur_us, ", \"pid\": ", row_,
+                    ", \"tid\": ", e.lane, ", \"args\": {", e.args, "}}");
+  }
+  absl::StrAppend(&out, "\n],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": {\"process\": ",
+                  JsonString(label_), ", \"dropped_spans\": ", dropped_,
+                  ", \"clock_offset_us\": ", offset_us, "}}\n");
+  const std::string tmp = file + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f << out;
+    if (!f) return absl::InternalError(absl::StrCat("cannot write the timeline ", tmp));
+  }
+  if (std::rename(tmp.c_str(), file.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", file));
+  }
+  if (path != nullptr) *path = file;
+  return absl::OkStatus();
+}
+
+}  // namespace hybridps

@@ -1,0 +1,75 @@
+// A process's timeline (HYBRIDPS_TIMELINE): spans of what its operations spent their time
+// on, kept in memory (bounded: the oldest are dropped, and counted) and written at the end
+// as Chrome trace-event JSON (what Perfetto and chrome://tracing open), one file per
+// process, PREFIX.<label>.json; hybridrun --timeline-filename merges a job's files.
+//
+// Timestamps are this process's clock moved onto the scheduler's (SetClockOffset), so the
+// files of processes on different hosts line up when merged.
+//
+// Threading: Span may be called from any thread; Write once, at the end.
+#ifndef HYBRIDPS_COMMON_TIMELINE_H_
+#define HYBRIDPS_COMMON_TIMELINE_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace hybridps {
+
+class Timeline {
+ public:
+  // Null when `prefix` is empty (the timeline is off). `label` names the file and the
+  // process's row ("worker 0"); `row` orders the rows (workers first, then servers);
+  // `lanes` names the rows' threads, by lane index.
+  // At most `capacity` spans are kept (older ones are dropped, and counted in the file):
+  // about 40 MiB at the default.
+  static constexpr size_t kMaxSpans = 1 << 18;
+  static std::unique_ptr<Timeline> Open(const std::string& prefix, const std::string& label,
+                                        int row, std::vector<std::string> lanes,
+                                        size_t capacity = kMaxSpans);
+
+  void Span(std::string name, absl::string_view category, absl::Time start, absl::Time end,
+            int lane, std::string args = "");
+  // This process's clock minus the scheduler's (ControlClient::clock_offset).
+  void SetClockOffset(absl::Duration offset);
+  // Writes PREFIX.<label>.json; returns the path written in `path`.
+  absl::Status Write(std::string* path = nullptr);
+
+ private:
+  struct Event {
+    std::string name;
+    std::string category;
+    int64_t start_us;
+    int64_t dur_us;
+    int lane;
+    std::string args;  // "key": value, ... (JSON members) or empty
+  };
+  Timeline(std::string prefix, std::string label, int row, std::vector<std::string> lanes,
+           size_t capacity)
+      : prefix_(std::move(prefix)), label_(std::move(label)), row_(row),
+        lanes_(std::move(lanes)), capacity_(capacity) {}
+
+  const std::string prefix_, label_;
+  const int row_;
+  const std::vector<std::string> lanes_;
+  const size_t capacity_;
+  absl::Mutex mu_;
+  std::deque<Event> events_ ABSL_GUARDED_BY(mu_);
+  uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration offset_ ABSL_GUARDED_BY(mu_);
+};
+
+// `text` as a JSON string literal (quotes included).
+std::string JsonString(absl::string_view text);
+
+}  // namespace hybridps
+
+#endif  // HYBRIDPS_COMMON_TIMELINE_H_
