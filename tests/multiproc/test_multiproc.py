@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from harness import (BACKENDS, DETECTION_BOUND, DirectJob, FAILURE_BOUND, HIERARCHICAL,
-                     HYBRID_ONE_NODE, JobEnv, LOGREG, ONE_NODE, RUN_TIMEOUT, TEST_WORKER,
+                     HYBRID_ONE_NODE, JobEnv, LOGREG, ONE_NODE, REPO, RUN_TIMEOUT, TEST_WORKER,
                      assert_nothing_left, error_lines, find_process, hybridrun, segment_prefix,
                      worker_lines)
 
@@ -669,4 +670,11 @@ def test_timeline_of_a_job(job: JobEnv, tmp_path: Path) -> None:
         assert w is not None, s
         assert w["ts"] <= s["ts"] + tol, (w, s)                              # pushed first
         assert w["ts"] + w["dur"] + tol >= s["ts"] + s["dur"], (w, s)        # reply after
+    # ... and a picture of it (scripts/plot-timeline, with the project's matplotlib).
+    png = tmp_path / "job.png"
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "plot-timeline"),
+                           str(out_file), str(png)], capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert_nothing_left(job.marker)
