@@ -192,7 +192,8 @@ TEST_F(SchedulerTest, NodesOfAnotherJobAreRefusedByTheirToken) {
     auto r = (*stray)->Register("");
     ASSERT_FALSE(r.ok()) << "token '" << token << "' was let in";
     EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
-    EXPECT_TRUE(absl::StrContains(r.status().message(), "does not hold this job's token")) << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "does not hold this job's token"))
+        << r.status();
     EXPECT_TRUE(absl::StrContains(r.status().message(), scheduler_->endpoint())) << r.status();
   }
   auto own = Client(0);
@@ -210,7 +211,8 @@ TEST_F(SchedulerTest, ANodeWithATokenIsRefusedByASchedulerWithout) {
   ASSERT_OK(stray);
   auto r = (*stray)->Register("");
   ASSERT_FALSE(r.ok());
-  EXPECT_TRUE(absl::StrContains(r.status().message(), "does not hold this job's token")) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "does not hold this job's token"))
+      << r.status();
 }
 
 TEST_F(SchedulerTest, StartTimeoutSaysWhoIsMissing) {
