@@ -343,6 +343,7 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   RETURN_IF_ERROR(GetMicros("HYBRIDPS_BURST_GATHER_US", &o.burst_gather));
   RETURN_IF_ERROR(GetMicros("HYBRIDPS_SPIN_US", &o.spin));
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_STALL_WARNING_MS", &o.stall_warning));
+  RETURN_IF_ERROR(GetMillis("HYBRIDPS_SUMMARY_EVERY_MS", &o.summary_every));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_CALLER_ROUNDS", &o.caller_rounds));
   if (o.backend == "dist_allreduce" && !Get("HYBRIDPS_NUM_SERVERS")) o.num_servers = 0;
   RETURN_IF_ERROR(o.Validate());

@@ -230,6 +230,10 @@ struct Options {
   // … (Chrome trace events) when it ends. hybridrun --timeline-filename FILE sets it and
   // merges the files into FILE. Empty (default): off.
   std::string timeline;
+  // HYBRIDPS_SUMMARY_EVERY_MS: each dist_hybrid server logs one line this often: rounds/s,
+  // bytes/s in and out, and whose push was the last of its rounds (the slowest worker).
+  // hybridrun --summary-every SECONDS sets it. 0 (default): none.
+  absl::Duration summary_every = absl::ZeroDuration();
   // HYBRIDPS_STALL_WARNING_MS: an operation that some workers submitted and others have
   // not for this long is logged, naming the missing ranks (it fails at op_timeout, and
   // the error names them too). dist_allreduce: by the workers' negotiation; dist_hybrid:

@@ -28,6 +28,19 @@ std::string OpName(wire::DataOp op) {
 
 }  // namespace
 
+std::string KeyStore::NodeLabel(int node, const std::vector<std::string>& worker_names) const {
+  auto name = [&](int w) {
+    return static_cast<size_t>(w) < worker_names.size() ? worker_names[w]
+                                                        : absl::StrCat("worker ", w);
+  };
+  if (static_cast<size_t>(node) >= workers_of_node_.size()) return name(node);
+  const std::vector<int>& ws = workers_of_node_[node];
+  if (ws.size() == 1) return name(ws[0]);
+  std::vector<std::string> names;
+  for (int w : ws) names.push_back(name(w));
+  return absl::StrCat("node ", node, " (", absl::StrJoin(names, ", "), ")");
+}
+
 void KeyStore::WarnStalls(absl::Time now, absl::Duration after,
                           const std::vector<std::string>& worker_names) {
   for (auto& [k, p] : parts_) {
@@ -38,12 +51,7 @@ void KeyStore::WarnStalls(absl::Time now, absl::Duration after,
     p.warned = now;
     std::vector<std::string> missing;
     for (int n = 0; n < num_nodes_; ++n) {
-      if (p.arrived[n]) continue;
-      const bool grouped = static_cast<size_t>(n) < workers_of_node_.size();
-      for (int w : grouped ? workers_of_node_[n] : std::vector<int>{n}) {
-        missing.push_back(static_cast<size_t>(w) < worker_names.size()
-                              ? worker_names[w] : absl::StrCat("worker ", w));
-      }
+      if (!p.arrived[n]) missing.push_back(NodeLabel(n, worker_names));
     }
     const std::string text = absl::StrCat(
         "round ", p.round, " of '", p.name, "' partition ", k.part, " has waited ",
@@ -116,7 +124,11 @@ void KeyStore::Handle(const std::string& peer, int node, uint64_t id,
   }
   p.arrived[node] = true;
   ++p.num_arrived;
-  if (p.num_arrived == num_nodes_) p.all_arrived = absl::Now();
+  if (payload) traffic_.bytes_in += payload->size();
+  if (p.num_arrived == num_nodes_) {
+    p.all_arrived = absl::Now();
+    p.last_node = node;
+  }
   if (p.num_arrived == 1) {
     p.op = req.op();
     p.dtype = req.dtype();
@@ -257,8 +269,16 @@ void KeyStore::CloseRound(Part& p, uint64_t key, uint32_t part) {
     resp->set_round(p.round);
     resp->set_count(p.count);
     resp->set_dtype(p.dtype);
-    if (!(p.op == wire::OP_BROADCAST && w.node == p.root)) r.payload = p.acc->Share();
+    if (!(p.op == wire::OP_BROADCAST && w.node == p.root)) {
+      r.payload = p.acc->Share();
+      traffic_.bytes_out += r.payload->size();
+    }
     emit_(std::move(r));
+  }
+  ++traffic_.rounds;
+  if (num_nodes_ > 1 && p.last_node >= 0) {
+    traffic_.last_push.resize(num_nodes_);
+    ++traffic_.last_push[p.last_node];
   }
   if (round_hook_) round_hook_(p.name, part, p.round, p.opened, p.all_arrived);
   p.value = std::move(p.acc);

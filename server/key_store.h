@@ -99,6 +99,17 @@ class KeyStore {
   void Leave(int node, const std::string& reason);
 
   size_t num_partitions() const { return parts_.size(); }
+  // What went through the store so far (HYBRIDPS_SUMMARY_EVERY_MS).
+  struct Traffic {
+    uint64_t rounds = 0;     // closed
+    uint64_t bytes_in = 0;   // payloads pushed
+    uint64_t bytes_out = 0;  // payloads answered
+    std::vector<uint64_t> last_push;  // by node: rounds whose last push was its
+  };
+  const Traffic& traffic() const { return traffic_; }
+  // "worker 3 (host h, pid p)", or "node 1 (worker 2 (…), worker 3 (…))" for a node of
+  // several workers; `worker_names` by rank.
+  std::string NodeLabel(int node, const std::vector<std::string>& worker_names) const;
   // Rounds that have waited `after` for some worker nodes (and were not told so within
   // `after`): tells each waiting request who is missing (a StallNotice with its id) and
   // logs it. `worker_names`, by rank: how to name a worker ("worker 3 (host h, pid p)").
@@ -126,6 +137,7 @@ class KeyStore {
     absl::Time opened;                          // the round's first arrival
     absl::Time warned = absl::InfinitePast();   // the last StallNotice of this round
     absl::Time all_arrived;                     // the round's last arrival
+    int last_node = -1;                         // whose push was the last
     wire::DataRequest first;  // the first request's fields (no payload)
     bool updating = false;    // the optimizer has the round's sum
     std::optional<Frame> acc;
@@ -155,6 +167,7 @@ class KeyStore {
   std::string NodeName(int node) const;
 
   const int num_nodes_;
+  Traffic traffic_;
   RoundHook round_hook_;
   const std::vector<std::vector<int>> workers_of_node_;
   Emit emit_;

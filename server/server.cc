@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/spin.h"
@@ -187,6 +188,12 @@ absl::Status Server::Run() {
     if (poller.Readable(ctl_idx)) control_->OnReadable();
     now = absl::Now();
     control_->Tick(now);
+    if (options_.summary_every > absl::ZeroDuration() && now >= next_summary_) {
+      if (next_summary_ != absl::InfinitePast()) LogSummary(now);
+      summary_from_ = now;
+      summary_base_ = store_->traffic();
+      next_summary_ = now + options_.summary_every;
+    }
     if (now >= next_stall_check_) {  // HYBRIDPS_STALL_WARNING_MS: name who rounds wait for
       store_->WarnStalls(now, options_.stall_warning, worker_names_);
       next_stall_check_ = now + std::min(options_.stall_warning, absl::Seconds(1));
@@ -204,6 +211,30 @@ absl::Status Server::Run() {
     }
   }
   return exit_status_;
+}
+
+void Server::LogSummary(absl::Time now) {
+  const KeyStore::Traffic& t = store_->traffic();
+  const double s = std::max(1e-9, absl::ToDoubleSeconds(now - summary_from_));
+  std::vector<std::pair<uint64_t, int>> last;  // (rounds, node), the slowest first
+  uint64_t total = 0;
+  for (size_t n = 0; n < t.last_push.size(); ++n) {
+    const uint64_t before = n < summary_base_.last_push.size() ? summary_base_.last_push[n] : 0;
+    if (t.last_push[n] > before) last.emplace_back(t.last_push[n] - before, static_cast<int>(n));
+    total += t.last_push[n] - before;
+  }
+  std::sort(last.rbegin(), last.rend());
+  std::string slowest;
+  for (size_t i = 0; i < last.size() && i < 3; ++i) {
+    absl::StrAppend(&slowest, i ? ", " : "; the last push of a round: ",
+                    store_->NodeLabel(last[i].second, worker_names_), " ",
+                    absl::StrFormat("%.0f%%", 100.0 * last[i].first / total));
+  }
+  HPS_LOG(INFO) << absl::StrFormat("summary: %.1f rounds/s, in %.3f GB/s, out %.3f GB/s",
+                                   (t.rounds - summary_base_.rounds) / s,
+                                   (t.bytes_in - summary_base_.bytes_in) / s / 1e9,
+                                   (t.bytes_out - summary_base_.bytes_out) / s / 1e9)
+                << slowest;
 }
 
 void Server::TakeSumsDone() {

@@ -78,6 +78,11 @@ class Server {
   std::vector<std::string> worker_names_;  // by rank: "worker 3 (host h, pid p)"
   std::unique_ptr<Timeline> timeline_;     // HYBRIDPS_TIMELINE; null: off
   absl::Time next_stall_check_ = absl::InfinitePast();
+  // HYBRIDPS_SUMMARY_EVERY_MS: the traffic at the start of the interval, and its start.
+  void LogSummary(absl::Time now);
+  absl::Time next_summary_ = absl::InfinitePast();
+  absl::Time summary_from_;
+  KeyStore::Traffic summary_base_;
   std::vector<std::unique_ptr<Engine>> engines_;
   std::unique_ptr<KeyStore> store_;  // I/O thread
   OptimizerHost optimizer_;          // I/O thread (updates run on engines)

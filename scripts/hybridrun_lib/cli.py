@@ -26,7 +26,7 @@ USAGE = ("hybridrun -np N [-H HOST:SLOTS,... | --hostfile FILE] [--servers M]\n"
          "                 [--backend {dist_hybrid,dist_allreduce}] [--network-interface IF]\n"
          "                 [-x VAR[=VALUE]]... [--remote-shell TEMPLATE] [--start-timeout S]\n"
          "                 [--shutdown-timeout S] [--bin-dir DIR] [--dry-run] [--verbose]\n"
-         "                 [--timeline-filename FILE]\n"
+         "                 [--timeline-filename FILE] [--summary-every SECONDS]\n"
          "                 -- COMMAND [ARGS...]\n"
          "       hybridrun --check-build [--bin-dir DIR]")
 
@@ -122,6 +122,10 @@ def make_parser() -> argparse.ArgumentParser:
                         help="print the processes and their variables; start nothing")
     parser.add_argument("--verbose", action="store_true",
                         help="print each process as it starts and exits")
+    parser.add_argument("--summary-every", type=float, metavar="SECONDS",
+                        help="dist_hybrid: each server prints one line this often: "
+                             "rounds/s, GB/s in and out, and whose push came last "
+                             "(HYBRIDPS_SUMMARY_EVERY_MS)")
     parser.add_argument("--timeline-filename", metavar="FILE",
                         help="dist_hybrid: every worker and server records where its "
                              "operations spend their time (HYBRIDPS_TIMELINE); hybridrun "
@@ -171,6 +175,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(f"--backend {args.backend} needs --servers of at least 1")
     if args.start_timeout <= 0 or args.shutdown_timeout < 0:
         parser.error("--start-timeout must be positive, --shutdown-timeout not negative")
+    if args.summary_every is not None and args.summary_every <= 0:
+        parser.error("--summary-every takes a positive number of seconds")
     if args.timeline_filename and args.backend != "dist_hybrid":
         parser.error("--timeline-filename: only dist_hybrid jobs record a timeline so far")
     return args
@@ -193,6 +199,8 @@ def forwarded_environment(args: argparse.Namespace) -> dict[str, str]:
         env[name] = value if sep else os.environ[name]
     if args.timeline_filename:
         env["HYBRIDPS_TIMELINE"] = timeline.parts_prefix(args.timeline_filename)
+    if args.summary_every:
+        env["HYBRIDPS_SUMMARY_EVERY_MS"] = str(max(1, round(args.summary_every * 1000)))
     return env
 
 

@@ -678,3 +678,29 @@ def test_timeline_of_a_job(job: JobEnv, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     assert_nothing_left(job.marker)
+
+
+def test_servers_summarize_throughput_and_the_straggler(job: JobEnv, tmp_path: Path,
+                                                        direct: list[DirectJob]) -> None:
+    """HYBRIDPS_SUMMARY_EVERY_MS (hybridrun --summary-every): each server logs rounds/s,
+    GB/s in and out, and whose push came last; here a worker made slower than the other
+    is named as the last in most rounds."""
+    job.env.update(HYBRIDPS_SUMMARY_EVERY_MS="500")
+    j = DirectJob(job, tmp_path, workers=2, servers=1,
+                  worker_args=["--rounds", "40", "--sleep-ms", "10", "--slow-rank", "1",
+                               "--slow-ms", "40"])
+    direct.append(j)
+    assert_every_round_ok(j, workers=2, rounds=40)
+    summaries = [line for line in j.lines("server 0") if "summary: " in line]
+    assert len(summaries) >= 2, j.text()
+    pid = j.procs["worker 1"].pid
+    busy = [s for s in summaries if not re.search(r"summary: 0\.0 rounds/s", s)]
+    assert busy, summaries
+    for line in busy:
+        m = re.search(r"summary: ([\d.]+) rounds/s, in ([\d.]+) GB/s, out ([\d.]+) GB/s; "
+                      r"the last push of a round: worker (\d) \(host \S+, pid (\d+)\) (\d+)%",
+                      line)
+        assert m, line
+        assert float(m.group(1)) > 0 and m.group(4) == "1" and int(m.group(5)) == pid, line
+        assert int(m.group(6)) >= 80, line
+    assert_nothing_left(job.marker)

@@ -12,6 +12,8 @@
 //                                store down and exits 0 (a script that ran fewer steps)
 //   --hang-rank R --hang-round K worker R stops at the start of round K (sleeps, alive,
 //                                heartbeating) until it is killed
+//   --slow-rank R --slow-ms M    worker R sleeps M ms more than the others each round,
+//                                before it pushes (a straggler)
 //   --expect-failure             an operation is expected to fail (a peer is killed)
 //   --gpu                        the tensors live on GPU `rank % devices` (dist_allreduce
 //                                with NCCL, or dist_hybrid staging them through host
@@ -63,6 +65,8 @@ struct Flags {
   int leave_rank = -1;
   int hang_rank = -1;
   int hang_round = -1;
+  int slow_rank = -1;
+  int slow_ms = 0;
   int leave_round = -1;
   bool expect_failure = false;
   bool gpu = false;
@@ -96,6 +100,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
                   : k == "--leave-rank" ? &f->leave_rank
                   : k == "--hang-rank" ? &f->hang_rank
                   : k == "--hang-round" ? &f->hang_round
+                  : k == "--slow-rank" ? &f->slow_rank
+                  : k == "--slow-ms" ? &f->slow_ms
                   : k == "--leave-round" ? &f->leave_round
                                        : nullptr;
     if (target == nullptr || i + 1 >= argc || !absl::SimpleAtoi(argv[i + 1], target)) {
@@ -249,6 +255,7 @@ int Run(const Flags& flags) {
       std::fflush(stdout);
       absl::SleepFor(absl::Hours(1));
     }
+    if (rank == flags.slow_rank) absl::SleepFor(absl::Milliseconds(flags.slow_ms));
     if (rank == flags.leave_rank && round == flags.leave_round) {
       std::printf("worker %d: leaving at round %d\n", rank, round);
       std::fflush(stdout);
