@@ -81,7 +81,9 @@ absl::Status ControlClient::Authenticate(absl::Time deadline) {
     if (env.body_case() != wire::Envelope::kHelloAck) continue;
     ASSIGN_OR_RETURN(wire::Envelope auth, hs.Answer(env.hello_ack(), scheduler));
     Send(auth);
-    SampleClock(sent, absl::Now(), absl::FromUnixMicros(env.hello_ack().time_us()));
+    if (env.hello_ack().time_us() != 0) {
+      SampleClock(sent, absl::Now(), absl::FromUnixMicros(env.hello_ack().time_us()));
+    }
     return absl::OkStatus();
   }
 }

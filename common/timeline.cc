@@ -84,6 +84,7 @@ absl::Status Timeline::Write(std::string* path) {
   {
     std::ofstream f(tmp, std::ios::binary);
     f << out;
+    f.close();
     if (!f) return absl::InternalError(absl::StrCat("cannot write the timeline ", tmp));
   }
   if (std::rename(tmp.c_str(), file.c_str()) != 0) {

@@ -30,7 +30,7 @@ class Timeline {
   // process's row ("worker 0"); `row` orders the rows (workers first, then servers);
   // `lanes` names the rows' threads, by lane index.
   // At most `capacity` spans are kept (older ones are dropped, and counted in the file):
-  // about 40 MiB at the default.
+  // about 60 MiB at the default, and as much again while the file is written.
   static constexpr size_t kMaxSpans = 1 << 18;
   static std::unique_ptr<Timeline> Open(const std::string& prefix, const std::string& label,
                                         int row, std::vector<std::string> lanes,

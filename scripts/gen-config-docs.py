@@ -103,7 +103,8 @@ AGREE = {
                                "their halves)",
     "HYBRIDPS_CYCLE_TIME_MS": "each worker its own",
     "HYBRIDPS_CALLER_ROUNDS": "each worker its own",
-    "HYBRIDPS_STALL_WARNING_MS": "each worker its own",
+    "HYBRIDPS_STALL_WARNING_MS": ("each process its own: a server's and the scheduler's decide when "
+                                  "they tell waiting workers, a worker's when it logs"),
 }
 
 # Variables the scripts read (not Options): name -> (read by, meaning).

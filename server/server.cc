@@ -172,7 +172,9 @@ absl::Status Server::Run() {
       break;
     }
     absl::Time now = absl::Now();
-    ASSIGN_OR_RETURN(int n, poller.Poll(spin.Timeout(now, control_->NextTick() - now)));
+    absl::Time until = std::min(control_->NextTick(), next_stall_check_);
+    if (options_.summary_every > absl::ZeroDuration()) until = std::min(until, next_summary_);
+    ASSIGN_OR_RETURN(int n, poller.Poll(spin.Timeout(now, until - now)));
     spin.Polled(n);
     if (poller.Readable(wake_idx)) waker_.Drain();
     TakeSumsDone();
@@ -196,7 +198,8 @@ absl::Status Server::Run() {
     }
     if (now >= next_stall_check_) {  // HYBRIDPS_STALL_WARNING_MS: name who rounds wait for
       store_->WarnStalls(now, options_.stall_warning, worker_names_);
-      next_stall_check_ = now + std::min(options_.stall_warning, absl::Seconds(1));
+      next_stall_check_ =
+          now + std::clamp(options_.stall_warning, absl::Milliseconds(100), absl::Seconds(1));
     }
   }
   engines_.clear();  // Joins the engine threads.

@@ -365,6 +365,8 @@ def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> in
         options = JobOptions(start_timeout=args.start_timeout,
                              shutdown_timeout=args.shutdown_timeout,
                              verbose=args.verbose)
+        if args.timeline_filename:
+            timeline.prepare(args.timeline_filename)
         code = Job(plan, options, sink).run()
         if args.timeline_filename:
             sink.message(timeline.merge(args.timeline_filename,

@@ -36,7 +36,7 @@ TEST(TimelineTest, WritesTraceEventsEscapedShiftedAndBounded) {
   t->Span("push_pull of 'a\"b\\\\c'\n", "operation", t0, t0 + absl::Microseconds(250), 0,
           "\"bytes\": 64");
   t->Span("x", "c", t0 + absl::Microseconds(300), t0 + absl::Microseconds(200), 1);
-  t->Span("y", "c", t0, t0, 1);
+  t->Span("y", "c", t0, t0, 0);
   t->SetClockOffset(absl::Microseconds(40));  // our clock runs 40 µs ahead of the scheduler's
   std::string path;
   ASSERT_OK(t->Write(&path));

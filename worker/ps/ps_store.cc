@@ -515,6 +515,7 @@ void PsStore::SendPart(const PartTask& t, const GlobalOrder& order) {
   const size_t lane = op->lanes[t.part];
   Socket* sock = data_[lane].get();
   Message msg = Encode("", env, std::move(payload));
+  const absl::Time sent = absl::Now();  // before the server can have it (the timeline)
   absl::Status s = sock ? sock->Send(msg) : broken_;
   if (!s.ok()) {
     absl::Status err = absl::UnavailableError(
@@ -541,7 +542,7 @@ void PsStore::SendPart(const PartTask& t, const GlobalOrder& order) {
   }
   last_send_ = absl::Now();
   in_flight_.emplace(id, InFlight{active_.at(op->seq), part.index, op->rounds[part.index],
-                                  part.server, pushed, order, {}, absl::Now()});
+                                  part.server, pushed, order, {}, sent});
 }
 
 bool PsStore::HasCredit(size_t bytes) {
