@@ -238,7 +238,8 @@ struct Options {
   // not for this long is logged, naming the missing ranks (it fails at op_timeout, and
   // the error names them too). dist_allreduce: by the workers' negotiation; dist_hybrid:
   // each server tells the workers waiting in such a round whom it waits for (rank, host,
-  // pid), every this long; barriers: the scheduler tells those waiting in one.
+  // pid), every this long, and a node's local ranks log which of them has not contributed;
+  // barriers: the scheduler tells those waiting in one.
   absl::Duration stall_warning = absl::Seconds(60);
 
   // InvalidArgument naming the field if a value is out of range.

@@ -708,3 +708,21 @@ def test_servers_summarize_throughput_and_the_straggler(job: JobEnv, tmp_path: P
         assert float(m.group(1)) > 0 and m.group(4) == "1" and int(m.group(5)) == pid, line
         assert int(m.group(6)) >= 80, line
     assert_nothing_left(job.marker)
+
+
+def test_a_stall_inside_a_node_names_the_missing_local_rank(job: JobEnv, tmp_path: Path,
+                                                            direct: list[DirectJob]) -> None:
+    """dist_hybrid, one node of 2 local ranks, one alive but withholding its push_pulls:
+    after HYBRIDPS_STALL_WARNING_MS the other logs which local rank its node waits for,
+    and its deadline error names it."""
+    job.env.update(HYBRIDPS_STALL_WARNING_MS="500", HYBRIDPS_TIMEOUT_MS="6000")
+    j = DirectJob(job, tmp_path, workers=2, servers=1, backend=HYBRID_ONE_NODE,
+                  worker_args=["--rounds", "5", "--hang-rank", "1", "--hang-round", "2",
+                               "--expect-failure"])
+    direct.append(j)
+    assert j.wait("worker 0", RUN_TIMEOUT) == 3, j.text()
+    lines = j.lines("worker 0")
+    warned = [line for line in lines if "on this node: local ranks 1 (worker 1)" in line]
+    assert warned and "did not contribute yet" in warned[0], j.text()
+    errors = error_lines(lines)
+    assert errors and "local ranks 1 (worker 1)" in errors[0], j.text()

@@ -157,6 +157,7 @@ class LocalReducer {
     Inbox inbox ABSL_GUARDED_BY(mu);
     std::atomic<bool> queued{false};
     uint64_t emitted = 0;  // events sent (its thread only)
+    absl::Time last_stall_log = absl::InfinitePast();  // its thread only
   };
 
   LocalReducer(const Options& options, const NodeLayout& layout, Notify notify, Wake wake)

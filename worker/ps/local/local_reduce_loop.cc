@@ -158,11 +158,23 @@ void LocalReducer::CheckLiveness(int e, absl::Time now) {
 absl::Time LocalReducer::FailOverdue(int e, absl::Time now) {
   Exec& x = exec_[e];
   absl::Time next = now + options_.heartbeat_interval;
+  bool warned = false;
   for (auto it = x.tasks.begin(); it != x.tasks.end();) {
     Pending& t = *it;
     if (t.stage == Pending::kWaitPublish || t.task.deadline > now || t.slot < 0) {
       if (t.stage != Pending::kWaitPublish && t.task.deadline > now) {
         next = std::min(next, t.task.deadline);
+        // HYBRIDPS_STALL_WARNING_MS: say whom the node waits for (one task per period).
+        const absl::Duration waited = now - (t.task.deadline - options_.op_timeout);
+        if (!warned && t.slot >= 0 && t.stage == Pending::kArrivals &&
+            waited >= options_.stall_warning && now - x.last_stall_log >= options_.stall_warning) {
+          warned = true;
+          x.last_stall_log = now;
+          HPS_LOG(WARNING) << "'" << t.task.name << "' partition " << t.task.part
+                           << " has waited "
+                           << absl::FormatDuration(absl::Trunc(waited, absl::Milliseconds(100)))
+                           << " on this node: " << WhyOverdue(t) << " yet";
+        }
       }
       ++it;
       continue;
