@@ -225,7 +225,7 @@ struct Options {
   // the staging steps (copies to and from the host, hand-over to the CPU path), one thread
   // at a time, until the waited-for operation completed (worker/gpu/gpu_staging.h).
   int caller_rounds = 1;
-  // HYBRIDPS_TIMELINE: a path prefix; each dist_hybrid worker and server then records where
+  // HYBRIDPS_TIMELINE: a path prefix; each worker and server then records where
   // its operations spend their time and writes PREFIX.worker-0.json, PREFIX.server-1.json,
   // … (Chrome trace events) when it ends. hybridrun --timeline-filename FILE sets it and
   // merges the files into FILE. Empty (default): off.

@@ -726,3 +726,27 @@ def test_a_stall_inside_a_node_names_the_missing_local_rank(job: JobEnv, tmp_pat
     assert warned and "did not contribute yet" in warned[0], j.text()
     errors = error_lines(lines)
     assert errors and "local ranks 1 (worker 1)" in errors[0], j.text()
+
+
+def test_timeline_of_an_allreduce_job(job: JobEnv, tmp_path: Path) -> None:
+    """--timeline-filename with dist_allreduce: each worker's operations and its
+    collectives (some fused, eager or two-shot); a collective starts within each operation
+    of the large tensor (one clock: no tolerance)."""
+    rounds = 3
+    out_file = tmp_path / "ar.json"
+    run = hybridrun(job, 2, 0, [str(TEST_WORKER), "--rounds", str(rounds)], "dist_allreduce",
+                    options=("--timeline-filename", str(out_file)))
+    code, out, err, _ = run.finish(RUN_TIMEOUT)
+    assert code == 0, f"{out}\n{err}"
+    assert f"timeline of 2 processes in {out_file}" in err, err
+    trace = json.loads(out_file.read_text())
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    for pid in {e["pid"] for e in spans}:
+        mine = [e for e in spans if e["pid"] == pid]
+        ops = [e for e in mine if e["name"].startswith("push_pull of 't.large'")]
+        collectives = [e for e in mine if e["cat"] == "collective"]
+        assert len(ops) == rounds and len(collectives) >= rounds, mine
+        for op in ops:
+            assert any(op["ts"] <= c["ts"] <= op["ts"] + op["dur"] for c in collectives), \
+                (op, collectives)
+    assert_nothing_left(job.marker)

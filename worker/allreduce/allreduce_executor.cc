@@ -341,7 +341,22 @@ absl::Status AllreduceStore::RunPlan(const nego::Plan& plan,
   absl::Status failure;
   for (const nego::Action& a : plan.actions) {
     if (!failure.ok()) break;
+    const absl::Time start = absl::Now();
     failure = Execute(a, listed);
+    if (timeline_ && a.type != nego::Action::Type::kFail) {
+      static constexpr const char* kKind[] = {"eager", "two-shot", "allreduce", "broadcast",
+                                              "fail"};
+      const Op* first = listed[a.entries[0]].get();
+      size_t bytes = 0;
+      for (size_t i : a.entries) bytes += listed[i]->in.bytes();
+      timeline_->Span(a.entries.size() == 1
+                          ? absl::StrCat(kKind[static_cast<int>(a.type)], " of '", first->name,
+                                         "'")
+                          : absl::StrCat(kKind[static_cast<int>(a.type)], " of ",
+                                         a.entries.size(), " tensors from '", first->name, "'"),
+                      "collective", start, absl::Now(), 1,
+                      absl::StrCat("\"bytes\": ", bytes, ", \"tensors\": ", a.entries.size()));
+    }
   }
 #if HYBRIDPS_WITH_NCCL
   failure = FinishGpu(failure);
@@ -382,6 +397,11 @@ void AllreduceStore::Finish(Op* op, absl::Status status) {
   if (!status.ok() && !absl::StrContains(status.message(), absl::StrCat("'", op->name, "'"))) {
     status = absl::Status(status.code(),
                           absl::StrCat(op->Describe(), " failed: ", status.message()));
+  }
+  if (timeline_) {
+    timeline_->Span(op->Describe(), status.ok() ? "operation" : "failed operation",
+                    op->submitted, absl::Now(), 0,
+                    absl::StrCat("\"bytes\": ", op->in.bytes()));
   }
   absl::MutexLock lock(&mu_);
   op->in_round = false;

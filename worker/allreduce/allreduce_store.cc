@@ -73,6 +73,8 @@ absl::Status AllreduceStore::Start() {
   rank_ = welcome.rank();
   num_workers_ = welcome.num_workers();
   SetLogTag(absl::StrCat("worker ", rank_));
+  timeline_ = Timeline::Open(options_.timeline, absl::StrCat("worker ", rank_), 100 + rank_,
+                             {"operations", "collectives"});
   // Gloo binds the scheduler-facing address: loopback for a local job.
   in_addr ip{};
   if (!options_.interface.empty()) {
@@ -348,7 +350,16 @@ absl::Status AllreduceStore::Shutdown() {
   }
   cpu_.reset();
   comm_.reset();
+  if (timeline_ && control_) timeline_->SetClockOffset(control_->clock_offset());
   control_.reset();
+  if (timeline_) {
+    std::string path;
+    if (absl::Status w = timeline_->Write(&path); !w.ok()) {
+      HPS_LOG(WARNING) << w.message();
+    } else {
+      HPS_LOG(INFO) << "wrote the timeline " << path;
+    }
+  }
   absl::MutexLock lock(&mu_);
   if (!broken_.ok() && !peers_left_) return broken_;
   return s;

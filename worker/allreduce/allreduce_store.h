@@ -62,6 +62,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/control_client.h"
 #include "common/options.h"
+#include "common/timeline.h"
 #include "common/transport.h"
 #include "worker/kvstore.h"
 #include "worker/node/negotiation.h"
@@ -223,6 +224,7 @@ class AllreduceStore : public KVStore {
 
   // The constructing thread until Start returns, then the I/O thread only.
   std::unique_ptr<ControlClient> control_;
+  std::unique_ptr<Timeline> timeline_;  // HYBRIDPS_TIMELINE; null: off
   // The round holder only (and Shutdown, after it has joined the executor).
   std::unique_ptr<GlooComm> comm_;
   // The CPU collectives, of the kind chosen at Start (cpu_collectives.h). Set at Start;
