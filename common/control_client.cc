@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
-#include "common/auth.h"
 #include "absl/time/clock.h"
+#include "common/auth.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/wire.h"
@@ -24,12 +26,14 @@ absl::StatusOr<std::unique_ptr<ControlClient>> ControlClient::Connect(const Cont
 void ControlClient::SampleClock(absl::Time sent, absl::Time received,
                                 absl::Time scheduler) {
   // The scheduler read its clock somewhere between our send and our receipt: halfway,
-  // to within half the round trip, so the shortest round trip gives the best estimate.
+  // to within half the round trip, so the shortest round trip gives the best estimate;
+  // among the last kClockSamples only, so that the estimate follows the clocks' drift.
   const absl::Duration rtt = received - sent;
-  if (rtt < absl::ZeroDuration() || rtt >= clock_rtt_) return;
-  clock_rtt_ = rtt;
-  clock_offset_.store(absl::ToInt64Microseconds(sent + rtt / 2 - scheduler),
-                      std::memory_order_relaxed);
+  if (rtt < absl::ZeroDuration()) return;
+  clock_samples_.emplace_back(rtt, absl::ToInt64Microseconds(sent + rtt / 2 - scheduler));
+  if (clock_samples_.size() > kClockSamples) clock_samples_.pop_front();
+  const auto best = std::min_element(clock_samples_.begin(), clock_samples_.end());
+  clock_offset_.store(best->second, std::memory_order_relaxed);
 }
 
 void ControlClient::Send(const wire::Envelope& env) {

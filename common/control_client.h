@@ -9,7 +9,9 @@
 
 #include <functional>
 #include <atomic>
+#include <deque>
 #include <map>
+#include <utility>
 #include <memory>
 #include <string>
 
@@ -53,8 +55,8 @@ class ControlClient {
 
   Socket* socket() { return socket_.get(); }
   // This process's clock minus the scheduler's, measured in the handshake (Register).
-  // Estimated from the handshake and the heartbeats' echoes (the shortest round trip's);
-  // safe to read from any thread.
+  // Estimated from the handshake and the heartbeats' echoes (the shortest round trip among
+  // the last kClockSamples); safe to read from any thread.
   absl::Duration clock_offset() const {
     return absl::Microseconds(clock_offset_.load(std::memory_order_relaxed));
   }
@@ -83,7 +85,8 @@ class ControlClient {
   std::map<uint64_t, Pending> pending_;
   void SampleClock(absl::Time sent, absl::Time received, absl::Time scheduler);
   std::atomic<int64_t> clock_offset_{0};  // µs
-  absl::Duration clock_rtt_ = absl::InfiniteDuration();  // of the sample behind it
+  static constexpr size_t kClockSamples = 64;  // about a minute of heartbeats
+  std::deque<std::pair<absl::Duration, int64_t>> clock_samples_;  // (round trip, offset µs)
   absl::Time last_heard_ = absl::InfinitePast();
   absl::Time next_heartbeat_ = absl::InfinitePast();
   bool lost_ = false;
