@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/log.h"
 
 namespace hybridps {
 
@@ -51,17 +52,21 @@ void Timeline::Span(std::string name, absl::string_view category, absl::Time sta
   events_.push_back(std::move(e));
 }
 
-void Timeline::SetClockOffset(absl::Duration offset) {
-  absl::MutexLock lock(&mu_);
-  offset_ = offset;
+void Timeline::WriteAndLog(absl::Duration clock_offset) {
+  std::string path;
+  if (absl::Status s = Write(clock_offset, &path); !s.ok()) {
+    HPS_LOG(WARNING) << s.message();
+  } else {
+    HPS_LOG(INFO) << "wrote the timeline " << path;
+  }
 }
 
-absl::Status Timeline::Write(std::string* path) {
+absl::Status Timeline::Write(absl::Duration clock_offset, std::string* path) {
   std::string name = label_;
   std::replace(name.begin(), name.end(), ' ', '-');
   const std::string file = absl::StrCat(prefix_, ".", name, ".json");
   absl::MutexLock lock(&mu_);
-  const int64_t offset_us = absl::ToInt64Microseconds(offset_);
+  const int64_t offset_us = absl::ToInt64Microseconds(clock_offset);
   std::string out = "{\"traceEvents\": [\n";
   absl::StrAppend(&out, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": ", row_,
                   ", \"args\": {\"name\": ", JsonString(label_), "}},\n");

@@ -3,8 +3,8 @@
 // as Chrome trace-event JSON (what Perfetto and chrome://tracing open), one file per
 // process, PREFIX.<label>.json; hybridrun --timeline-filename merges a job's files.
 //
-// Timestamps are this process's clock moved onto the scheduler's (SetClockOffset), so the
-// files of processes on different hosts line up when merged.
+// Timestamps are this process's clock moved onto the scheduler's (Write's clock_offset), so
+// the files of processes on different hosts line up when merged.
 //
 // Threading: Span may be called from any thread; Write once, at the end.
 #ifndef HYBRIDPS_COMMON_TIMELINE_H_
@@ -38,10 +38,12 @@ class Timeline {
 
   void Span(std::string name, absl::string_view category, absl::Time start, absl::Time end,
             int lane, std::string args = "");
-  // This process's clock minus the scheduler's (ControlClient::clock_offset).
-  void SetClockOffset(absl::Duration offset);
-  // Writes PREFIX.<label>.json; returns the path written in `path`.
-  absl::Status Write(std::string* path = nullptr);
+  // Writes PREFIX.<label>.json, the spans moved onto the scheduler's clock by
+  // `clock_offset` (this process's clock minus the scheduler's:
+  // ControlClient::clock_offset); returns the path written in `path`.
+  absl::Status Write(absl::Duration clock_offset, std::string* path = nullptr);
+  // Write, and logs where it wrote or why it could not.
+  void WriteAndLog(absl::Duration clock_offset);
 
  private:
   struct Event {
@@ -64,7 +66,6 @@ class Timeline {
   absl::Mutex mu_;
   std::deque<Event> events_ ABSL_GUARDED_BY(mu_);
   uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Duration offset_ ABSL_GUARDED_BY(mu_);
 };
 
 // `text` as a JSON string literal (quotes included).

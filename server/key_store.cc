@@ -126,7 +126,7 @@ void KeyStore::Handle(const std::string& peer, int node, uint64_t id,
   ++p.num_arrived;
   if (payload) traffic_.bytes_in += payload->size();
   if (p.num_arrived == num_nodes_) {
-    p.all_arrived = absl::Now();
+    if (round_hook_) p.all_arrived = absl::Now();
     p.last_node = node;
   }
   if (p.num_arrived == 1) {

@@ -136,7 +136,7 @@ class KeyStore {
     int first_node = -1;
     absl::Time opened;                          // the round's first arrival
     absl::Time warned = absl::InfinitePast();   // the last StallNotice of this round
-    absl::Time all_arrived;                     // the round's last arrival
+    absl::Time all_arrived;                     // the round's last arrival (with a hook)
     int last_node = -1;                         // whose push was the last
     wire::DataRequest first;  // the first request's fields (no payload)
     bool updating = false;    // the optimizer has the round's sum

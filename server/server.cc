@@ -204,15 +204,7 @@ absl::Status Server::Run() {
   }
   engines_.clear();  // Joins the engine threads.
   store_.reset();
-  if (timeline_) {
-    timeline_->SetClockOffset(control_->clock_offset());
-    std::string path;
-    if (absl::Status w = timeline_->Write(&path); !w.ok()) {
-      HPS_LOG(WARNING) << w.message();
-    } else {
-      HPS_LOG(INFO) << "wrote the timeline " << path;
-    }
-  }
+  if (timeline_) timeline_->WriteAndLog(control_->clock_offset());
   return exit_status_;
 }
 

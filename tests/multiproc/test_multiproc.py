@@ -1,24 +1,15 @@
-"""Multi-process tests: a real scheduler, servers and workers on loopback.
-
-Jobs run through scripts/hybridrun, with hybridps-test-worker (test_worker.cc) as the
-worker: it checks exact sums every round and prints "round K ok". hybridrun stops the
-whole job as soon as one process dies, before the survivors could notice the death
-themselves; so the tests of what the survivors report start the processes directly
-(DirectJob) and let the job end by itself.
-
-Every process of a job carries HYBRIDPS_TEST_MARKER=<unique id> in its environment; the
-tests find a job's processes (and prove none is left) by scanning /proc for it.
-
-Binaries come from $HYBRIDPS_BUILD_DIR (CTest sets it), else <repo>/build.
-"""
+"""Multi-process tests: a real scheduler, servers and workers on loopback. How jobs are
+started, watched and cleaned up: harness.py."""
 from __future__ import annotations
 
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -529,8 +520,6 @@ class LoopbackCapture:
     socket: root)."""
 
     def __init__(self) -> None:
-        import socket
-        import threading
         self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
         self.sock.bind(("lo", 0))
         self.sock.settimeout(0.2)
@@ -553,11 +542,12 @@ class LoopbackCapture:
         return b"".join(self.chunks)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a raw packet socket needs root")
 @pytest.mark.parametrize("encrypt", ["0", "1"])
 def test_what_the_wire_shows(job: JobEnv, encrypt: str) -> None:
     """The job token never crosses the wire; tensor names and values do in clear unless
     HYBRIDPS_ENCRYPT=1, with which nothing of them can be read on the loopback."""
+    if os.geteuid() != 0:
+        pytest.fail("capturing the loopback needs root (a raw packet socket); CI runs as root")
     token = f"tok{uuid.uuid4().hex}"
     prefix = f"clear{uuid.uuid4().hex[:12]}."
     job.env.update(HYBRIDPS_JOB_TOKEN=token, HYBRIDPS_ENCRYPT=encrypt)

@@ -37,9 +37,8 @@ TEST(TimelineTest, WritesTraceEventsEscapedShiftedAndBounded) {
           "\"bytes\": 64");
   t->Span("x", "c", t0 + absl::Microseconds(300), t0 + absl::Microseconds(200), 1);
   t->Span("y", "c", t0, t0, 0);
-  t->SetClockOffset(absl::Microseconds(40));  // our clock runs 40 µs ahead of the scheduler's
-  std::string path;
-  ASSERT_OK(t->Write(&path));
+  std::string path;  // our clock runs 40 µs ahead of the scheduler's
+  ASSERT_OK(t->Write(absl::Microseconds(40), &path));
   EXPECT_EQ(path, prefix + ".worker-3.json");
   const std::string json = Read(path);
   EXPECT_TRUE(absl::StrContains(json, "\"name\": \"push_pull of 'a\\\"b\\\\\\\\c'\\n\""))

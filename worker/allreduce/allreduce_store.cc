@@ -350,16 +350,8 @@ absl::Status AllreduceStore::Shutdown() {
   }
   cpu_.reset();
   comm_.reset();
-  if (timeline_ && control_) timeline_->SetClockOffset(control_->clock_offset());
+  if (timeline_ && control_) timeline_->WriteAndLog(control_->clock_offset());
   control_.reset();
-  if (timeline_) {
-    std::string path;
-    if (absl::Status w = timeline_->Write(&path); !w.ok()) {
-      HPS_LOG(WARNING) << w.message();
-    } else {
-      HPS_LOG(INFO) << "wrote the timeline " << path;
-    }
-  }
   absl::MutexLock lock(&mu_);
   if (!broken_.ok() && !peers_left_) return broken_;
   return s;

@@ -1,6 +1,5 @@
 #include "worker/ps/ps_store.h"
 
-#include <pthread.h>
 
 #include <cstring>
 
@@ -38,7 +37,6 @@ struct PsStore::Op {
   bool in_failing = false;  // listed in PsStore::failing_
   bool burst = false;       // submitted within burst_gather of the previous operation
   absl::Time stall_logged = absl::InfinitePast();  // the last StallNotice logged
-  absl::Time submitted = absl::Now();
   int local_pending = 0;    // partitions the local reducer still works on (it may touch
                             // in/out until it reports them done)
   std::shared_ptr<HandleState> handle = std::make_shared<HandleState>();
@@ -56,58 +54,6 @@ absl::StatusOr<std::unique_ptr<PsStore>> PsStore::Create(std::shared_ptr<Context
   std::unique_ptr<PsStore> s(new PsStore(std::move(ctx), options, std::move(on_broken)));
   RETURN_IF_ERROR(s->Start());
   return s;
-}
-
-absl::Status PsStore::Start() {
-  ControlClient::Callbacks cb;
-  cb.node_failed = [this](const wire::NodeFailed& f) {
-    Break(absl::UnavailableError(f.reason()));
-  };
-  cb.shutdown = [this](const wire::Shutdown& sd) {
-    if (!finalize_sent_) {
-      Break(absl::AbortedError(absl::StrCat("the job was shut down: ", sd.reason())));
-    }
-  };
-  cb.scheduler_lost = [this](const absl::Status& s) { Break(s); };
-  ASSIGN_OR_RETURN(control_, ControlClient::Connect(*ctx_, options_, std::move(cb)));
-  ASSIGN_OR_RETURN(wire::Welcome welcome, control_->Register(""));
-  rank_ = welcome.rank();
-  num_workers_ = welcome.num_workers();
-  num_servers_ = welcome.num_servers();
-  servers_.assign(welcome.servers().begin(), welcome.servers().end());
-  SetLogTag(absl::StrCat("worker ", rank_));
-  ASSIGN_OR_RETURN(layout_, NodeLayoutFromWelcome(welcome, rank_));
-  if (num_servers_ < 1) {
-    return absl::FailedPreconditionError("dist_hybrid needs at least one server");
-  }
-  windows_ = ServerWindows(num_servers_, options_.server_window_bytes);
-  std::vector<std::string> lanes = {"operations"};
-  for (int s = 0; s < num_servers_; ++s) lanes.push_back(absl::StrCat("to server ", s));
-  timeline_ = Timeline::Open(options_.timeline, absl::StrCat("worker ", rank_), 100 + rank_,
-                             std::move(lanes));
-  RETURN_IF_ERROR(ConnectServers());
-  if (layout_.local_size > 1) {
-    // Events come from inside Pump, on the I/O thread, which takes them right after, or
-    // from the reducer thread, which wakes the I/O thread then.
-    ASSIGN_OR_RETURN(local_, LocalReducer::Create(
-                                 options_, layout_,
-                                 [this](LocalReducer::Event e) {
-                                   absl::MutexLock lock(&local_mu_);
-                                   local_events_.push_back(std::move(e));
-                                 },
-                                 [this] { credits_->waker.Wake(); }));
-  }
-  io_thread_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "hps-worker-io");
-    IoLoop();
-  });
-  HPS_LOG(INFO) << "joined the job as worker " << rank_ << " of " << num_workers_ << " with "
-                << num_servers_ << " servers"
-                << (local_ ? absl::StrCat(", local rank ", layout_.local_rank, " of ",
-                                          layout_.local_size, " on node ", layout_.node, " of ",
-                                          layout_.num_nodes)
-                           : std::string());
-  return absl::OkStatus();
 }
 
 PsStore::~PsStore() {
@@ -221,38 +167,6 @@ absl::Status PsStore::Barrier() {
   }
   credits_->waker.Wake();
   return state->Wait();
-}
-
-absl::Status PsStore::Shutdown() {
-  auto state = std::make_shared<HandleState>();
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return absl::OkStatus();
-    stopping_ = true;
-    closed_ = absl::FailedPreconditionError("the store was shut down");
-    commands_.push_back(Command{nullptr, nullptr, state, nullptr});
-  }
-  absl::Status s;
-  if (io_thread_.joinable()) {
-    credits_->waker.Wake();
-    s = state->Wait();
-    io_exit_.store(true);
-    credits_->waker.Wake();
-    io_thread_.join();
-  }
-  if (timeline_ && control_) timeline_->SetClockOffset(control_->clock_offset());
-  local_.reset();
-  data_.clear();
-  control_.reset();
-  if (timeline_) {
-    std::string path;
-    if (absl::Status w = timeline_->Write(&path); !w.ok()) {
-      HPS_LOG(WARNING) << w.message();
-    } else {
-      HPS_LOG(INFO) << "wrote the timeline " << path;
-    }
-  }
-  return s;
 }
 
 void PsStore::IoLoop() {
@@ -540,7 +454,7 @@ void PsStore::SendPart(const PartTask& t, const GlobalOrder& order) {
       max_unanswered_.store(unanswered, std::memory_order_relaxed);
     }
   }
-  last_send_ = absl::Now();
+  last_send_ = sent;
   in_flight_.emplace(id, InFlight{active_.at(op->seq), part.index, op->rounds[part.index],
                                   part.server, pushed, order, {}, sent});
 }
@@ -674,7 +588,7 @@ void PsStore::MaybeComplete(Op* op) {
   op->completed = true;
   if (timeline_) {
     timeline_->Span(op->Describe(), op->status.ok() ? "operation" : "failed operation",
-                    op->submitted, absl::Now(), 0,
+                    op->deadline - options_.op_timeout, absl::Now(), 0,
                     absl::StrCat("\"bytes\": ", op->in.count * DTypeSize(op->in.dtype),
                                  ", \"partitions\": ", op->parts.size()));
   }

@@ -1,16 +1,96 @@
-// dist_hybrid's data connections: a worker's connections (lanes) to every server, in
-// proportion to the server's byte share (Options::max_server_lanes), the handshakes, and
-// which lane each partition takes.
+// dist_hybrid's worker joining and leaving the job: registration, its data connections
+// (lanes) to every server, in proportion to the server's byte share
+// (Options::max_server_lanes), the handshakes, which lane each partition takes, and the
+// shutdown.
+#include <pthread.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "common/wire.h"
 #include "worker/ps/ps_store.h"
 
 namespace hybridps {
+
+absl::Status PsStore::Start() {
+  ControlClient::Callbacks cb;
+  cb.node_failed = [this](const wire::NodeFailed& f) {
+    Break(absl::UnavailableError(f.reason()));
+  };
+  cb.shutdown = [this](const wire::Shutdown& sd) {
+    if (!finalize_sent_) {
+      Break(absl::AbortedError(absl::StrCat("the job was shut down: ", sd.reason())));
+    }
+  };
+  cb.scheduler_lost = [this](const absl::Status& s) { Break(s); };
+  ASSIGN_OR_RETURN(control_, ControlClient::Connect(*ctx_, options_, std::move(cb)));
+  ASSIGN_OR_RETURN(wire::Welcome welcome, control_->Register(""));
+  rank_ = welcome.rank();
+  num_workers_ = welcome.num_workers();
+  num_servers_ = welcome.num_servers();
+  servers_.assign(welcome.servers().begin(), welcome.servers().end());
+  SetLogTag(absl::StrCat("worker ", rank_));
+  ASSIGN_OR_RETURN(layout_, NodeLayoutFromWelcome(welcome, rank_));
+  if (num_servers_ < 1) {
+    return absl::FailedPreconditionError("dist_hybrid needs at least one server");
+  }
+  windows_ = ServerWindows(num_servers_, options_.server_window_bytes);
+  std::vector<std::string> lanes = {"operations"};
+  for (int s = 0; s < num_servers_; ++s) lanes.push_back(absl::StrCat("to server ", s));
+  timeline_ = Timeline::Open(options_.timeline, absl::StrCat("worker ", rank_), 100 + rank_,
+                             std::move(lanes));
+  RETURN_IF_ERROR(ConnectServers());
+  if (layout_.local_size > 1) {
+    // Events come from inside Pump, on the I/O thread, which takes them right after, or
+    // from the reducer thread, which wakes the I/O thread then.
+    ASSIGN_OR_RETURN(local_, LocalReducer::Create(
+                                 options_, layout_,
+                                 [this](LocalReducer::Event e) {
+                                   absl::MutexLock lock(&local_mu_);
+                                   local_events_.push_back(std::move(e));
+                                 },
+                                 [this] { credits_->waker.Wake(); }));
+  }
+  io_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "hps-worker-io");
+    IoLoop();
+  });
+  HPS_LOG(INFO) << "joined the job as worker " << rank_ << " of " << num_workers_ << " with "
+                << num_servers_ << " servers"
+                << (local_ ? absl::StrCat(", local rank ", layout_.local_rank, " of ",
+                                          layout_.local_size, " on node ", layout_.node, " of ",
+                                          layout_.num_nodes)
+                           : std::string());
+  return absl::OkStatus();
+}
+
+absl::Status PsStore::Shutdown() {
+  auto state = std::make_shared<HandleState>();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::OkStatus();
+    stopping_ = true;
+    closed_ = absl::FailedPreconditionError("the store was shut down");
+    commands_.push_back(Command{nullptr, nullptr, state, nullptr});
+  }
+  absl::Status s;
+  if (io_thread_.joinable()) {
+    credits_->waker.Wake();
+    s = state->Wait();
+    io_exit_.store(true);
+    credits_->waker.Wake();
+    io_thread_.join();
+  }
+  if (timeline_ && control_) timeline_->WriteAndLog(control_->clock_offset());
+  local_.reset();
+  data_.clear();
+  control_.reset();
+  return s;
+}
 
 absl::Status PsStore::ConnectServers() {
   Poller poller;
