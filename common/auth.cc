@@ -6,9 +6,11 @@
 #include <cstdlib>
 
 #include "absl/base/call_once.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/version.h"
 #include "common/wire.h"
 
 namespace hybridps {
@@ -84,6 +86,11 @@ wire::Envelope ClientHandshake::Hello() const {
 
 absl::StatusOr<wire::Envelope> ClientHandshake::Answer(const wire::HelloAck& ack,
                                                        absl::string_view server) const {
+  if (ack.software_version() != Version()) {
+    return absl::FailedPreconditionError(
+        VersionsDiffer(absl::StrCat("this ", WireRoleName(role_)), Version(), server,
+                       ack.software_version()));
+  }
   if (!SameMac(ack.proof(), key_.Mac({"server", nonce_, ack.nonce()}))) {
     return absl::PermissionDeniedError(absl::StrCat(
         server, " does not hold this job's token: HYBRIDPS_JOB_TOKEN (or the file named by "
@@ -113,6 +120,7 @@ wire::Envelope Gatekeeper::Challenge(absl::string_view peer, const wire::Hello& 
   auto* ack = env.mutable_hello_ack();
   ack->set_nonce(nonce);
   ack->set_proof(key_.Mac({"server", hello.nonce(), nonce}));
+  ack->set_software_version(Version());
   return env;
 }
 

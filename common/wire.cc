@@ -3,8 +3,10 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
 #include "common/dtype.h"
+#include "common/version.h"
 
 namespace hybridps {
 
@@ -49,12 +51,24 @@ wire::Envelope MakeHello(wire::NodeRole role, int rank) {
   auto* h = env.mutable_hello();
   h->set_magic(kMagic);
   h->set_version(kProtocolVersion);
+  h->set_software_version(Version());
   h->set_role(role);
   h->set_rank(rank);
   return env;
 }
 
-absl::Status CheckHello(const wire::Hello& hello) {
+std::string VersionsDiffer(absl::string_view side_a, absl::string_view version_a,
+                           absl::string_view side_b, absl::string_view version_b) {
+  auto shown = [](absl::string_view v) {
+    return v.empty() ? std::string("an unknown version (before 0.1.0)") : absl::CEscape(v);
+  };
+  return absl::StrCat("hybridps versions differ: ", side_a, " runs ", shown(version_a), ", ",
+                      side_b, " runs ", shown(version_b),
+                      "; every process of a job must run the same version (install the same "
+                      "one on every host)");
+}
+
+absl::Status CheckHello(const wire::Hello& hello, absl::string_view receiver) {
   if (hello.magic() != kMagic) {
     return absl::FailedPreconditionError(
         absl::StrFormat("bad magic 0x%08x (expected 0x%08x): not a hybridps peer",
@@ -64,6 +78,12 @@ absl::Status CheckHello(const wire::Hello& hello) {
     return absl::FailedPreconditionError(
         absl::StrCat("protocol version ", hello.version(), " is not supported (this build "
                      "speaks version ", kProtocolVersion, ")"));
+  }
+  if (hello.software_version() != Version()) {
+    return absl::FailedPreconditionError(
+        VersionsDiffer(receiver, Version(), absl::StrCat("the connecting ",
+                                                         WireRoleName(hello.role())),
+                       hello.software_version()));
   }
   if (hello.nonce().size() != 32) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -34,8 +34,12 @@ absl::StatusOr<Decoded> Decode(Message msg, bool from_router);
 
 // A Hello for this node.
 wire::Envelope MakeHello(wire::NodeRole role, int rank);
-// OK if `hello` has our magic and version; else FailedPrecondition naming what differs.
-absl::Status CheckHello(const wire::Hello& hello);
+// OK if `hello` has our magic, protocol version and hybridps version; else
+// FailedPrecondition naming what differs. `receiver` names this side ("the scheduler").
+absl::Status CheckHello(const wire::Hello& hello, absl::string_view receiver);
+// "hybridps versions differ: A runs 0.1.0, B runs 0.2.0; every process ...".
+std::string VersionsDiffer(absl::string_view side_a, absl::string_view version_a,
+                           absl::string_view side_b, absl::string_view version_b);
 
 // Checks a DataRequest and its payload: valid dtype and op, count*size without overflow
 // and equal to the payload size when a payload is required or present.

@@ -1,6 +1,6 @@
 // hybridps-scheduler: configured by HYBRIDPS_* environment variables (docs/configuration.md).
 // `hybridps-scheduler --build-info` prints which engines this build has (what
-// `hybridrun --check-build` shows) and exits.
+// `hybridrun --check-build` shows) and exits; `--version` prints the version.
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/options.h"
 #include "common/transport.h"
+#include "common/version.h"
 #include "scheduler/scheduler.h"
 
 namespace {
@@ -24,9 +25,13 @@ int main(int argc, char** argv) {
                 HYBRIDPS_BUILT_NCCL ? "yes" : "no", HYBRIDPS_BUILT_GLOO ? "yes" : "no");
     return 0;
   }
+  if (argc == 2 && std::strcmp(argv[1], "--version") == 0) {
+    std::printf("hybridps-scheduler %s\n", hybridps::Version());
+    return 0;
+  }
   if (argc > 1) {
     std::fprintf(stderr,
-                 "usage: hybridps-scheduler [--build-info]\n"
+                 "usage: hybridps-scheduler [--build-info | --version]\n"
                  "(configured by HYBRIDPS_* environment variables; see docs/configuration.md)\n");
     return 2;
   }

@@ -144,7 +144,7 @@ void Scheduler::HandleMessage(Message raw) {
   // The job-token handshake (common/auth.h): nothing is kept for a connection, and
   // nothing else it sends is accepted, until its Auth checks out.
   if (env.body_case() == wire::Envelope::kHello) {
-    if (auto s = CheckHello(env.hello()); !s.ok()) {
+    if (auto s = CheckHello(env.hello(), "the scheduler"); !s.ok()) {
       HPS_LOG_EVERY_SEC(WARNING, 1) << "refused a connection: " << s.message();
       ReplyError(peer, env.id(), s);
       return;

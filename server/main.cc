@@ -1,11 +1,13 @@
 // hybridps-server: configured by HYBRIDPS_* environment variables (docs/configuration.md).
-// Servers never import or link MXNet.
+// Servers never import or link MXNet. `hybridps-server --version` prints the version.
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 
 #include "common/log.h"
 #include "common/options.h"
 #include "common/transport.h"
+#include "common/version.h"
 #include "server/server.h"
 
 namespace {
@@ -15,7 +17,17 @@ void OnSignal(int) {
 }
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "--version") == 0) {
+    std::printf("hybridps-server %s\n", hybridps::Version());
+    return 0;
+  }
+  if (argc > 1) {
+    std::fprintf(stderr,
+                 "usage: hybridps-server [--version]\n"
+                 "(configured by HYBRIDPS_* environment variables; see docs/configuration.md)\n");
+    return 2;
+  }
   auto options = hybridps::OptionsFromEnvironment();
   if (!options.ok()) {
     std::fprintf(stderr, "hybridps-server: %s\n", options.status().ToString().c_str());

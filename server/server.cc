@@ -360,7 +360,9 @@ void Server::HandleData(Message raw) {
   // nothing else it sends is accepted, until its Auth checks out.
   auto it = peers_.find(d->peer);
   if (env.body_case() == wire::Envelope::kHello) {
-    if (auto s = CheckHello(env.hello()); !s.ok()) return Reject(d->peer, env.id(), s);
+    if (auto s = CheckHello(env.hello(), "this server"); !s.ok()) {
+      return Reject(d->peer, env.id(), s);
+    }
     if (env.hello().role() != wire::ROLE_WORKER) {
       return Reject(d->peer, env.id(),
                     absl::PermissionDeniedError("only workers talk to a server's data port"));

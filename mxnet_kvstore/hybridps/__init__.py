@@ -7,4 +7,6 @@ This package stays light: the extension (_hybridps_core) and MXNet are imported 
 hybridps.mxnet only.
 """
 
-__all__ = ["mxnet"]
+from hybridps._version import __version__
+
+__all__ = ["mxnet", "__version__"]

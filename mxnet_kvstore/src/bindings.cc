@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/options.h"
+#include "common/version.h"
 #include "mxnet_kvstore/src/engine_bridge.h"
 #include "optimizers/lr_schedule.h"
 #include "optimizers/update_rule.h"
@@ -250,6 +251,7 @@ PYBIND11_MODULE(_hybridps_core, m) {
   using hybridps::PyStore;
   namespace bridge = hybridps::mxnet_bridge;
   m.doc() = "hybridps worker API and MXNet engine bridge (private; use hybridps.mxnet)";
+  m.attr("__version__") = hybridps::Version();
   // What this build has (its compile definitions): Horovod's *_built() answer from these.
 #if HYBRIDPS_HAVE_GLOO
   m.attr("built_with_gloo") = true;

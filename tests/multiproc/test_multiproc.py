@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import (BACKENDS, DETECTION_BOUND, DirectJob, FAILURE_BOUND, HIERARCHICAL,
+from harness import (BACKENDS, BUILD, DETECTION_BOUND, DirectJob, FAILURE_BOUND, HIERARCHICAL,
                      HYBRID_ONE_NODE, JobEnv, LOGREG, ONE_NODE, REPO, RUN_TIMEOUT, TEST_WORKER,
                      assert_nothing_left, error_lines, find_process, hybridrun, segment_prefix,
                      worker_lines)
@@ -324,6 +324,37 @@ def test_a_process_of_another_job_is_refused(job: JobEnv, tmp_path: Path,
     assert_every_round_ok(j, workers=2, rounds=3)
     registered = [line for line in j.lines("scheduler") if "registered from" in line]
     assert len(registered) == 3, j.text()  # the job's 2 workers and its server only
+    assert_nothing_left(job.marker)
+
+
+def test_a_server_of_another_version_fails_the_job_at_start(job: JobEnv,
+                                                          tmp_path: Path) -> None:
+    """A job whose server is of another hybridps version than its scheduler and workers
+    (here a copy of the built server with the version after its tag patched, as a second
+    build would be) fails at its start, every message naming both versions."""
+    ours = subprocess.run([str(BUILD / "server" / "hybridps-server"), "--version"],
+                          capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                          stdin=subprocess.DEVNULL).stdout.split()[-1]
+    other = "9" * len(ours.split(".")[0]) + ours[len(ours.split(".")[0]):]
+    tag = b"hybridps-version="
+    binary = (BUILD / "server" / "hybridps-server").read_bytes()
+    assert binary.count(tag + ours.encode() + b"\0") == 1, "the version tag is not unique"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "hybridps-server").write_bytes(
+        binary.replace(tag + ours.encode() + b"\0", tag + other.encode() + b"\0"))
+    (bin_dir / "hybridps-server").chmod(0o755)
+    (bin_dir / "hybridps-scheduler").symlink_to(BUILD / "scheduler" / "hybridps-scheduler")
+    done = subprocess.run([str(bin_dir / "hybridps-server"), "--version"], capture_output=True,
+                          text=True, timeout=RUN_TIMEOUT, stdin=subprocess.DEVNULL)
+    assert done.stdout == f"hybridps-server {other}\n", done.stdout
+    run = hybridrun(job, 1, 1, [str(TEST_WORKER), "--rounds", "3"],
+                    options=("--bin-dir", str(bin_dir)))
+    code, out, err, _ = run.finish(RUN_TIMEOUT)
+    assert code != 0, f"{out}\n{err}"
+    assert (f"hybridps versions differ: the scheduler runs {ours}, the connecting server runs "
+            f"{other}; every process of a job must run the same version") in out + err, out + err
+    assert "round 0 ok" not in out, out
     assert_nothing_left(job.marker)
 
 

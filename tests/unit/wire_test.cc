@@ -1,5 +1,8 @@
 #include "common/wire.h"
 #include "tests/status_matchers.h"
+#include "absl/strings/str_cat.h"
+#include "common/auth.h"
+#include "common/version.h"
 
 #include <gtest/gtest.h>
 
@@ -97,19 +100,29 @@ TEST(Wire, ValidatesPayloadAgainstHeader) {
 }
 
 TEST(Wire, HelloChecksMagicAndVersion) {
+  constexpr absl::string_view kMe = "the scheduler";
   auto hello = MakeHello(wire::ROLE_WORKER, 3);
   hello.mutable_hello()->set_nonce(std::string(32, 'n'));
-  EXPECT_OK(CheckHello(hello.hello()));
+  EXPECT_OK(CheckHello(hello.hello(), kMe));
   EXPECT_EQ(hello.hello().rank(), 3);
   auto bad = hello;
   bad.mutable_hello()->set_magic(0x12345678);
-  EXPECT_NE(CheckHello(bad.hello()).message().find("magic"), absl::string_view::npos);
+  EXPECT_NE(CheckHello(bad.hello(), kMe).message().find("magic"), absl::string_view::npos);
   bad = hello;
   bad.mutable_hello()->set_version(kProtocolVersion + 1);
-  EXPECT_NE(CheckHello(bad.hello()).message().find("version"), absl::string_view::npos);
+  EXPECT_NE(CheckHello(bad.hello(), kMe).message().find("version"), absl::string_view::npos);
+  bad = hello;
+  bad.mutable_hello()->set_software_version("0.0.1-other");
+  EXPECT_EQ(CheckHello(bad.hello(), kMe).message(),
+            absl::StrCat("hybridps versions differ: the scheduler runs ", Version(),
+                         ", the connecting worker runs 0.0.1-other; every process of a job "
+                         "must run the same version (install the same one on every host)"));
+  bad.mutable_hello()->clear_software_version();
+  EXPECT_NE(CheckHello(bad.hello(), kMe).message().find("an unknown version (before"),
+            absl::string_view::npos);
   bad = hello;
   bad.mutable_hello()->set_nonce(std::string(1 << 20, 'n'));  // never hashed
-  EXPECT_NE(CheckHello(bad.hello()).message().find("1048576-byte nonce"),
+  EXPECT_NE(CheckHello(bad.hello(), kMe).message().find("1048576-byte nonce"),
             absl::string_view::npos);
 }
 
@@ -121,6 +134,20 @@ TEST(Wire, ErrorsRoundTrip) {
   EXPECT_EQ(s.message(), "tensor 'w' mismatched");
   wire::Error ok_code;  // An error that claims OK is still an error.
   EXPECT_FALSE(FromWire(ok_code).ok());
+}
+
+TEST(Handshake, AServerOfAnotherVersionIsRefusedByTheClient) {
+  const JobKey key("token");
+  const ClientHandshake client(key, wire::ROLE_WORKER, 0);
+  const Gatekeeper gate(key);
+  wire::Envelope ack = gate.Challenge("peer", client.Hello().hello());
+  EXPECT_EQ(ack.hello_ack().software_version(), Version());
+  EXPECT_OK(client.Answer(ack.hello_ack(), "server 0").status());
+  ack.mutable_hello_ack()->set_software_version("7.7.7");
+  EXPECT_EQ(client.Answer(ack.hello_ack(), "server 0").status().message(),
+            absl::StrCat("hybridps versions differ: this worker runs ", Version(),
+                         ", server 0 runs 7.7.7; every process of a job must run the same "
+                         "version (install the same one on every host)"));
 }
 
 }  // namespace
