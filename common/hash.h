@@ -1,6 +1,6 @@
 // A stable 64-bit hash of a string (FNV-1a): the same value in every process, build and
 // run, for names that several processes must derive alike (tensor keys, shared-memory
-// segment names; scripts/hybridrun_lib/shm.py computes the same in Python).
+// segment names; hybridps/launcher/shm.py computes the same in Python).
 #ifndef HYBRIDPS_COMMON_HASH_H_
 #define HYBRIDPS_COMMON_HASH_H_
 

@@ -56,6 +56,8 @@ def test_layout_binaries_and_libraries(bundle: Path) -> None:
         assert not name.startswith(("libc.so", "libm.so", "libpthread.so", "libcuda.so",
                                     "libcudart.so", "libnccl.so")), name
     assert (bundle / "scripts" / "hybridrun").is_file()
+    assert (bundle / "mxnet_kvstore" / "hybridps" / "launcher" / "cli.py").is_file()
+    assert list((bundle / "build" / "mxnet_kvstore").glob("_hybridps_core*.so"))
     # The multi-process tests (device-checks runs their GPU cases) load with their harness.
     collected = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
@@ -71,6 +73,16 @@ def test_env_sh_points_at_the_bundle(bundle: Path) -> None:
     env = bundle_env(bundle)
     assert env["HYBRIDPS_BIN_DIR"] == str(bundle / "build")
     assert env["LD_LIBRARY_PATH"].split(":")[0] == str(bundle / "lib")
+    # The Debian interpreter (no project .pth) imports the package and its extension from
+    # the bundle alone.
+    done = subprocess.run(
+        ["/usr/bin/python3", "-c", "import hybridps, hybridps._core as c; "
+         "print(hybridps.__file__, c.core.__file__, hybridps.__version__)"],
+        capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=bundle.parent)
+    assert done.returncode == 0, done.stdout + done.stderr
+    package, extension, _ = done.stdout.split()
+    assert package.startswith(str(bundle / "mxnet_kvstore")), package
+    assert extension.startswith(str(bundle / "build" / "mxnet_kvstore")), extension
 
 
 def test_a_job_runs_from_the_bundle_alone(bundle: Path, tmp_path: Path) -> None:

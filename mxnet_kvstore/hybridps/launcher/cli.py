@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from .._version import __version__
 from .binaries import (BIN_DIR_ENV, SCHEDULER_BINARY, SERVER_BINARY, BinaryNotFoundError,
                        find_binary)
 from .hosts import LOCAL_NAMES, HostSpecError, parse_host_list, parse_hostfile, place
@@ -28,7 +29,8 @@ USAGE = ("hybridrun -np N [-H HOST:SLOTS,... | --hostfile FILE] [--servers M]\n"
          "                 [--shutdown-timeout S] [--bin-dir DIR] [--dry-run] [--verbose]\n"
          "                 [--timeline-filename FILE] [--summary-every SECONDS]\n"
          "                 -- COMMAND [ARGS...]\n"
-         "       hybridrun --check-build [--bin-dir DIR]")
+         "       hybridrun --check-build [--bin-dir DIR]\n"
+         "       hybridrun --version")
 
 DESCRIPTION = """\
 Launch a hybridps job: one scheduler (always on this machine), M servers and N
@@ -42,8 +44,10 @@ stdout with a prefix such as [scheduler], [server 0] or, across hosts, [worker 1
 EPILOG = """\
 binaries:
   hybridps-scheduler and hybridps-server are taken from --bin-dir, else from
-  $HYBRIDPS_BIN_DIR (DIR/NAME or DIR/{scheduler,server}/NAME), else from
-  <repo>/build/{scheduler,server}/, else from PATH.
+  $HYBRIDPS_BIN_DIR (DIR/NAME or DIR/{scheduler,server}/NAME), else from the
+  installed package (hybridps/bin/) or the folder of this hybridrun (a `cmake
+  --install` prefix's bin/), else, run from a source tree as
+  scripts/hybridrun, from <repo>/build/{scheduler,server}/, else from PATH.
 
 environment of the workers:
   HYBRIDPS_ROLE=worker HYBRIDPS_RANK=0..N-1 HYBRIDPS_LOCAL_RANK HYBRIDPS_LOCAL_SIZE
@@ -106,6 +110,8 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--remote-shell", default=DEFAULT_REMOTE_SHELL,
                         metavar="TEMPLATE",
                         help="how to run a command on a host (default: %(default)s)")
+    parser.add_argument("--version", action="version",
+                        version=f"hybridrun (hybridps) {__version__}")
     parser.add_argument("--check-build", action="store_true",
                         help="print which engines the binaries were built with and exit")
     parser.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND,
@@ -260,7 +266,7 @@ def job_token(environ: Mapping[str, str]) -> str:
     return token or secrets.token_hex(16)
 
 
-def make_plan(args: argparse.Namespace, repo_root: Path, port_file: str) -> JobPlan:
+def make_plan(args: argparse.Namespace, repo_root: Path | None, port_file: str) -> JobPlan:
     """Build the job plan; raises BinaryNotFoundError and SetupError."""
     multi = multi_host(args)
     num_workers, num_servers = args.np, args.servers
@@ -285,7 +291,7 @@ def make_plan(args: argparse.Namespace, repo_root: Path, port_file: str) -> JobP
                       extra_env=forwarded_environment(args))
 
 
-def check_build(args: argparse.Namespace, repo_root: Path) -> int:
+def check_build(args: argparse.Namespace, repo_root: Path | None) -> int:
     """Print the engines the binaries were built with (hybridps-scheduler --build-info)."""
     scheduler_bin = find_binary(SCHEDULER_BINARY, bin_dir=args.bin_dir, env=os.environ,
                                 repo_root=repo_root)
@@ -317,9 +323,8 @@ def check_build(args: argparse.Namespace, repo_root: Path) -> int:
 
 
 def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> int:
+    """Run hybridrun; `repo_root` is the source tree when run as scripts/hybridrun."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if repo_root is None:
-        repo_root = Path(__file__).resolve().parent.parent.parent
     sink = OutputSink()
     if args.check_build:
         try:
@@ -371,3 +376,13 @@ def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> in
                                         [f"{s.role} {s.index}" for s in plan.processes()
                                          if s.role in ("worker", "server")]))
         return code
+
+
+def entry(repo_root: Path | None = None) -> int:
+    """The `hybridrun` command (the installed console script; scripts/hybridrun)."""
+    code = main(sys.argv[1:], repo_root=repo_root)
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):  # stdout closed by a reader such as head
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return code

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -26,13 +27,24 @@ def _in_dir(directory: Path, name: str) -> list[Path]:
     return [directory / name, directory / BUILD_SUBDIRS[name] / name]
 
 
+# Where an installed package (a wheel, `pip install`) keeps the two binaries.
+PACKAGE_BIN_DIR = Path(__file__).resolve().parent.parent / "bin"
+
+
+def _beside_the_command() -> Path:
+    """The folder of the hybridrun being run (a `cmake --install` prefix's bin/)."""
+    return Path(sys.argv[0]).resolve().parent if sys.argv and sys.argv[0] else Path.cwd()
+
+
 def find_binary(name: str, *, bin_dir: str | None, env: Mapping[str, str],
-                repo_root: Path) -> Path:
+                repo_root: Path | None) -> Path:
     """Return the path of executable ``name``.
 
     An explicit folder (``--bin-dir``, else $HYBRIDPS_BIN_DIR) is the only place
     searched when given, so a typo never silently picks up another build. Without
-    one: ``<repo>/build/<scheduler|server>/``, then PATH.
+    one: the installed package's ``bin/``, the folder of the hybridrun being run, then
+    (run from a source tree)
+    ``<repo>/build/<scheduler|server>/``, then PATH.
     """
     if bin_dir:
         candidates, source, use_path = _in_dir(Path(bin_dir), name), "--bin-dir", False
@@ -40,8 +52,12 @@ def find_binary(name: str, *, bin_dir: str | None, env: Mapping[str, str],
         candidates, source = _in_dir(Path(env[BIN_DIR_ENV]), name), f"${BIN_DIR_ENV}"
         use_path = False
     else:
-        candidates = [repo_root / "build" / BUILD_SUBDIRS[name] / name]
-        source, use_path = "the build tree, then PATH", True
+        candidates = [PACKAGE_BIN_DIR / name, _beside_the_command() / name]
+        source = "the installed package, beside hybridrun"
+        if repo_root is not None:
+            candidates.append(repo_root / "build" / BUILD_SUBDIRS[name] / name)
+            source += ", the build tree"
+        source, use_path = source + ", then PATH", True
 
     for candidate in candidates:
         if _is_executable(candidate):

@@ -16,8 +16,8 @@ group, SIGKILL to those still alive after the grace, and removes the job's segme
 Remote processes need no watchdog: their wrapper stops them when the ssh pipe closes
 (remote.py).
 
-Run as ``python -m hybridrun_lib.watchdog GRACE_SECONDS`` with the folder above
-hybridrun_lib on the module path.
+Run as ``python -m hybridps.launcher.watchdog GRACE_SECONDS`` with the folder above
+the hybridps package on the module path.
 """
 from __future__ import annotations
 
@@ -100,12 +100,12 @@ class Watchdog:
     """hybridrun's end of the pipe: starts the watchdog and tells it what to clean up."""
 
     def __init__(self, grace: float) -> None:
-        package_parent = str(Path(__file__).resolve().parent.parent)
+        package_parent = str(Path(__file__).resolve().parent.parent.parent)
         path = os.environ.get("PYTHONPATH")
         env = {**os.environ,
                "PYTHONPATH": package_parent + (os.pathsep + path if path else "")}
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "hybridrun_lib.watchdog", str(grace)],
+            [sys.executable, "-m", "hybridps.launcher.watchdog", str(grace)],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env,
             start_new_session=True, close_fds=True)
 

@@ -1,4 +1,4 @@
-"""Helpers of the ``hybridrun`` launcher (see scripts/hybridrun).
+"""The ``hybridrun`` launcher: the installed command, and scripts/hybridrun in a source tree.
 
 Modules:
   binaries -- where hybridps-scheduler and hybridps-server are found.
