@@ -126,6 +126,11 @@ SCRIPT_VARS = {
     "HYBRIDPS_CLANGXX": ("clang-check.sh", "the clang++ of the thread-safety check (default "
                          "clang++, else clang++-14)"),
     "HYBRIDPS_CLANG_TIMEOUT": ("clang-check.sh", "seconds one file may take (default 300)"),
+    "HYBRIDPS_CUDART_LIBRARY": ("a worker built with CUDA", "the CUDA runtime to load (a path "
+                                "or a name for dlopen; default the soname built against, "
+                                "e.g. `libcudart.so.13`)"),
+    "HYBRIDPS_NCCL_LIBRARY": ("a worker built with CUDA", "NCCL to load (a path or a name for "
+                              "dlopen; default `libnccl.so.2`)"),
 }
 
 # Where variables are read: C/C++ string literals, Python string literals, shell

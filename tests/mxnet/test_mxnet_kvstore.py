@@ -302,12 +302,16 @@ def test_horovod_topology_and_build(job):
         assert b["mpi_built"] is False and b["mpi_enabled"] is False, b
         assert b["mpi_threads_supported"] is False and b["rocm_built"] is False, b
         assert b["gloo_enabled"] is (store == "dist_allreduce"), b
-        # The extension's build flags (core.built_with_*) must match what it links (ldd).
+        # The extension's build flags (core.built_with_*) must match what it holds: Gloo
+        # linked (ldd), the CUDA runtime and NCCL loaded at run time (their loader's
+        # settings in its bytes), never linked.
         so = next((BUILD / "mxnet_kvstore").glob("_hybridps_core*.so"))
         ldd = subprocess.run(["ldd", str(so)], capture_output=True, text=True).stdout
         assert b["gloo_built"] is ("libgloo" in ldd), b
-        assert b["nccl_built"] is ("libnccl" in ldd), b
-        assert b["cuda_built"] is ("libcudart" in ldd or "libcuda." in ldd), b
+        assert "libnccl" not in ldd and "libcudart" not in ldd, ldd
+        binary = so.read_bytes()
+        assert b["nccl_built"] is (b"HYBRIDPS_NCCL_LIBRARY" in binary), b
+        assert b["cuda_built"] is (b"HYBRIDPS_CUDART_LIBRARY" in binary), b
 
 
 def test_horovod_allreduce_ops_and_scaling(job):
