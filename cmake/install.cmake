@@ -38,15 +38,19 @@ install(FILES "${PROJECT_BINARY_DIR}/hybridpsConfig.cmake"
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/mxnet_kvstore/hybridps"
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/hybridps/python COMPONENT cpp
         PATTERN "__pycache__" EXCLUDE)
-install(PROGRAMS "${PROJECT_SOURCE_DIR}/cmake/hybridrun.in" RENAME hybridrun
-        DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT cpp)
+configure_file(cmake/hybridrun.in "${PROJECT_BINARY_DIR}/hybridrun" @ONLY)
+install(PROGRAMS "${PROJECT_BINARY_DIR}/hybridrun" DESTINATION ${CMAKE_INSTALL_BINDIR}
+        COMPONENT cpp)
 
 # ---- python (the wheel) ---------------------------------------------------------------
+# Only when asked for by name (scikit-build-core does): a plain `cmake --install` must not
+# put a Python package at the prefix's root.
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/mxnet_kvstore/hybridps" DESTINATION .
-        COMPONENT python PATTERN "__pycache__" EXCLUDE)
+        COMPONENT python EXCLUDE_FROM_ALL PATTERN "__pycache__" EXCLUDE)
 install(TARGETS hybridps-scheduler hybridps-server RUNTIME DESTINATION hybridps/bin
-        COMPONENT python)
+        COMPONENT python EXCLUDE_FROM_ALL)
 if(TARGET _hybridps_core)
-  install(TARGETS _hybridps_core LIBRARY DESTINATION . COMPONENT python)
+  install(TARGETS _hybridps_core LIBRARY DESTINATION . COMPONENT python EXCLUDE_FROM_ALL)
 endif()
-install(FILES "${PROJECT_SOURCE_DIR}/cmake/hybridps.pth" DESTINATION . COMPONENT python)
+install(FILES "${PROJECT_SOURCE_DIR}/cmake/hybridps.pth" DESTINATION . COMPONENT python
+        EXCLUDE_FROM_ALL)

@@ -6,7 +6,6 @@
 #include <cstdlib>
 
 #include "absl/base/call_once.h"
-#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"

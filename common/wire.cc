@@ -59,8 +59,10 @@ wire::Envelope MakeHello(wire::NodeRole role, int rank) {
 
 std::string VersionsDiffer(absl::string_view side_a, absl::string_view version_a,
                            absl::string_view side_b, absl::string_view version_b) {
-  auto shown = [](absl::string_view v) {
-    return v.empty() ? std::string("an unknown version (before 0.1.0)") : absl::CEscape(v);
+  auto shown = [](absl::string_view v) {  // a peer's, before it proved anything: bounded
+    if (v.empty()) return std::string("an unknown version (before 0.1.0)");
+    return v.size() > 64 ? absl::StrCat(absl::CEscape(v.substr(0, 64)), "...")
+                         : absl::CEscape(v);
   };
   return absl::StrCat("hybridps versions differ: ", side_a, " runs ", shown(version_a), ", ",
                       side_b, " runs ", shown(version_b),

@@ -114,8 +114,8 @@ FIELD_OF = {"HYBRIDPS_JOB_TOKEN": "job_token", "HYBRIDPS_JOB_TOKEN_FILE": "job_t
 SCRIPT_VARS = {
     "HYBRIDPS_BIN_DIR": ("hybridrun", "where `hybridps-scheduler` and `hybridps-server` are "
                          "(as `--bin-dir`); a bundle's `env.sh` sets it"),
-    "HYBRIDPS_BUILD_DIR": ("build.sh, test.sh, demo.sh, clang-check.sh, device-checks, the "
-                           "tests", "the build tree (default `build/`)"),
+    "HYBRIDPS_BUILD_DIR": ("build.sh, test.sh, demo.sh, build-wheel, clang-check.sh, "
+                           "device-checks, the tests", "the build tree (default `build/`)"),
     "HYBRIDPS_CMAKE_ARGS": ("build.sh", "extra arguments for CMake's configure step, e.g. "
                             "`-DHYBRIDPS_WITH_CUDA=OFF`"),
     "HYBRIDPS_JOBS": ("build.sh", "parallel compile jobs (default 2)"),

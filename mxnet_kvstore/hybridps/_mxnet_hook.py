@@ -1,7 +1,7 @@
 """Makes a forgotten `import hybridps.mxnet` a clear error instead of a ps-lite crash.
 
-Loaded from the hybridps.pth file that scripts/build.sh writes into the project's virtual
-environment. When a script imports mxnet, placeholders are registered under
+Loaded from hybridps.pth (an installed wheel) or hybridps-dev.pth (what scripts/build.sh
+writes into the project's virtual environment). When a script imports mxnet, placeholders are registered under
 'dist_hybrid' and 'dist_allreduce'; without them, mx.kv.create('dist_hybrid') silently
 falls back to MXNet's own ps-lite store (the name contains "dist"), which fails with
 "Check notnull: ... DMLC_NUM_WORKER". `import hybridps.mxnet` replaces the placeholders

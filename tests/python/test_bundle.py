@@ -73,10 +73,10 @@ def test_env_sh_points_at_the_bundle(bundle: Path) -> None:
     env = bundle_env(bundle)
     assert env["HYBRIDPS_BIN_DIR"] == str(bundle / "build")
     assert env["LD_LIBRARY_PATH"].split(":")[0] == str(bundle / "lib")
-    # The Debian interpreter (no project .pth) imports the package and its extension from
-    # the bundle alone.
+    # The interpreter the project's .venv was made from (no project .pth) imports the
+    # package and its extension from the bundle alone.
     done = subprocess.run(
-        ["/usr/bin/python3", "-c", "import hybridps, hybridps._core as c; "
+        [sys._base_executable, "-c", "import hybridps, hybridps._core as c; "
          "print(hybridps.__file__, c.core.__file__, hybridps.__version__)"],
         capture_output=True, text=True, timeout=TIMEOUT, env=env, cwd=bundle.parent)
     assert done.returncode == 0, done.stdout + done.stderr

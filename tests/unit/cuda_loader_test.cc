@@ -19,7 +19,8 @@ TEST(CudaLoaderTest, AHostWithoutTheLibrariesGetsErrorsNamingThem) {
   absl::StatusOr<int> count = CudaDeviceCount();
   ASSERT_FALSE(count.ok());
   EXPECT_TRUE(absl::StrContains(count.status().message(),
-                                "hybridps could not load /nonexistent/libcudart.so.13"))
+                                "hybridps could not load the CUDA runtime "
+                                "(/nonexistent/libcudart.so.13: "))
       << count.status();
   EXPECT_TRUE(absl::StrContains(count.status().message(), "no usable CUDA runtime; install "
                                 "it, or set HYBRIDPS_CUDART_LIBRARY to its path"))
@@ -27,8 +28,8 @@ TEST(CudaLoaderTest, AHostWithoutTheLibrariesGetsErrorsNamingThem) {
   EXPECT_FALSE(UseDevice(0).ok());
   ncclUniqueId id;
   absl::Status nccl = NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId");
-  EXPECT_TRUE(absl::StrContains(nccl.message(), "hybridps could not load "
-                                "/nonexistent/libnccl.so.2"))
+  EXPECT_TRUE(absl::StrContains(nccl.message(), "hybridps could not load the NCCL "
+                                "(/nonexistent/libnccl.so.2: "))
       << nccl;
   EXPECT_TRUE(absl::StrContains(nccl.message(), "HYBRIDPS_NCCL_LIBRARY")) << nccl;
 }

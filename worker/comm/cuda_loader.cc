@@ -5,14 +5,16 @@
 // call returns an error whose text says which library could not be loaded and why, and
 // GPU tensors are refused with it. Which libraries: $HYBRIDPS_CUDART_LIBRARY and
 // $HYBRIDPS_NCCL_LIBRARY (a path or a name for dlopen) when set, else the sonames of the
-// versions built against (libcudart.so.13, libnccl.so.2). A process that has already
-// loaded them (a GPU build of MXNet) gets the same copies, so both share one CUDA
-// context. The definitions are hidden: they bind our own calls only, never another
-// library's in the same process.
+// versions built against (libcudart.so.13, libnccl.so.2) on the loader's path, else the
+// files the build found (HYBRIDPS_CUDART_FILE, HYBRIDPS_NCCL_FILE: what linking them
+// used to put on the binaries' run path). A process that has already loaded a library of
+// the same soname gets that copy. The definitions are hidden: they bind our own calls
+// only, never another library's in the same process.
 #include <dlfcn.h>
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #pragma GCC visibility push(hidden)
 #include <cuda_runtime_api.h>
@@ -23,17 +25,27 @@ namespace {
 
 class Library {
  public:
-  // `what` names the library in errors; `env` may name another file than `default_name`.
-  Library(const char* what, const char* env, std::string default_name) {
+  // Tries `$env` when set, else `soname`, then `built`; `what` names the library in errors.
+  Library(const char* what, const char* env, const std::string& soname, const char* built) {
     const char* chosen = std::getenv(env);
-    name_ = chosen != nullptr && *chosen != '\0' ? chosen : std::move(default_name);
-    handle_ = dlopen(name_.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle_ == nullptr) {
-      const char* why = dlerror();
-      error_ = "hybridps could not load " + name_ + " (" + (why ? why : "no reason given") +
-               "): this host has no usable " + what + "; install it, or set " + env +
-               " to its path";
+    std::vector<std::string> tries;
+    if (chosen != nullptr && *chosen != '\0') {
+      tries.push_back(chosen);
+    } else {
+      tries.push_back(soname);
+      if (*built != '\0' && soname != built) tries.push_back(built);
     }
+    std::string why;
+    for (const std::string& name : tries) {
+      handle_ = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (handle_ != nullptr) return;
+      const std::string reason = dlerror() ?: "no reason given";  // it often names the file
+      why += (why.empty() ? "" : "; ") +
+             (reason.rfind(name, 0) == 0 ? reason : name + ": " + reason);
+    }
+    error_ = "hybridps could not load the " + std::string(what) + " (" + why +
+             "): this host has no usable " + what + "; install it, or set " + env +
+             " to its path";
   }
   void* Symbol(const char* symbol) const {
     return handle_ == nullptr ? nullptr : dlsym(handle_, symbol);
@@ -42,22 +54,24 @@ class Library {
   const char* error() const { return error_.c_str(); }
 
  private:
-  std::string name_;
   void* handle_ = nullptr;
   std::string error_;
 };
 
+// Never destroyed: a thread or a destructor may still ask for an error text at exit.
 const Library& Cudart() {
-  static const Library lib("CUDA runtime", "HYBRIDPS_CUDART_LIBRARY",
-                           CUDART_VERSION >= 12000
-                               ? "libcudart.so." + std::to_string(CUDART_VERSION / 1000)
-                               : "libcudart.so." + std::to_string(CUDART_VERSION / 1000) + ".0");
+  static const Library& lib = *new Library(
+      "CUDA runtime", "HYBRIDPS_CUDART_LIBRARY",
+      "libcudart.so." + std::to_string(CUDART_VERSION / 1000) +
+          (CUDART_VERSION >= 12000 ? "" : ".0"),
+      HYBRIDPS_CUDART_FILE);
   return lib;
 }
 
 const Library& Nccl() {
-  static const Library lib("NCCL", "HYBRIDPS_NCCL_LIBRARY",
-                           "libnccl.so." + std::to_string(NCCL_MAJOR));
+  static const Library& lib = *new Library("NCCL", "HYBRIDPS_NCCL_LIBRARY",
+                                           "libnccl.so." + std::to_string(NCCL_MAJOR),
+                                           HYBRIDPS_NCCL_FILE);
   return lib;
 }
 

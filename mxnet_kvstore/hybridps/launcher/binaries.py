@@ -31,9 +31,11 @@ def _in_dir(directory: Path, name: str) -> list[Path]:
 PACKAGE_BIN_DIR = Path(__file__).resolve().parent.parent / "bin"
 
 
-def _beside_the_command() -> Path:
-    """The folder of the hybridrun being run (a `cmake --install` prefix's bin/)."""
-    return Path(sys.argv[0]).resolve().parent if sys.argv and sys.argv[0] else Path.cwd()
+def _beside_the_command() -> list[Path]:
+    """The folder of the hybridrun being run (a `cmake --install` prefix's bin/), when it is
+    run as a file (never the current folder, as for `python -c`)."""
+    command = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    return [command.resolve().parent] if command is not None and command.is_file() else []
 
 
 def find_binary(name: str, *, bin_dir: str | None, env: Mapping[str, str],
@@ -52,7 +54,7 @@ def find_binary(name: str, *, bin_dir: str | None, env: Mapping[str, str],
         candidates, source = _in_dir(Path(env[BIN_DIR_ENV]), name), f"${BIN_DIR_ENV}"
         use_path = False
     else:
-        candidates = [PACKAGE_BIN_DIR / name, _beside_the_command() / name]
+        candidates = [PACKAGE_BIN_DIR / name, *(d / name for d in _beside_the_command())]
         source = "the installed package, beside hybridrun"
         if repo_root is not None:
             candidates.append(repo_root / "build" / BUILD_SUBDIRS[name] / name)
