@@ -20,7 +20,9 @@ def job() -> Iterator[JobEnv]:
         pytest.fail(f"not built: {', '.join(map(str, missing))} (build everything first, "
                     "or set HYBRIDPS_BUILD_DIR)")
     marker = uuid.uuid4().hex
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HYBRIDPS_")}
+    # Nothing of an outer job: HYBRIDPS_* of ours, SLURM_* (hybridrun would take a Slurm
+    # allocation it runs in for its hosts).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HYBRIDPS_", "SLURM_"))}
     env.update(JOB_ENV)
     env[MARKER_VAR] = marker
     try:
