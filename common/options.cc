@@ -5,15 +5,18 @@
 #include <cstdlib>
 #include <fstream>
 #include <initializer_list>
+#include <numeric>
 #include <optional>
 #include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/partition.h"
@@ -252,11 +255,140 @@ absl::Status ReadJobToken(std::string* token) {
   return absl::OkStatus();
 }
 
+// Open MPI's MPMD launch of a whole job, one app context per role, in this order:
+//   mpirun -np 1 hybridps-scheduler : -np S hybridps-server : -np W PROGRAM   (dist_hybrid)
+//   mpirun -np 1 hybridps-scheduler : -np W PROGRAM                           (dist_allreduce)
+// Open MPI numbers the processes app context by app context, so a process's rank in its
+// role is its world rank less the sizes of the contexts before its own.
+struct MpmdPlace {
+  std::vector<int> apps;  // processes per app context (OMPI_APP_CTX_NUM_PROCS)
+  int app = 0;            // this process's (OMPI_MCA_orte_app_num)
+  int world_rank = 0;     // OMPI_COMM_WORLD_RANK
+};
+
+// Set when mpirun started this process as one of several app contexts.
+absl::StatusOr<std::optional<MpmdPlace>> MpmdPlaceFromEnvironment() {
+  auto apps = Get("OMPI_APP_CTX_NUM_PROCS");
+  if (!apps || !Get("OMPI_MCA_orte_app_num")) return std::nullopt;
+  MpmdPlace place;
+  for (absl::string_view n : absl::StrSplit(*apps, absl::ByAnyChar(" ,"), absl::SkipEmpty())) {
+    int count = 0;
+    if (!absl::SimpleAtoi(n, &count) || count < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "environment variable OMPI_APP_CTX_NUM_PROCS='", *apps, "' is not a list of counts"));
+    }
+    place.apps.push_back(count);
+  }
+  if (place.apps.size() < 2) return std::nullopt;  // one context: mpirun starts workers only
+  RETURN_IF_ERROR(GetNumber("OMPI_MCA_orte_app_num", &place.app));
+  RETURN_IF_ERROR(GetNumber("OMPI_COMM_WORLD_RANK", &place.world_rank));
+  if (place.app >= static_cast<int>(place.apps.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "OMPI_MCA_orte_app_num=", place.app, " but OMPI_APP_CTX_NUM_PROCS='", *apps,
+        "' lists ", place.apps.size(), " app contexts"));
+  }
+  return place;
+}
+
+// The role, rank and counts of an MPMD job from `place`; a HYBRIDPS_* variable that is
+// set must agree with what mpirun says.
+absl::Status ApplyMpmd(const MpmdPlace& place, Options* o) {
+  const int n = static_cast<int>(place.apps.size());
+  const std::string layout = absl::StrJoin(place.apps, " : ");
+  const std::string order =
+      "hybridps takes mpirun's app contexts as `-np 1 hybridps-scheduler : -np S "
+      "hybridps-server : -np W PROGRAM` (dist_hybrid) or `-np 1 hybridps-scheduler : -np W "
+      "PROGRAM` (dist_allreduce)";
+  if (n > 3) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mpirun started ", n, " app contexts (", layout, " processes); ", order));
+  }
+  if (place.apps[0] != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mpirun's first app context has ", place.apps[0], " processes (", layout,
+        "); it is the scheduler's and takes one (-np 1): ", order));
+  }
+  const int worker_app = n - 1;
+  const Role role = place.app == 0 ? Role::kScheduler
+                    : place.app == worker_app ? Role::kWorker
+                                              : Role::kServer;
+  if (role != o->role) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "this ", RoleName(o->role), " is in mpirun's app context ", place.app, " of ", n,
+        " (", layout, " processes), the ", RoleName(role), "s' place: ", order));
+  }
+  const int first = std::accumulate(place.apps.begin(), place.apps.begin() + place.app, 0);
+  const int num_servers = n == 3 ? place.apps[1] : 0;
+  const int num_workers = place.apps[worker_app];
+  auto agree = [&](const char* name, int* field, int value) -> absl::Status {
+    if (Get(name) && *field != value) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, "=", *field, " but mpirun's app contexts (", layout, " processes) make it ",
+          value, ": leave it unset, or make the -np of the contexts match it"));
+    }
+    *field = value;
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(agree("HYBRIDPS_NUM_WORKERS", &o->num_workers, num_workers));
+  RETURN_IF_ERROR(agree("HYBRIDPS_NUM_SERVERS", &o->num_servers, num_servers));
+  if (role != Role::kScheduler) {
+    RETURN_IF_ERROR(agree("HYBRIDPS_RANK", &o->rank, place.world_rank - first));
+  }
+  o->mpi_world_rank = place.world_rank;
+  if (!Get("HYBRIDPS_BACKEND")) {
+    o->backend = num_servers > 0 ? "dist_hybrid" : "dist_allreduce";
+  } else if ((o->backend == "dist_hybrid") != (num_servers > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "HYBRIDPS_BACKEND=", o->backend, " but mpirun's app contexts (", layout,
+        " processes) start ", num_servers, " servers: ", order));
+  }
+  if (o->scheduler_port == 0) {
+    return absl::InvalidArgumentError(
+        "started by mpirun as part of a whole job, but HYBRIDPS_SCHEDULER_PORT is not set: "
+        "every process needs the scheduler's port (mpirun -x HYBRIDPS_SCHEDULER_PORT=9000 "
+        "-x HYBRIDPS_SCHEDULER_ADDR=<the first host> -x HYBRIDPS_JOB_TOKEN ...)");
+  }
+  return absl::OkStatus();
+}
+
+// A worker whose rank comes from its launcher (mpirun, srun) must be one of as many
+// workers as the job has: HYBRIDPS_NUM_WORKERS, which the scheduler reads too, and the
+// launcher's count must agree.
+absl::Status CheckLauncherCount(const Options& o, absl::string_view rank_source,
+                                absl::string_view count_source) {
+  static constexpr std::pair<const char*, const char*> kPairs[] = {
+      {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+      {"PMI_RANK", "PMI_SIZE"},
+      {"SLURM_PROCID", "SLURM_NTASKS"}};
+  if (count_source != "HYBRIDPS_NUM_WORKERS") return absl::OkStatus();
+  for (const auto& [rank_var, size_var] : kPairs) {
+    if (rank_source != rank_var) continue;
+    int launched = 0;
+    RETURN_IF_ERROR(GetNumber(size_var, &launched));
+    if (Get(size_var) && launched != o.num_workers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "HYBRIDPS_NUM_WORKERS=", o.num_workers, " (the job's worker count, which the "
+          "scheduler and the servers read too) but ", size_var, "=", launched,
+          " (the workers the launcher started; this one is ", rank_var, "=", o.rank,
+          "): set HYBRIDPS_NUM_WORKERS=", launched, " for the scheduler, the servers and the "
+          "workers, or let mpirun start the whole job (docs/deployment.md, mpirun)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::StatusOr<Options> OptionsFromEnvironment() {
+std::string LauncherNote(const Options& options) {
+  return options.mpi_world_rank < 0 ? std::string()
+                                    : absl::StrCat(" (mpirun rank ", options.mpi_world_rank, ")");
+}
+
+absl::StatusOr<Options> OptionsFromEnvironment(std::optional<Role> role) {
   Options o;
-  if (auto v = Get("HYBRIDPS_ROLE")) {
+  if (role) {
+    o.role = *role;
+  } else if (auto v = Get("HYBRIDPS_ROLE")) {
     if (*v == "scheduler") {
       o.role = Role::kScheduler;
     } else if (*v == "server") {
@@ -280,12 +412,23 @@ absl::StatusOr<Options> OptionsFromEnvironment() {
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_SCHEDULER_PORT", &o.scheduler_port));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_NUM_WORKERS", &o.num_workers));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_NUM_SERVERS", &o.num_servers));
-  if (o.role == Role::kWorker) {  // started by mpirun/srun: their variables stand in
+  ASSIGN_OR_RETURN(std::optional<MpmdPlace> mpmd, MpmdPlaceFromEnvironment());
+  if (mpmd) {  // mpirun started the whole job: its app contexts say who is who
+    RETURN_IF_ERROR(GetNumber("HYBRIDPS_RANK", &o.rank));
+    RETURN_IF_ERROR(ApplyMpmd(*mpmd, &o));
+    // A worker is a node of its own unless told otherwise: mpirun's local ranks count
+    // every role's processes on a host.
+    RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_RANK", &o.local_rank));
+    RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_SIZE", &o.local_size));
+  } else if (o.role == Role::kWorker) {  // started by mpirun/srun: their variables stand in
+    std::string rank_source, count_source;
     RETURN_IF_ERROR(GetFirstNumber(
-        {"HYBRIDPS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, &o.rank));
+        {"HYBRIDPS_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"}, &o.rank,
+        &rank_source));
     RETURN_IF_ERROR(GetFirstNumber({"HYBRIDPS_NUM_WORKERS", "OMPI_COMM_WORLD_SIZE",
                                     "PMI_SIZE", "SLURM_NTASKS"},
-                                   &o.num_workers));
+                                   &o.num_workers, &count_source));
+    RETURN_IF_ERROR(CheckLauncherCount(o, rank_source, count_source));
     RETURN_IF_ERROR(GetFirstNumber({"HYBRIDPS_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
                                     "MPI_LOCALRANKID", "SLURM_LOCALID"},
                                    &o.local_rank));

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -33,6 +34,9 @@ struct Options {
   // HYBRIDPS_RANK: the rank (among the workers, or among the servers) this process asks
   // for; -1: assigned by the scheduler in order of registration.
   int rank = -1;
+  // mpirun's rank of this process when mpirun started the whole job (-1 otherwise): each
+  // process logs it beside its own role and rank, since mpirun names failures by it.
+  int mpi_world_rank = -1;
   // HYBRIDPS_LOCAL_RANK / HYBRIDPS_LOCAL_SIZE: position inside the node. When not set,
   // taken from Open MPI (OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_SIZE), MPICH/Hydra
   // (MPI_LOCALRANKID / MPI_LOCALNRANKS) or Slurm (SLURM_LOCALID / SLURM_NTASKS_PER_NODE).
@@ -160,7 +164,7 @@ struct Options {
   absl::Duration wait_grace = absl::Seconds(30);
   // HYBRIDPS_START_TIMEOUT_MS: how long a process waits for the whole job to register.
   absl::Duration start_timeout = absl::Seconds(60);
-  // HYBRIDPS_LOG_LEVEL: 0 errors, 1 warnings, 2 info (default), 3 debug.
+  // HYBRIDPS_LOG_LEVEL: 0 errors, 1 warnings, 2 info (default), 3 debug; every process.
   int log_level = 2;
   // dist_allreduce only. HYBRIDPS_FUSION_BYTES: push_pulls smaller than this that are
   // ready in the same cycle are packed (per dtype) into fusion buffers of at most this
@@ -255,8 +259,14 @@ struct Options {
 };
 
 // Reads every HYBRIDPS_* variable; unknown values or malformed numbers are an error that
-// names the variable. Variables not set keep the defaults above.
-absl::StatusOr<Options> OptionsFromEnvironment();
+// names the variable. Variables not set keep the defaults above. `role`: the role of a
+// binary that knows it (hybridps-scheduler, hybridps-server), else HYBRIDPS_ROLE's
+// (default worker). Under `mpirun` starting the whole job (one app context per role),
+// the role is checked and the rank and counts come from Open MPI's variables.
+absl::StatusOr<Options> OptionsFromEnvironment(std::optional<Role> role = std::nullopt);
+
+// " (mpirun rank 4)" when mpirun started the whole job, else "": for the start-up lines.
+std::string LauncherNote(const Options& options);
 
 }  // namespace hybridps
 

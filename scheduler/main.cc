@@ -35,12 +35,11 @@ int main(int argc, char** argv) {
                  "(configured by HYBRIDPS_* environment variables; see docs/configuration.md)\n");
     return 2;
   }
-  auto options = hybridps::OptionsFromEnvironment();
+  auto options = hybridps::OptionsFromEnvironment(hybridps::Role::kScheduler);
   if (!options.ok()) {
     std::fprintf(stderr, "hybridps-scheduler: %s\n", options.status().ToString().c_str());
     return 2;
   }
-  options->role = hybridps::Role::kScheduler;
   hybridps::SetLogLevel(options->log_level);
   hybridps::Context ctx;
   auto scheduler = hybridps::Scheduler::Create(ctx, *options);

@@ -80,7 +80,8 @@ void Scheduler::Broadcast(const wire::Envelope& env) {
 absl::Status Scheduler::Run() {
   SetLogTag("scheduler");
   HPS_LOG(INFO) << "listening on " << endpoint_ << " for " << options_.num_workers
-                << " workers and " << options_.num_servers << " servers";
+                << " workers and " << options_.num_servers << " servers"
+                << LauncherNote(options_);
   start_time_ = absl::Now();
   Poller poller;
   int sock_idx = poller.Add(socket_.get());

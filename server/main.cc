@@ -28,12 +28,11 @@ int main(int argc, char** argv) {
                  "(configured by HYBRIDPS_* environment variables; see docs/configuration.md)\n");
     return 2;
   }
-  auto options = hybridps::OptionsFromEnvironment();
+  auto options = hybridps::OptionsFromEnvironment(hybridps::Role::kServer);
   if (!options.ok()) {
     std::fprintf(stderr, "hybridps-server: %s\n", options.status().ToString().c_str());
     return 2;
   }
-  options->role = hybridps::Role::kServer;
   hybridps::SetLogLevel(options->log_level);
   hybridps::SetLogTag("server");
   hybridps::Context ctx;

@@ -160,7 +160,8 @@ absl::Status Server::Run() {
       [this](const wire::DataRequest& req, const void* value) {
         optimizer_.StoreBroadcast(req, value);
       });
-  HPS_LOG(INFO) << "serving on " << endpoint_ << " with " << threads << " engine threads";
+  HPS_LOG(INFO) << "serving on " << endpoint_ << " with " << threads << " engine threads"
+                << LauncherNote(options_);
   Poller poller;
   PollSpin spin(options_.spin);  // Options::spin
   const int data_idx = poller.Add(data_.get());

@@ -1,6 +1,7 @@
 // KVStore::Create: the one place that knows every store. The stores below worker/ never
 // include each other; only this file sees them all.
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "worker/kvstore.h"
 #include "worker/ps/ps_store.h"
@@ -17,6 +18,7 @@ absl::StatusOr<std::unique_ptr<KVStore>> KVStore::Create(absl::string_view type,
                                                          const Options& options,
                                                          std::shared_ptr<Context> ctx) {
   if (!ctx) ctx = std::make_shared<Context>();
+  SetLogLevel(options.log_level);  // HYBRIDPS_LOG_LEVEL, as the scheduler and servers do
   HandleState::SetWaitSpin(options.spin);
   if (type == "dist_hybrid") {
 #if HYBRIDPS_WITH_CUDA  // GPU tensors staged through pinned host memory (ps_gpu.h)

@@ -327,6 +327,35 @@ def test_a_process_of_another_job_is_refused(job: JobEnv, tmp_path: Path,
     assert_nothing_left(job.marker)
 
 
+def test_every_process_writes_its_own_output_file(job: JobEnv, tmp_path: Path) -> None:
+    """hybridrun --output-filename DIR: each process's lines, unprefixed, in a file of its
+    own (the console keeps them too); HYBRIDPS_LOG_LEVEL=1 (warnings) quiets the workers'
+    INFO lines as it does the scheduler's and the servers'."""
+    out_dir = tmp_path / "logs"
+    quiet = JobEnv(job.marker, {**job.env, "HYBRIDPS_LOG_LEVEL": "1"})
+    run = hybridrun(quiet, 2, 1, [str(TEST_WORKER), "--rounds", "3"],
+                    options=("--output-filename", str(out_dir)))
+    code, out, err, _ = run.finish(RUN_TIMEOUT)
+    assert code == 0, f"{out}\n{err}"
+    files = sorted(p.name for p in out_dir.iterdir())
+    assert files == ["worker.0.log", "worker.1.log"], files  # quiet: only workers print
+    for rank in range(2):
+        lines = (out_dir / f"worker.{rank}.log").read_text().splitlines()
+        assert lines == [*(f"round {k} ok" for k in range(3)),
+                         f"worker {rank}: all 3 rounds ok"], lines
+        assert worker_lines(out, rank) == lines, out
+    run = hybridrun(job, 1, 1, [str(TEST_WORKER), "--rounds", "1"],
+                    options=("--output-filename", str(out_dir)))
+    code, out, err, _ = run.finish(RUN_TIMEOUT)
+    assert code == 0, f"{out}\n{err}"
+    assert sorted(p.name for p in out_dir.iterdir()) == [
+        "scheduler.log", "server.0.log", "worker.0.log", "worker.1.log"]
+    worker = (out_dir / "worker.0.log").read_text()  # rewritten by the second job
+    assert "joined the job as worker 0 of 1" in worker and "round 0 ok" in worker, worker
+    assert "listening on" in (out_dir / "scheduler.log").read_text()
+    assert_nothing_left(job.marker)
+
+
 def test_a_server_of_another_version_fails_the_job_at_start(job: JobEnv,
                                                           tmp_path: Path) -> None:
     """A job whose server is of another hybridps version than its scheduler and workers
@@ -335,7 +364,7 @@ def test_a_server_of_another_version_fails_the_job_at_start(job: JobEnv,
     ours = subprocess.run([str(BUILD / "server" / "hybridps-server"), "--version"],
                           capture_output=True, text=True, timeout=RUN_TIMEOUT,
                           stdin=subprocess.DEVNULL).stdout.split()[-1]
-    other = "9" * len(ours.split(".")[0]) + ours[len(ours.split(".")[0]):]
+    other = str((int(ours[0]) + 1) % 10) + ours[1:]  # same length, another version
     tag = b"hybridps-version="
     binary = (BUILD / "server" / "hybridps-server").read_bytes()
     assert binary.count(tag + ours.encode() + b"\0") == 1, "the version tag is not unique"

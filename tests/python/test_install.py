@@ -101,6 +101,8 @@ def test_versions_agree_everywhere(venv: Path) -> None:
     assert version.returncode == 0, version.stdout + version.stderr
     ours, ext, where = version.stdout.split()
     assert ours == ext and where.startswith(str(site)), version.stdout
+    entrypoint = run([venv / "bin" / "hybridps-k8s-entrypoint", "--help"], env=clean_env())
+    assert entrypoint.returncode == 0 and "usage" in entrypoint.stdout.lower(), entrypoint
     for command, name in ((venv / "bin" / "hybridrun", "hybridrun (hybridps)"),
                           (site / "hybridps" / "bin" / "hybridps-server", "hybridps-server"),
                           (site / "hybridps" / "bin" / "hybridps-scheduler",

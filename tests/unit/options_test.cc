@@ -44,7 +44,8 @@ class OptionsTest : public ::testing::Test {
                           "OMPI_COMM_WORLD_LOCAL_SIZE", "PMI_RANK", "PMI_SIZE",
                           "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "SLURM_PROCID",
                           "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
-                          "SLURM_TASKS_PER_NODE", "SLURM_NODEID"}) {
+                          "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "OMPI_APP_CTX_NUM_PROCS",
+                          "OMPI_MCA_orte_app_num"}) {
       unsetenv(v);
     }
   }
@@ -241,6 +242,101 @@ TEST_F(OptionsTest, AllreduceFusionCycleAndStallSettings) {
   auto bad = OptionsFromEnvironment();
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("HYBRIDPS_STALL_WARNING_MS"), absl::string_view::npos);
+}
+
+// mpirun starting the whole job: `-np 1 hybridps-scheduler : -np 2 hybridps-server : -np 3
+// PROGRAM`. Each process's role is checked against its app context, its rank is its
+// world rank less the contexts before it, the counts are the contexts' sizes.
+TEST_F(OptionsTest, MpirunStartingTheWholeJobSaysWhoIsWho) {
+  setenv("OMPI_APP_CTX_NUM_PROCS", "1 2 3", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "6", 1);
+  setenv("HYBRIDPS_SCHEDULER_PORT", "9000", 1);
+  setenv("OMPI_MCA_orte_app_num", "2", 1);
+  setenv("OMPI_COMM_WORLD_RANK", "4", 1);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "4", 1);  // counts the scheduler and servers too
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "6", 1);
+  auto o = OptionsFromEnvironment();
+  ASSERT_OK(o);
+  EXPECT_EQ(o->role, Role::kWorker);
+  EXPECT_EQ(o->rank, 1);
+  EXPECT_EQ(o->num_workers, 3);
+  EXPECT_EQ(o->num_servers, 2);
+  EXPECT_EQ(o->backend, "dist_hybrid");
+  EXPECT_EQ(o->local_rank, 0);  // a node of its own
+  EXPECT_EQ(o->local_size, 1);
+  setenv("OMPI_MCA_orte_app_num", "1", 1);
+  setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+  o = OptionsFromEnvironment(Role::kServer);
+  ASSERT_OK(o);
+  EXPECT_EQ(o->rank, 1);
+  EXPECT_EQ(o->num_workers, 3);
+  // A server in the workers' context, a worker in the scheduler's: named.
+  setenv("OMPI_MCA_orte_app_num", "2", 1);
+  setenv("OMPI_COMM_WORLD_RANK", "3", 1);
+  o = OptionsFromEnvironment(Role::kServer);
+  ASSERT_FALSE(o.ok());
+  EXPECT_TRUE(absl::StartsWith(o.status().message(),
+                               "this server is in mpirun's app context 2 of 3 (1 : 2 : 3 "
+                               "processes), the workers' place: hybridps takes"))
+      << o.status();
+  // HYBRIDPS_* that disagree with mpirun are named with both values.
+  setenv("HYBRIDPS_NUM_WORKERS", "2", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("HYBRIDPS_NUM_WORKERS=2 but mpirun's app contexts "
+                                      "(1 : 2 : 3 processes) make it 3"),
+            absl::string_view::npos)
+      << o.status();
+  unsetenv("HYBRIDPS_NUM_WORKERS");
+  // Two contexts: scheduler and workers, dist_allreduce.
+  setenv("OMPI_APP_CTX_NUM_PROCS", "1 2", 1);
+  setenv("OMPI_MCA_orte_app_num", "1", 1);
+  setenv("OMPI_COMM_WORLD_RANK", "2", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_OK(o);
+  EXPECT_EQ(o->rank, 1);
+  EXPECT_EQ(o->num_servers, 0);
+  EXPECT_EQ(o->backend, "dist_allreduce");
+  setenv("HYBRIDPS_BACKEND", "dist_hybrid", 1);
+  EXPECT_FALSE(OptionsFromEnvironment().ok());
+  unsetenv("HYBRIDPS_BACKEND");
+  // The scheduler's context takes one process; the port must be given.
+  setenv("OMPI_APP_CTX_NUM_PROCS", "2 2", 1);
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("mpirun's first app context has 2 processes"),
+            absl::string_view::npos);
+  setenv("OMPI_APP_CTX_NUM_PROCS", "1 2", 1);
+  unsetenv("HYBRIDPS_SCHEDULER_PORT");
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("HYBRIDPS_SCHEDULER_PORT is not set"),
+            absl::string_view::npos);
+}
+
+// Workers started by mpirun or srun whose HYBRIDPS_NUM_WORKERS differs from the number
+// the launcher started: the error says both numbers and where each came from.
+TEST_F(OptionsTest, ALauncherThatStartedAnotherCountIsNamed) {
+  setenv("HYBRIDPS_NUM_WORKERS", "1", 1);
+  setenv("OMPI_COMM_WORLD_RANK", "1", 1);
+  setenv("OMPI_COMM_WORLD_SIZE", "2", 1);
+  auto o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_TRUE(absl::StartsWith(
+      o.status().message(),
+      "HYBRIDPS_NUM_WORKERS=1 (the job's worker count, which the scheduler and the servers "
+      "read too) but OMPI_COMM_WORLD_SIZE=2 (the workers the launcher started; this one is "
+      "OMPI_COMM_WORLD_RANK=1): set HYBRIDPS_NUM_WORKERS=2"))
+      << o.status();
+  setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
+  unsetenv("OMPI_COMM_WORLD_RANK");
+  setenv("SLURM_PROCID", "0", 1);
+  setenv("SLURM_NTASKS", "4", 1);
+  o = OptionsFromEnvironment();  // OMPI's size is not this launcher's: Slurm's is compared
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("but SLURM_NTASKS=4"), absl::string_view::npos);
+  setenv("SLURM_NTASKS", "1", 1);
+  EXPECT_OK(OptionsFromEnvironment());
 }
 
 // Workers started by mpirun (Open MPI, MPICH/Intel PMI) or srun take rank, size and local

@@ -120,7 +120,7 @@ absl::Status AllreduceStore::Start() {
                         ? "; CPU allreduces hierarchical: shared memory in the node, gloo "
                           "between nodes"
                         : "")
-                << ")";
+                << ")" << LauncherNote(options_);
   return absl::OkStatus();
 }
 

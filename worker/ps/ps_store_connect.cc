@@ -64,7 +64,8 @@ absl::Status PsStore::Start() {
                 << (local_ ? absl::StrCat(", local rank ", layout_.local_rank, " of ",
                                           layout_.local_size, " on node ", layout_.node, " of ",
                                           layout_.num_nodes)
-                           : std::string());
+                           : std::string())
+                << LauncherNote(options_);
   return absl::OkStatus();
 }
 

@@ -6,4 +6,5 @@ Modules:
   process  -- starting one process, forwarding its output, killing its group.
   job      -- running a whole job: start order, failure detection, shutdown.
   cli      -- the command line.
+  kubernetes -- hybridps-k8s-entrypoint, the container entrypoint of deploy/kubernetes/.
 """

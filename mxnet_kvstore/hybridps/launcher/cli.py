@@ -19,15 +19,16 @@ from .plan import (BACKENDS, DEFAULT_BACKEND, LOCALHOST, MANAGED_VARS, Host, Job
                    MultiHost, build_plan, describe)
 from .remote import (DEFAULT_REMOTE_SHELL, InterfaceError, TemplateError, check_hosts,
                      check_template, guess_scheduler_address, interface_ipv4)
-from . import timeline
+from . import slurm, timeline
 from .process import OutputSink
 
-USAGE = ("hybridrun -np N [-H HOST:SLOTS,... | --hostfile FILE] [--servers M]\n"
+USAGE = ("hybridrun -np N [-H HOST:SLOTS,... | --hostfile FILE | --[no-]slurm] [--servers M]\n"
          "                 [--server-hosts HOST[:COUNT],...] [--colocated]\n"
          "                 [--backend {dist_hybrid,dist_allreduce}] [--network-interface IF]\n"
          "                 [-x VAR[=VALUE]]... [--remote-shell TEMPLATE] [--start-timeout S]\n"
          "                 [--shutdown-timeout S] [--bin-dir DIR] [--dry-run] [--verbose]\n"
          "                 [--timeline-filename FILE] [--summary-every SECONDS]\n"
+         "                 [--output-filename DIR]\n"
          "                 -- COMMAND [ARGS...]\n"
          "       hybridrun --check-build [--bin-dir DIR]\n"
          "       hybridrun --version")
@@ -72,6 +73,14 @@ remote hosts:
   When hybridrun stops a remote process (a rank failed, Ctrl-C) or dies, the remote
   side kills that process's whole process group.
 
+Slurm:
+  Inside an allocation (salloc, sbatch: SLURM_JOB_ID and SLURM_JOB_NODELIST set)
+  and without -H/--hostfile, the worker hosts are the job's nodes (scontrol show
+  hostnames), their slots SLURM_TASKS_PER_NODE (else SLURM_JOB_CPUS_PER_NODE), and
+  every process runs as an srun step (srun --nodes=1 --ntasks=1 --nodelist={host}
+  --overlap ...) unless --remote-shell is given; --server-hosts nodes of the job
+  run servers only. --no-slurm ignores the allocation.
+
 exit status:
   0 when every worker exited 0; the code of the first process that failed
   (128+N for signal N); 1 for a scheduler start failure, a scheduler/server
@@ -107,9 +116,14 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("-x", dest="export", action="append", default=[],
                         metavar="VAR[=VALUE]",
                         help="set VAR for every process (its value here unless given)")
-    parser.add_argument("--remote-shell", default=DEFAULT_REMOTE_SHELL,
-                        metavar="TEMPLATE",
-                        help="how to run a command on a host (default: %(default)s)")
+    parser.add_argument("--remote-shell", default=None, metavar="TEMPLATE",
+                        help="how to run a command on a host (default: "
+                             f"{DEFAULT_REMOTE_SHELL}; in a Slurm allocation: "
+                             f"{slurm.SRUN_REMOTE_SHELL})")
+    parser.add_argument("--slurm", action=argparse.BooleanOptionalAction, default=None,
+                        help="take the hosts from the Slurm allocation and start the "
+                             "processes as srun steps (default: when SLURM_JOB_ID is set "
+                             "and neither -H nor --hostfile is given)")
     parser.add_argument("--version", action="version",
                         version=f"hybridrun (hybridps) {__version__}")
     parser.add_argument("--check-build", action="store_true",
@@ -132,6 +146,10 @@ def make_parser() -> argparse.ArgumentParser:
                         help="dist_hybrid: each server prints one line this often: "
                              "rounds/s, GB/s in and out, and whose push came last "
                              "(HYBRIDPS_SUMMARY_EVERY_MS)")
+    parser.add_argument("--output-filename", metavar="DIR",
+                        help="also write each process's output to a file of its own in "
+                             "DIR (made if missing): scheduler.log, server.N.log, "
+                             "worker.N.log")
     parser.add_argument("--timeline-filename", metavar="FILE",
                         help="every worker and server records where its operations "
                              "spend their time (HYBRIDPS_TIMELINE); hybridrun "
@@ -157,7 +175,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         args = parser.parse_args(argv)
     if not args.command:
         parser.error("no command given; put the worker command after '--'")
-    multi = bool(args.hosts or args.hostfile)
+    error = slurm.resolve(args, os.environ)  # --slurm, and the --remote-shell default
+    if error:
+        parser.error(error)
+    multi = bool(args.hosts or args.hostfile or args.slurm)
     if args.np is None and not multi:
         parser.error("-np is required without -H/--hostfile")
     if args.np is not None and args.np < 1:
@@ -194,7 +215,7 @@ def forwarded_environment(args: argparse.Namespace) -> dict[str, str]:
     """-x variables, and across hosts the HYBRIDPS_* knobs set here (the local
     processes inherit them anyway; remote ones would not)."""
     env = {}
-    if args.hosts or args.hostfile:
+    if args.hosts or args.hostfile or args.slurm:
         env = {k: v for k, v in os.environ.items()
                if k.startswith("HYBRIDPS_") and k not in MANAGED_VARS
                and k != BIN_DIR_ENV}
@@ -211,18 +232,21 @@ def forwarded_environment(args: argparse.Namespace) -> dict[str, str]:
 def multi_host(args: argparse.Namespace) -> tuple[MultiHost, Host] | None:
     """Placement and hosts of a multi-host job, and the scheduler's host; None in
     local mode. Raises SetupError."""
-    if not (args.hosts or args.hostfile):
+    if not (args.hosts or args.hostfile or args.slurm):
         return None
     try:
         check_template(args.remote_shell)
-        hosts = (parse_host_list(args.hosts) if args.hosts
-                 else parse_hostfile(Path(args.hostfile)))
         server_hosts = (parse_host_list(args.server_hosts, "--server-hosts")
                         if args.server_hosts else None)
+        if args.slurm:  # the job's nodes, less the --server-hosts ones
+            hosts = slurm.worker_hosts(os.environ, server_hosts)
+        else:
+            hosts = (parse_host_list(args.hosts) if args.hosts
+                     else parse_hostfile(Path(args.hostfile)))
         placement = place(hosts=hosts, num_workers=args.np, num_servers=args.servers,
                           server_hosts=server_hosts, colocated=args.colocated,
                           backend_has_servers=args.backend != "dist_allreduce")
-    except (HostSpecError, TemplateError) as exc:
+    except (HostSpecError, TemplateError, slurm.SlurmError) as exc:
         raise SetupError(str(exc)) from exc
     names = [h.name for h in [*hosts, *(server_hosts or [])]]
     remote = [n for n in names if n not in LOCAL_NAMES]
@@ -325,7 +349,15 @@ def check_build(args: argparse.Namespace, repo_root: Path | None) -> int:
 def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> int:
     """Run hybridrun; `repo_root` is the source tree when run as scripts/hybridrun."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    sink = OutputSink()
+    output_dir = None
+    if args.output_filename:
+        output_dir = Path(args.output_filename)
+        try:
+            output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"hybridrun: --output-filename {output_dir}: {exc}", file=sys.stderr)
+            return 2
+    sink = OutputSink(output_dir=output_dir)
     if args.check_build:
         try:
             return check_build(args, repo_root)
@@ -370,7 +402,10 @@ def main(argv: Sequence[str] | None = None, repo_root: Path | None = None) -> in
                              verbose=args.verbose)
         if args.timeline_filename:
             timeline.prepare(args.timeline_filename)
-        code = Job(plan, options, sink).run()
+        try:
+            code = Job(plan, options, sink).run()
+        finally:
+            sink.close()
         if args.timeline_filename:
             sink.message(timeline.merge(args.timeline_filename,
                                         [f"{s.role} {s.index}" for s in plan.processes()

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 import time
 from collections.abc import Iterable
 from typing import BinaryIO, TextIO
@@ -18,13 +19,36 @@ MAX_LINE_BYTES = 1 << 16  # a longer line without a newline is forwarded in piec
 
 
 class OutputSink:
-    """Serialises prefixed child output (to stdout) and hybridrun's messages (stderr)."""
+    """Serialises prefixed child output (to stdout) and hybridrun's messages (stderr).
 
-    def __init__(self, out: BinaryIO | None = None, err: TextIO | None = None) -> None:
+    With ``output_dir`` (``--output-filename DIR``) each process's lines also go, without
+    the prefix, to a file of its own: DIR/scheduler.log, DIR/server.N.log,
+    DIR/worker.N.log (the rank, whatever host it runs on)."""
+
+    def __init__(self, out: BinaryIO | None = None, err: TextIO | None = None,
+                 output_dir: Path | None = None) -> None:
         self._out = out if out is not None else sys.stdout.buffer
         self._err = err if err is not None else sys.stderr
         self._encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
         self._lock = threading.Lock()
+        self._dir = output_dir
+        self._files: dict[str, BinaryIO] = {}
+
+    def _file(self, prefix: str) -> BinaryIO | None:
+        """The open log file of the process whose lines carry ``prefix`` ("[worker 1@h] ")."""
+        if self._dir is None:
+            return None
+        label = prefix.strip().strip("[]").split("@")[0]
+        name = label.replace(" ", ".") + ".log"
+        if name not in self._files:
+            try:
+                self._files[name] = open(self._dir / name, "wb")  # noqa: SIM115
+            except OSError as exc:
+                print(f"hybridrun: cannot write {self._dir / name}: {exc}; per-process "
+                      "output files stop here", file=self._err, flush=True)
+                self._dir = None  # the console alone from now on
+                return None
+        return self._files[name]
 
     def child_lines(self, prefix: str, lines: list[bytes]) -> None:
         """Print complete lines of one child, each behind ``prefix``."""
@@ -32,11 +56,21 @@ class OutputSink:
                        for raw in lines)
         data = text.encode(self._encoding, errors="replace")
         with self._lock:
+            own = self._file(prefix)
+            if own is not None:
+                own.write(b"".join(raw + b"\n" for raw in lines))
+                own.flush()
             try:
                 self._out.write(data)
                 self._out.flush()
             except (OSError, ValueError):  # closed or broken stdout: keep draining
                 pass
+
+    def close(self) -> None:
+        with self._lock:
+            for f in self._files.values():
+                f.close()
+            self._files.clear()
 
     def message(self, text: str) -> None:
         with self._lock:
