@@ -266,10 +266,11 @@ struct MpmdPlace {
   int world_rank = 0;     // OMPI_COMM_WORLD_RANK
 };
 
-// Set when mpirun started this process as one of several app contexts.
+// Set when mpirun started this process as one of several app contexts, unless
+// HYBRIDPS_ROLE is set (workers-only launches of several contexts, e.g. one per GPU).
 absl::StatusOr<std::optional<MpmdPlace>> MpmdPlaceFromEnvironment() {
   auto apps = Get("OMPI_APP_CTX_NUM_PROCS");
-  if (!apps || !Get("OMPI_MCA_orte_app_num")) return std::nullopt;
+  if (!apps || Get("HYBRIDPS_ROLE") || !Get("OMPI_COMM_WORLD_RANK")) return std::nullopt;
   MpmdPlace place;
   for (absl::string_view n : absl::StrSplit(*apps, absl::ByAnyChar(" ,"), absl::SkipEmpty())) {
     int count = 0;
@@ -280,12 +281,20 @@ absl::StatusOr<std::optional<MpmdPlace>> MpmdPlaceFromEnvironment() {
     place.apps.push_back(count);
   }
   if (place.apps.size() < 2) return std::nullopt;  // one context: mpirun starts workers only
-  RETURN_IF_ERROR(GetNumber("OMPI_MCA_orte_app_num", &place.app));
   RETURN_IF_ERROR(GetNumber("OMPI_COMM_WORLD_RANK", &place.world_rank));
-  if (place.app >= static_cast<int>(place.apps.size())) {
+  // The context holding the world rank (Open MPI 4 also says it: OMPI_MCA_orte_app_num).
+  int first = 0;
+  place.app = -1;
+  for (size_t i = 0; i < place.apps.size() && place.app < 0; ++i) {
+    if (place.world_rank < first + place.apps[i]) place.app = static_cast<int>(i);
+    first += place.apps[i];
+  }
+  int said = place.app;
+  RETURN_IF_ERROR(GetNumber("OMPI_MCA_orte_app_num", &said));
+  if (place.app < 0 || said != place.app) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "OMPI_MCA_orte_app_num=", place.app, " but OMPI_APP_CTX_NUM_PROCS='", *apps,
-        "' lists ", place.apps.size(), " app contexts"));
+        "OMPI_COMM_WORLD_RANK=", place.world_rank, " is not in app context ", said,
+        " of OMPI_APP_CTX_NUM_PROCS='", *apps, "' (numbered context by context)"));
   }
   return place;
 }
@@ -315,7 +324,8 @@ absl::Status ApplyMpmd(const MpmdPlace& place, Options* o) {
   if (role != o->role) {
     return absl::InvalidArgumentError(absl::StrCat(
         "this ", RoleName(o->role), " is in mpirun's app context ", place.app, " of ", n,
-        " (", layout, " processes), the ", RoleName(role), "s' place: ", order));
+        " (", layout, " processes), the ", RoleName(role), "s' place: ", order,
+        " (for workers alone in several contexts, set HYBRIDPS_ROLE=worker)"));
   }
   const int first = std::accumulate(place.apps.begin(), place.apps.begin() + place.app, 0);
   const int num_servers = n == 3 ? place.apps[1] : 0;

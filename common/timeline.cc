@@ -52,6 +52,12 @@ void Timeline::Span(std::string name, absl::string_view category, absl::Time sta
   events_.push_back(std::move(e));
 }
 
+int Timeline::AddLane(std::string name) {
+  absl::MutexLock lock(&mu_);
+  lanes_.push_back(std::move(name));
+  return static_cast<int>(lanes_.size()) - 1;
+}
+
 void Timeline::WriteAndLog(absl::Duration clock_offset) {
   std::string path;
   if (absl::Status s = Write(clock_offset, &path); !s.ok()) {

@@ -38,6 +38,9 @@ class Timeline {
 
   void Span(std::string name, absl::string_view category, absl::Time start, absl::Time end,
             int lane, std::string args = "");
+  // A lane more (a part of the process that records its own spans, e.g. GPU staging);
+  // returns its index.
+  int AddLane(std::string name);
   // Writes PREFIX.<label>.json, the spans moved onto the scheduler's clock by
   // `clock_offset` (this process's clock minus the scheduler's:
   // ControlClient::clock_offset); returns the path written in `path`.
@@ -57,13 +60,13 @@ class Timeline {
   Timeline(std::string prefix, std::string label, int row, std::vector<std::string> lanes,
            size_t capacity)
       : prefix_(std::move(prefix)), label_(std::move(label)), row_(row),
-        lanes_(std::move(lanes)), capacity_(capacity) {}
+        capacity_(capacity), lanes_(std::move(lanes)) {}
 
   const std::string prefix_, label_;
   const int row_;
-  const std::vector<std::string> lanes_;
   const size_t capacity_;
   absl::Mutex mu_;
+  std::vector<std::string> lanes_ ABSL_GUARDED_BY(mu_);
   std::deque<Event> events_ ABSL_GUARDED_BY(mu_);
   uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
 };

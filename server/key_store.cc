@@ -215,8 +215,10 @@ void KeyStore::MaybeEndRound(Part& p, uint64_t key, uint32_t part) {
   if (p.num_arrived < num_nodes_ || p.updating) return;
   if (p.error.ok()) {
     if (p.pending_sums > 0) return;  // SumDone ends it.
+    if (round_hook_) p.summed = absl::Now();
     absl::StatusOr<bool> taken = false;
     if (p.op == wire::OP_PUSHPULL && update_) taken = update_(p.first, &p.acc);
+    if (round_hook_) p.updated = absl::Now();  // an update done inline ends here
     if (!taken.ok()) {
       FailRound(p, taken.status());
     } else if (*taken) {
@@ -237,6 +239,7 @@ void KeyStore::UpdateDone(uint64_t key, uint32_t part, uint64_t round,
   if (it == parts_.end() || it->second.round != round || !it->second.updating) return;
   Part& p = it->second;
   p.updating = false;
+  if (round_hook_) p.updated = absl::Now();
   if (status.ok() && result) {
     p.acc = std::move(result);
     CloseRound(p, key, part);
@@ -280,7 +283,10 @@ void KeyStore::CloseRound(Part& p, uint64_t key, uint32_t part) {
     traffic_.last_push.resize(num_nodes_);
     ++traffic_.last_push[p.last_node];
   }
-  if (round_hook_) round_hook_(p.name, part, p.round, p.opened, p.all_arrived);
+  if (round_hook_) {
+    round_hook_(p.name, part, p.round, {p.opened, p.all_arrived, p.summed, p.updated,
+                                        p.op == wire::OP_BROADCAST});
+  }
   p.value = std::move(p.acc);
 }
 

@@ -76,11 +76,16 @@ class KeyStore {
   // A validated request (ValidateDataRequest passed) from worker node `node` via `peer`.
   void Handle(const std::string& peer, int node, uint64_t id, const wire::DataRequest& req,
               std::optional<Frame> payload);
-  // Called as each round closes (its replies sent): name, partition, round, and when its
-  // first and its last node arrived (HYBRIDPS_TIMELINE).
+  // When a round's stages ended (HYBRIDPS_TIMELINE): its first and its last node's push,
+  // the sum (of the last push; earlier ones are summed as they come), the optimizer's
+  // update (right after summed without one). The replies were sent when the hook runs.
+  struct RoundTimes {
+    absl::Time opened, all_arrived, summed, updated;
+    bool broadcast = false;  // a broadcast round: nothing summed or updated
+  };
+  // Called as each round closes (its replies sent): name, partition, round, and when.
   using RoundHook = std::function<void(const std::string& name, uint32_t part,
-                                       uint64_t round, absl::Time opened,
-                                       absl::Time all_arrived)>;
+                                       uint64_t round, const RoundTimes& times)>;
   void SetRoundHook(RoundHook hook) { round_hook_ = std::move(hook); }
   void SetOptimizerHooks(Update update, Broadcast broadcast) {
     update_ = std::move(update);
@@ -137,6 +142,7 @@ class KeyStore {
     absl::Time opened;                          // the round's first arrival
     absl::Time warned = absl::InfinitePast();   // the last StallNotice of this round
     absl::Time all_arrived;                     // the round's last arrival (with a hook)
+    absl::Time summed, updated;                 // (with a hook) RoundTimes
     int last_node = -1;                         // whose push was the last
     wire::DataRequest first;  // the first request's fields (no payload)
     bool updating = false;    // the optimizer has the round's sum

@@ -145,11 +145,18 @@ absl::Status Server::Run() {
                              {"rounds: first to last push", "rounds: last push to replies"});
   if (timeline_) {
     store_->SetRoundHook([this](const std::string& name, uint32_t part, uint64_t round,
-                                absl::Time opened, absl::Time all_arrived) {
+                                const KeyStore::RoundTimes& at) {
       const std::string what = absl::StrCat("'", name, "' partition ", part);
       const std::string args = absl::StrCat("\"round\": ", round);
-      timeline_->Span(what, "waiting for the nodes' pushes", opened, all_arrived, 0, args);
-      timeline_->Span(what, "sum, update, replies", all_arrived, absl::Now(), 1, args);
+      timeline_->Span(what, "waiting for the nodes' pushes", at.opened, at.all_arrived, 0,
+                      args);
+      if (!at.broadcast) {
+        timeline_->Span(what, "sum", at.all_arrived, at.summed, 1, args);
+        if (optimizer_.active()) {
+          timeline_->Span(what, "optimizer update", at.summed, at.updated, 1, args);
+        }
+      }
+      timeline_->Span(what, "replies", at.updated, absl::Now(), 1, args);
     });
   }
   store_->SetOptimizerHooks(

@@ -10,6 +10,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -20,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/timeline.h"
 #include "tests/cluster/host_copier.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
@@ -187,6 +190,65 @@ TEST(GpuStagingTest, OperationsOnOneNameKeepIssueOrderAcrossDevices) {
     }
     EXPECT_GT(st->stats().queued_cpu_ops, 0u);
   });
+}
+
+// With a timeline, each staged operation's copies are spans of their own lane: the copy
+// to the host ends before the copy back starts, and both name the tensor.
+TEST(GpuStagingTest, TheCopiesAreSpansOfTheTimeline) {
+  auto cl = LocalCluster::Start(Config(2, 1));
+  ASSERT_OK(cl);
+  std::unique_ptr<LocalCluster> cluster = std::move(*cl);
+  const std::string dir = ::testing::TempDir();
+  std::vector<std::unique_ptr<Timeline>> timelines;
+  std::vector<std::shared_ptr<HostCopier::Shared>> shared;
+  std::vector<std::unique_ptr<GpuStager>> stagers;
+  for (int w = 0; w < 2; ++w) {
+    timelines.push_back(Timeline::Open(absl::StrCat(dir, "/staging"), absl::StrCat("w", w),
+                                       w, {"operations"}));
+    shared.push_back(std::make_shared<HostCopier::Shared>());
+    stagers.push_back(std::make_unique<GpuStager>(
+        std::make_unique<HostCopier>(shared.back(), 1, absl::Milliseconds(2),
+                                     HostCopier::Faults{}),
+        BackendOf(cluster->worker(w)), 2, absl::Seconds(30), true, Options{}.wait_grace,
+        timelines.back().get()));
+  }
+  cluster->RunOnWorkers([&](int rank, KVStore*) {
+    FakeGpuTensor t(shared[rank].get(), DType::kFloat32, 1000);
+    for (int round = 0; round < 3; ++round) {
+      auto h = stagers[rank]->PushPullAsync("t.staged", t.view(), t.view(), 0);
+      ASSERT_OK(h);
+      ASSERT_OK(h->Wait());
+    }
+  });
+  for (auto& s : stagers) s->Shutdown();
+  std::string path;
+  ASSERT_OK(timelines[0]->Write(absl::ZeroDuration(), &path));
+  std::ifstream in(path);
+  const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Its lane: the one after the timeline's own ("operations"), and every copy on it.
+  EXPECT_TRUE(absl::StrContains(
+      json, "\"tid\": 1, \"args\": {\"name\": \"GPU staging: copies\"}"));
+  EXPECT_EQ(absl::StrContains(json, "\"tid\": 0, \"args\": {\"bytes"), false) << json;
+  // The spans in the order they ended: to the host, back, to the host, back, ...
+  std::vector<std::string> order;
+  std::vector<int64_t> starts, ends;
+  for (size_t at = json.find("\"cat\": \""); at != std::string::npos;
+       at = json.find("\"cat\": \"", at + 1)) {
+    const size_t from = at + 8, to = json.find('"', from);
+    order.push_back(json.substr(from, to - from));
+    const size_t ts = json.find("\"ts\": ", to), dur = json.find("\"dur\": ", to);
+    starts.push_back(std::stoll(json.substr(ts + 6)));
+    ends.push_back(starts.back() + std::stoll(json.substr(dur + 7)));
+    EXPECT_EQ(json.rfind("{\"name\": \"'t.staged'\"", at), json.rfind("{\"name\": ", at));
+  }
+  ASSERT_EQ(order.size(), 6u) << json;
+  for (size_t i = 0; i < order.size(); ++i) {
+    EXPECT_EQ(order[i], i % 2 == 0 ? "device-to-host copy" : "host-to-device copy") << json;
+    if (i > 0) {
+      EXPECT_LE(ends[i - 1], starts[i]) << json;  // each after the one before
+    }
+  }
+  std::remove(path.c_str());
 }
 
 // Push_pulls of one GPU tensor in place, several in a row without waiting: each reads

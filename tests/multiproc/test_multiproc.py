@@ -716,7 +716,8 @@ def test_timeline_of_a_job(job: JobEnv, tmp_path: Path) -> None:
     for e in spans:
         if e["cat"] == "push, server, reply":
             pushes.setdefault((e["name"], e["args"]["round"]), []).append(e)
-    served = [e for e in spans if e["cat"] == "sum, update, replies"]
+    assert any(e["cat"] == "sum" for e in spans), {e["cat"] for e in spans}
+    served = [e for e in spans if e["cat"] == "replies"]
     assert len(served) >= 5 * rounds, len(served)  # every tensor's partitions, every round
     for s in served:
         assert pushes.get((s["name"], s["args"]["round"])), s
@@ -724,6 +725,24 @@ def test_timeline_of_a_job(job: JobEnv, tmp_path: Path) -> None:
             tol = 1000 + abs(offsets[names[w["pid"]]]) + abs(offsets[names[s["pid"]]])
             assert w["ts"] <= s["ts"] + tol, (w, s)                          # pushed first
             assert w["ts"] + w["dur"] + tol >= s["ts"] + s["dur"], (w, s)    # reply after
+    # The two workers are local ranks of one node: each partition is summed in the node
+    # first (the pusher's local reduction ends before its push starts), queued for its
+    # server, and handed out after the reply (the local broadcast ends after it).
+    for rank in range(2):
+        mine = [e for e in spans if names[e["pid"]] == f"worker {rank}"]
+        cats = {e["cat"] for e in mine}
+        assert {"operation", "queued, waiting for credit", "push, server, reply",
+                "local reduce", "local broadcast"} <= cats, cats
+        def same(cat: str, push: dict) -> list[dict]:
+            return [e for e in mine if e["cat"] == cat and e["name"] == push["name"]
+                    and e["args"]["round"] == push["args"]["round"]]
+        for push in (e for e in mine if e["cat"] == "push, server, reply"):
+            reduced = same("local reduce", push)
+            assert reduced, push
+            assert reduced[0]["ts"] + reduced[0]["dur"] <= push["ts"] + 2000, (reduced, push)
+            handed = same("local broadcast", push)
+            assert handed and handed[0]["ts"] + handed[0]["dur"] + 2000 >= (
+                push["ts"] + push["dur"]), (handed, push)
     # ... and a picture of it (scripts/plot-timeline, with the project's matplotlib).
     png = tmp_path / "job.png"
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "plot-timeline"),
@@ -784,8 +803,10 @@ def test_timeline_of_an_allreduce_job(job: JobEnv, tmp_path: Path) -> None:
     of the large tensor (one clock: no tolerance)."""
     rounds = 3
     out_file = tmp_path / "ar.json"
-    run = hybridrun(job, 2, 0, [str(TEST_WORKER), "--rounds", str(rounds)], "dist_allreduce",
-                    options=("--timeline-filename", str(out_file)))
+    # Nothing eager: the small tensors of a round are fused, whatever the ranks' timing.
+    fused = JobEnv(job.marker, {**job.env, "HYBRIDPS_EAGER_BYTES": "0"})
+    run = hybridrun(fused, 2, 0, [str(TEST_WORKER), "--rounds", str(rounds)],
+                    "dist_allreduce", options=("--timeline-filename", str(out_file)))
     code, out, err, _ = run.finish(RUN_TIMEOUT)
     assert code == 0, f"{out}\n{err}"
     assert f"timeline of 2 processes in {out_file}" in err, err
@@ -799,4 +820,11 @@ def test_timeline_of_an_allreduce_job(job: JobEnv, tmp_path: Path) -> None:
         for op in ops:
             assert any(op["ts"] <= c["ts"] <= op["ts"] + op["dur"] for c in collectives), \
                 (op, collectives)
+        # Before each collective: the negotiation that found every rank ready, and each
+        # operation's wait for the other ranks; fused ones are copied in and out.
+        cats = {e["cat"] for e in mine}
+        assert {"negotiation", "wait for data", "fusion copy"} <= cats, cats
+        waits = [e for e in mine if e["cat"] == "wait for data"
+                 and e["name"] == "'t.large'"]
+        assert len(waits) >= rounds, waits
     assert_nothing_left(job.marker)

@@ -656,3 +656,33 @@ except NotImplementedError as e:
     assert spec["multipliers"] == {"0/3": [0.5, 0.0]}
     err = next(line for line in lines if line.startswith("ERROR"))
     assert "Ftrl" in err and "sgd" in err and "update_on_kvstore=False" in err, err
+
+
+@pytest.mark.parametrize("store", ["dist_hybrid", "dist_allreduce"])
+def test_the_timeline_names_the_parameters(store, tmp_path):
+    """hybridrun --timeline-filename around Gluon training: the spans of the Trainer's
+    tensors carry the parameters' names (the plugin's names file, merged by hybridrun)
+    beside the store's index names."""
+    out_file = tmp_path / "digits.json"
+    backend = ["--backend", "dist_allreduce"] if store == "dist_allreduce" else [
+        "--servers", "1"]
+    proc = subprocess.run(
+        [sys.executable, str(HYBRIDRUN), "-np", "2", *backend, "--bin-dir", str(BUILD),
+         "--timeline-filename", str(out_file), "--", sys.executable,
+         str(ROOT / "mxnet_kvstore" / "examples" / "train_digits.py"), "--kvstore", store,
+         "--epochs", "1"],
+        env=env(), capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    trace = json.loads(out_file.read_text())
+    spans = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    named = [e for e in spans if "parameter" in e.get("args", {})]
+    params = {e["args"]["parameter"] for e in named}
+    assert any(p.endswith("_weight") for p in params) and any(
+        p.endswith("_bias") for p in params), params
+    for e in named:
+        assert f"'{e['args']['parameter']}' (" in e["name"], e
+    ops = [e for e in named if e["name"].startswith("push_pull of ")]
+    assert ops, [e["name"] for e in spans[:20]]
+    assert not list(tmp_path.glob("*.parts")), "the parts folder stays"
+    if store == "dist_hybrid":  # the Trainer's SGD runs on the servers: a stage of its own
+        assert any(e["cat"] == "optimizer update" for e in spans), {e["cat"] for e in spans}

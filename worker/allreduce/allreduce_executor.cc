@@ -188,6 +188,12 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
   nego::Plan plan;
   if (failure.ok()) {
     plan = nego::Decide(lists, rank_, fusion_bytes_, fusion_max_tensor_bytes_);
+    // Only rounds that decided something: a rank waiting for a slow peer runs a round
+    // every cycle, which would fill the timeline.
+    if (timeline_ && !plan.actions.empty()) {
+      timeline_->Span(absl::StrCat("negotiation of ", plan.actions.size(), " actions"),
+                      "negotiation", t0, t1, 1);
+    }
     // The next round's receives now, while this one runs: the peers' next messages then
     // leave as soon as they are sent. Not when a rank leaves (there is no next round). A
     // failure here is the next round's (GlooComm keeps it): this round may still end
@@ -342,6 +348,13 @@ absl::Status AllreduceStore::RunPlan(const nego::Plan& plan,
   for (const nego::Action& a : plan.actions) {
     if (!failure.ok()) break;
     const absl::Time start = absl::Now();
+    if (timeline_ && a.type != nego::Action::Type::kFail) {
+      for (size_t i : a.entries) {  // from its submission until every rank had it
+        const Op* op = listed[i].get();
+        timeline_->Span(absl::StrCat("'", op->name, "'"), "wait for data", op->submitted,
+                        start, 2);
+      }
+    }
     failure = Execute(a, listed);
     if (timeline_ && a.type != nego::Action::Type::kFail) {
       static constexpr const char* kKind[] = {"eager", "two-shot", "allreduce", "broadcast",
@@ -459,13 +472,16 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
   } else {
     // Pack, reduce once, unpack.
     if (fusion_.size() < a.total_count * es) fusion_.resize(a.total_count * es);
+    const absl::Time packing = timeline_ ? absl::Now() : absl::InfinitePast();
     size_t offset = 0;
     for (size_t i : a.entries) {
       const Op* op = listed[i].get();
       if (op->in.count > 0) std::memcpy(fusion_.data() + offset, op->in.data, op->in.bytes());
       offset += op->in.bytes();
     }
+    const absl::Time packed = timeline_ ? absl::Now() : absl::InfinitePast();
     s = allreduce(fusion_.data(), fusion_.data(), a.total_count);
+    const absl::Time reduced = timeline_ ? absl::Now() : absl::InfinitePast();
     offset = 0;
     for (size_t i : a.entries) {
       Op* op = listed[i].get();
@@ -473,6 +489,15 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
         std::memcpy(op->out.data, fusion_.data() + offset, op->out.bytes());
       }
       offset += op->out.bytes();
+    }
+    if (timeline_) {
+      const std::string args = absl::StrCat("\"bytes\": ", offset, ", \"tensors\": ",
+                                            a.entries.size());
+      timeline_->Span("into the fusion buffer", "fusion copy", packing, packed, 1, args);
+      if (s.ok()) {
+        timeline_->Span("out of the fusion buffer", "fusion copy", reduced, absl::Now(), 1,
+                        args);
+      }
     }
   }
   s = ExplainFailure(s);

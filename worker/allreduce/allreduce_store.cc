@@ -74,7 +74,7 @@ absl::Status AllreduceStore::Start() {
   num_workers_ = welcome.num_workers();
   SetLogTag(absl::StrCat("worker ", rank_));
   timeline_ = Timeline::Open(options_.timeline, absl::StrCat("worker ", rank_), 100 + rank_,
-                             {"operations", "collectives"});
+                             {"operations", "negotiation, collectives", "waiting for data"});
   // Gloo binds the scheduler-facing address: loopback for a local job.
   in_addr ip{};
   if (!options_.interface.empty()) {

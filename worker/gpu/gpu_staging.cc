@@ -78,6 +78,8 @@ struct GpuStager::Op {
   bool copying = false;  // a copy of `ticket` runs (into or out of `staging`)
   uint64_t ticket = 0;
   absl::Time copy_deadline;
+  absl::Time copy_started;  // for the timeline
+  DeviceCopier::Direction copy_direction = DeviceCopier::Direction::kToHost;
   bool handed = false;  // given to the backend
   bool counted = false;  // in gpu_unfinished_
 
@@ -93,8 +95,10 @@ struct GpuStager::Op {
 
 GpuStager::GpuStager(std::unique_ptr<DeviceCopier> copier, Backend backend, int num_workers,
                      absl::Duration op_timeout, bool waiting_threads_help,
-                     absl::Duration wait_grace)
+                     absl::Duration wait_grace, Timeline* timeline)
     : copier_(std::move(copier)),
+      timeline_(timeline),
+      timeline_lane_(timeline ? timeline->AddLane("GPU staging: copies") : 0),
       backend_(std::move(backend)),
       num_workers_(num_workers),
       op_timeout_(op_timeout),
@@ -390,6 +394,13 @@ bool GpuStager::CopyDone(const OpPtr& op, absl::string_view what, bool* failed) 
   }
   if (*done) {
     op->copying = false;
+    if (timeline_) {
+      const bool to_host = op->copy_direction == DeviceCopier::Direction::kToHost;
+      timeline_->Span(absl::StrCat("'", op->name, "'"),
+                      to_host ? "device-to-host copy" : "host-to-device copy",
+                      op->copy_started, absl::Now(), timeline_lane_,
+                      absl::StrCat("\"bytes\": ", op->bytes()));
+    }
     return true;
   }
   if (absl::Now() > op->copy_deadline) {
@@ -447,7 +458,9 @@ absl::Status GpuStager::StartCopy(const OpPtr& op, DeviceCopier::Direction direc
                                   void* dst, const void* src) {
   ASSIGN_OR_RETURN(op->ticket, copier_->Start(direction, dst, src, op->bytes()));
   op->copying = true;
-  op->copy_deadline = absl::Now() + op_timeout_;
+  op->copy_started = absl::Now();
+  op->copy_direction = direction;
+  op->copy_deadline = op->copy_started + op_timeout_;
   return absl::OkStatus();
 }
 

@@ -66,6 +66,7 @@
 #include "absl/time/time.h"
 #include "common/dtype.h"
 #include "common/options.h"
+#include "common/timeline.h"
 #include "worker/handle.h"
 
 namespace hybridps {
@@ -161,9 +162,11 @@ class GpuStager {
   // `num_workers`: for the range check of broadcast roots; `op_timeout`: the bound of
   // each copy; `waiting_threads_help`: see the file comment; `wait_grace`: see
   // Options::wait_grace. Starts the stager's thread.
+  // `timeline` (may be null; it must outlive the stager): each copy becomes a span on a
+  // lane of its own.
   GpuStager(std::unique_ptr<DeviceCopier> copier, Backend backend, int num_workers,
             absl::Duration op_timeout, bool waiting_threads_help = true,
-            absl::Duration wait_grace = Options{}.wait_grace);
+            absl::Duration wait_grace = Options{}.wait_grace, Timeline* timeline = nullptr);
   // Shutdown().
   ~GpuStager();
   GpuStager(const GpuStager&) = delete;
@@ -216,6 +219,8 @@ class GpuStager {
   void ReleaseHeld(const std::string& name);
 
   const std::unique_ptr<DeviceCopier> copier_;
+  Timeline* const timeline_;  // null: off
+  const int timeline_lane_;
   const Backend backend_;
   const int num_workers_;
   const absl::Duration op_timeout_;

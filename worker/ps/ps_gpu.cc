@@ -60,7 +60,7 @@ absl::StatusOr<std::unique_ptr<PsGpuStore>> PsGpuStore::Create(
   s->stager_ = std::make_unique<GpuStager>(std::move(copier), std::move(backend),
                                            ps->num_workers(), options.op_timeout,
                                            /*waiting_threads_help=*/options.caller_rounds != 0,
-                                           options.wait_grace);
+                                           options.wait_grace, ps->timeline());
   if (ps->layout().gpu_reduce_nccl) {
     HPS_LOG(INFO) << "the node's " << ps->layout().local_size
                   << " local ranks sum GPU tensors on their GPUs (HYBRIDPS_GPU_LOCAL_REDUCE="

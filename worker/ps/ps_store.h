@@ -68,6 +68,9 @@ class PsStore : public KVStore, public NodeSumSink {
   absl::Status SaveOptimizerStates(const std::string& path) override;
   absl::Status LoadOptimizerStates(const std::string& path) override;
 
+  // This worker's timeline (HYBRIDPS_TIMELINE), for its GPU front; null when off.
+  Timeline* timeline() const { return timeline_.get(); }
+
   // NodeSumSink: for the node's GPU reduction (worker/ps/local/node_gpu_reduce.h).
   std::vector<NodePart> NodePartsOf(absl::string_view name, size_t count,
                                     DType dtype) const override;

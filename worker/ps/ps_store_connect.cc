@@ -41,6 +41,8 @@ absl::Status PsStore::Start() {
   windows_ = ServerWindows(num_servers_, options_.server_window_bytes);
   std::vector<std::string> lanes = {"operations"};
   for (int s = 0; s < num_servers_; ++s) lanes.push_back(absl::StrCat("to server ", s));
+  const int node_lane = static_cast<int>(lanes.size());
+  if (layout_.local_size > 1) lanes.push_back("node: local reduce, local broadcast");
   timeline_ = Timeline::Open(options_.timeline, absl::StrCat("worker ", rank_), 100 + rank_,
                              std::move(lanes));
   RETURN_IF_ERROR(ConnectServers());
@@ -53,7 +55,8 @@ absl::Status PsStore::Start() {
                                    absl::MutexLock lock(&local_mu_);
                                    local_events_.push_back(std::move(e));
                                  },
-                                 [this] { credits_->waker.Wake(); }));
+                                 [this] { credits_->waker.Wake(); }, timeline_.get(),
+                                 node_lane));
   }
   io_thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "hps-worker-io");

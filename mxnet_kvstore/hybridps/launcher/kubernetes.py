@@ -153,8 +153,9 @@ def derive(role: str, command: Sequence[str], env: Mapping[str, str], *,
     out["HYBRIDPS_ROLE"] = role
 
     if role == "scheduler":
-        # Others reach the scheduler by its DNS name; it binds its pod's address.
-        out["HYBRIDPS_SCHEDULER_ADDR"] = interface
+        # Others reach the scheduler by its DNS name; it binds its pod's address (the IP:
+        # HYBRIDPS_INTERFACE may name a network interface instead).
+        out["HYBRIDPS_SCHEDULER_ADDR"] = env.get(POD_IP_VAR) or interface
         out.pop("HYBRIDPS_RANK", None)
         binary = find_binary(SCHEDULER_BINARY, bin_dir=None, env=env, repo_root=None)
         return Launch([str(binary)], out, "scheduler")

@@ -58,19 +58,32 @@ class OutputSink:
         with self._lock:
             own = self._file(prefix)
             if own is not None:
-                own.write(b"".join(raw + b"\n" for raw in lines))
-                own.flush()
+                try:
+                    own.write(b"".join(raw + b"\n" for raw in lines))
+                    own.flush()
+                except OSError as exc:  # a full disk must not stop the job's output
+                    print(f"hybridrun: cannot write to {self._dir}: {exc}; per-process "
+                          "output files stop here", file=self._err, flush=True)
+                    self._close_files()
             try:
                 self._out.write(data)
                 self._out.flush()
             except (OSError, ValueError):  # closed or broken stdout: keep draining
                 pass
 
+    def _close_files(self) -> None:
+        """Closes the output files for good: later lines go to the console only."""
+        self._dir = None
+        for f in self._files.values():
+            try:
+                f.close()
+            except OSError:
+                pass
+        self._files.clear()
+
     def close(self) -> None:
         with self._lock:
-            for f in self._files.values():
-                f.close()
-            self._files.clear()
+            self._close_files()
 
     def message(self, text: str) -> None:
         with self._lock:

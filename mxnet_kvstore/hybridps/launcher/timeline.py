@@ -22,6 +22,42 @@ def prepare(filename: str) -> None:
     folder.mkdir(parents=True)
 
 
+# Written by the MXNet plugin beside its process's timeline: {"0/3": "dense0_weight"}, the
+# parameters' names of the tensors its Trainers hand over by index.
+NAMES_SUFFIX = ".names.json"
+
+
+def tensor_names(prefix: Path) -> dict[str, str]:
+    """Every process's tensor-to-parameter names (the same across the workers)."""
+    names: dict[str, str] = {}
+    for part in prefix.parent.glob(prefix.name + ".*" + NAMES_SUFFIX):
+        try:
+            found = json.loads(part.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(found, dict):
+            names.update({str(k): str(v) for k, v in found.items()})
+    return names
+
+
+def name_tensors(events: list[dict], names: dict[str, str]) -> list[dict]:
+    """Puts the parameters' names into the spans': 'dense0_weight' (0/3) for '0/3'."""
+    if not names:
+        return events
+    for event in events:
+        name = event.get("name")
+        if not isinstance(name, str) or "'" not in name:
+            continue
+        head, quote, rest = name.partition("'")
+        tensor, quote2, tail = rest.partition("'")
+        for key in (tensor, tensor[:-len(":init")] if tensor.endswith(":init") else tensor):
+            if quote2 and key in names:
+                event["name"] = f"{head}'{names[key]}' ({tensor}){tail}"
+                event.setdefault("args", {})["parameter"] = names[key]
+                break
+    return events
+
+
 def merge(filename: str, expected: list[str]) -> str:
     """Merges the files the processes wrote into ``filename`` and removes them; returns a
     line for the user. ``expected``: the processes' labels ("worker 0", "server 1")."""
@@ -30,12 +66,15 @@ def merge(filename: str, expected: list[str]) -> str:
     found: list[str] = []
     offsets: dict[str, int] = {}
     dropped = 0
+    names = tensor_names(prefix)
     for part in sorted(prefix.parent.glob(prefix.name + ".*.json")):
+        if part.name.endswith(NAMES_SUFFIX):
+            continue
         try:
             data = json.loads(part.read_text())
         except (OSError, ValueError):
             continue  # a process that died while writing
-        events.extend(data.get("traceEvents", []))
+        events.extend(name_tensors(data.get("traceEvents", []), names))
         other = data.get("otherData", {})
         found.append(str(other.get("process", part.stem)))
         offsets[found[-1]] = int(other.get("clock_offset_us", 0))

@@ -25,6 +25,9 @@ the optimizer on the servers the updated weights; pull(key, out) copies the arra
 (local). row_sparse_pull is refused: hybridps stores dense arrays only.
 """
 import atexit
+import json
+import os
+import sys
 import threading
 
 import mxnet as mx
@@ -45,6 +48,57 @@ _servers_optimizer = None
 # Arrays of these device types are handed to hybridps as they are; others (GPUs) are
 # staged through the store's host arrays.
 _HOST_DEVICE_TYPES = ("cpu", "cpu_pinned", "cpu_shared")
+
+
+class _TimelineNames:
+    """With a timeline (HYBRIDPS_TIMELINE), the parameters' names of the tensors a Gluon
+    Trainer hands over by index: PREFIX.worker-R.names.json, {"0/3": "dense0_weight"},
+    which hybridrun's merge (hybridps.launcher.timeline) puts into the spans' names. The
+    operations keep their index names: those are what every worker agrees on."""
+
+    def __init__(self):
+        self._prefix = os.environ.get("HYBRIDPS_TIMELINE", "")
+        self._seen = set()  # names looked up, with a parameter or not: each looked up once
+        self._names = {}
+        self._path = None
+        self._written = 0  # names in the file
+
+    def note(self, name, key, rank):
+        """Learns `name`'s parameter when a Trainer is the caller (it passes its index)."""
+        if not self._prefix or name in self._seen or not isinstance(key, (int, np.integer)):
+            return
+        self._seen.add(name)
+        if self._path is None:
+            self._path = f"{self._prefix}.worker-{rank}.names.json"
+            atexit.register(self._write)  # before the merge, which waits for the process
+        frame = sys._getframe(2)
+        for _ in range(6):  # the Trainer's method is a few calls up
+            if frame is None:
+                return
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, mx.gluon.Trainer):
+                params = getattr(owner, "_params", [])
+                if 0 <= key < len(params):
+                    self._names[name] = params[key].name
+                    if len(self._names) >= 2 * self._written:  # a file of n names: log n writes
+                        self._write()
+                return
+            frame = frame.f_back
+
+    def _write(self):
+        if not self._prefix or self._path is None or len(self._names) == self._written:
+            return
+        self._written = len(self._names)
+        tmp = self._path + ".tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(self._names, f)
+            os.replace(tmp, self._path)
+        except OSError:
+            self._prefix = ""  # the timeline's folder is gone: names are only a nicety
+
+
+_timeline_names = _TimelineNames()
 
 
 def _attach():
@@ -268,6 +322,7 @@ class _HybridKVStore(KVStoreBase):
 
     def _broadcast_one(self, key, value, out, priority, root_rank):
         name = self._name(key)
+        _timeline_names.note(name, key, self._store.rank)
         value = _one_array(value, key, "value")
         outs = _as_list(out, "out", key)
         _check(key, [value], "value", value.shape, value.dtype)
@@ -310,6 +365,7 @@ class _HybridKVStore(KVStoreBase):
 
     def _pushpull_one(self, key, value, out, priority):
         name = self._name(key)
+        _timeline_names.note(name, key, self._store.rank)
         if self._optimizer_on_servers:
             self._sync_optimizer_params()
         elif _servers_optimizer is not None:

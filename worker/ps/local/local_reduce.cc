@@ -33,13 +33,17 @@ using namespace local_reduce_shm;  // NOLINT: this file's own internals
 
 absl::StatusOr<std::unique_ptr<LocalReducer>> LocalReducer::Create(const Options& options,
                                                                    const NodeLayout& layout,
-                                                                   Notify notify, Wake wake) {
+                                                                   Notify notify, Wake wake,
+                                                                   Timeline* timeline,
+                                                                   int timeline_lane) {
   if (layout.local_size > kMaxLocal) {
     return absl::InvalidArgumentError(
         absl::StrCat("local_size ", layout.local_size, " is more than ", kMaxLocal));
   }
   std::unique_ptr<LocalReducer> r(
       new LocalReducer(options, layout, std::move(notify), std::move(wake)));
+  r->timeline_ = timeline;
+  r->timeline_lane_ = timeline_lane;
   RETURN_IF_ERROR(r->Attach());
   r->thread_ = std::thread([p = r.get()] {
     pthread_setname_np(pthread_self(), "hps-local");

@@ -47,6 +47,7 @@
 #include "common/dtype.h"
 #include "common/hybridps.pb.h"
 #include "common/options.h"
+#include "common/timeline.h"
 #include "common/transport.h"
 #include "worker/node/node_layout.h"
 
@@ -93,9 +94,13 @@ class LocalReducer {
 
   // Opens (local rank 0: creates) the node's segment; waits until every local rank has
   // attached, at most until `deadline`.
+  // `timeline` (may be null; it must outlive the reducer): each task's local reduction
+  // and local broadcast become spans on its lane `timeline_lane`.
   static absl::StatusOr<std::unique_ptr<LocalReducer>> Create(const Options& options,
                                                               const NodeLayout& layout,
-                                                              Notify notify, Wake wake);
+                                                              Notify notify, Wake wake,
+                                                              Timeline* timeline = nullptr,
+                                                              int timeline_lane = 0);
   ~LocalReducer();
 
   // The local rank that pushes partition `part` of tensor `key` for the node.
@@ -132,6 +137,7 @@ class LocalReducer {
     std::optional<Frame> payload;
     size_t bytes = 0;
     int exec = 0;  // the executor it runs on
+    absl::Time submitted = absl::InfinitePast();  // for the timeline
   };
   struct Inbox {
     std::vector<Task> submitted;
@@ -183,6 +189,8 @@ class LocalReducer {
   void RingAll();
   void Emit(int e, Event ev);  // notify_, counted
   bool Step(Pending& t);
+  // A timeline span of t, `what`, from `start` until now.
+  void Record(const Pending& t, const char* what, absl::Time start) const;
   // The stages of Step, one each; true when the task has ended.
   bool StepClaim(Pending& t);
   bool StepArrivals(Pending& t);
@@ -209,6 +217,8 @@ class LocalReducer {
   Options options_;
   NodeLayout layout_;
   Notify notify_;
+  Timeline* timeline_ = nullptr;
+  int timeline_lane_ = 0;
   Wake wake_;
   std::string shm_name_;
   std::string job_prefix_;  // names of this job's tensor segments (without the '/')
