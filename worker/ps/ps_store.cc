@@ -509,15 +509,15 @@ void PsStore::HandleReply(int server, Message raw) {
   const uint32_t pi = it->second.part;
   if (timeline_) {
     const Partition& tp = op->parts[pi];
-    const std::string what = absl::StrCat("'", op->name, "' partition ", pi);
-    const std::string args = absl::StrCat("\"bytes\": ", tp.count * DTypeSize(op->in.dtype),
-                                          ", \"round\": ", it->second.round);
+    std::string what = absl::StrCat("'", op->name, "' partition ", pi);
+    std::string args = absl::StrCat("\"bytes\": ", tp.count * DTypeSize(op->in.dtype),
+                                    ", \"round\": ", it->second.round);
     // Before its send: queued behind the server's window and the credits, and on a node
     // of several local ranks the local reduction (its own span on the node's lane).
     timeline_->Span(what, "queued, waiting for credit", op->deadline - options_.op_timeout,
                     it->second.sent, 1 + it->second.server, args);
-    timeline_->Span(what, "push, server, reply", it->second.sent, absl::Now(),
-                    1 + it->second.server, args);
+    timeline_->Span(std::move(what), "push, server, reply", it->second.sent, absl::Now(),
+                    1 + it->second.server, std::move(args));
   }
   if (it->second.bytes > 0) {
     windows_.Answered(it->second.server, it->second.order, it->second.bytes);
