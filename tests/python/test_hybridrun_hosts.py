@@ -25,6 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from procs import alive, pids_with  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 HYBRIDRUN = REPO / "scripts" / "hybridrun"
 EMULATED_CLUSTER = REPO / "scripts" / "emulated-cluster"
@@ -220,19 +222,7 @@ def test_check_build() -> None:
 # ---- the remote path on this machine (no root) ----------------------------------------
 
 def marker_pids(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if f"HYBRIDRUN_TEST_MARKER={marker}".encode() in environ.split(b"\0") \
-                and state not in ("Z", "X"):
-            found.append(int(entry))
-    return found
+    return pids_with("HYBRIDRUN_TEST_MARKER", marker)
 
 
 def wait_until_gone(pids_of: object, timeout: float = 5.0) -> list[int]:
@@ -313,7 +303,7 @@ class Cluster:
         for host in self.hosts:
             out = subprocess.run(["ip", "netns", "pids", host], capture_output=True,
                                  text=True).stdout.split()
-            live = [int(p) for p in out if _alive(int(p))]
+            live = [int(p) for p in out if alive(int(p))]
             if live:
                 found[host] = live
         return found
@@ -322,14 +312,6 @@ class Cluster:
         return ["--bin-dir", str(BUILD), "--network-interface", self.iface,
                 "--remote-shell", "ip netns exec {host} sh -c {command}",
                 "-H", ",".join(hosts)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 @pytest.fixture(scope="module")

@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "mxnet_kvstore"))
 
 from hybridps.launcher import kubernetes as k8s  # noqa: E402
+from procs import alive, pids_with  # noqa: E402
 
 DEPLOY = REPO / "deploy" / "kubernetes"
 OVERLAYS = ("colocated", "dedicated")
@@ -380,27 +381,9 @@ def test_a_signal_reaches_the_process_and_its_code_comes_back(tmp_path: Path) ->
 
 # ---- a real job on network-namespace hosts -----------------------------------------------
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 def marked(marker: str) -> list[int]:
     """Live processes whose environment carries this test's marker."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"{MARKER_VAR}={marker}".encode() in environ and _alive(int(entry)):
-            found.append(int(entry))
-    return found
+    return pids_with(MARKER_VAR, marker)
 
 
 class Cluster:
@@ -441,7 +424,7 @@ class Cluster:
         found = {}
         for ns in self.ns.values():
             out = run("ip", "netns", "pids", ns).stdout.split()
-            live = [int(p) for p in out if _alive(int(p))]
+            live = [int(p) for p in out if alive(int(p))]
             if live:
                 found[ns] = live
         return found

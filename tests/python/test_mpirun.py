@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from procs import pids_with  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD = Path(os.environ.get("HYBRIDPS_BUILD_DIR") or REPO / "build")
 SCHEDULER = BUILD / "scheduler" / "hybridps-scheduler"
@@ -66,16 +68,7 @@ def run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[
 
 def assert_nothing_left(port: str) -> None:
     """No process of this job survives mpirun (each carries its port in its environment)."""
-    left = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            environ = (proc / "environ").read_bytes()
-        except OSError:
-            continue
-        if f"HYBRIDPS_SCHEDULER_PORT={port}".encode() in environ.split(b"\0"):
-            left.append(proc.name)
+    left = pids_with("HYBRIDPS_SCHEDULER_PORT", port)
     assert not left, f"processes left: {left}"
 
 

@@ -40,6 +40,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "mxnet_kvstore"))
 from hybridps.launcher import slurm  # noqa: E402
+from procs import pids_with  # noqa: E402
 
 HYBRIDRUN = REPO / "scripts" / "hybridrun"
 EXAMPLES = REPO / "examples" / "slurm"
@@ -124,19 +125,7 @@ def _free_ports(count: int) -> list[int]:
 
 def _processes_with(needle: str) -> list[int]:
     """Live (not zombie) processes whose environment holds ``needle`` (NAME=VALUE)."""
-    found = []
-    wanted = needle.encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            items = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if wanted in items and state not in ("Z", "X"):
-            found.append(int(entry))
-    return found
+    return pids_with(*needle.split("=", 1))
 
 
 def _environ(pid: int) -> set[str]:
