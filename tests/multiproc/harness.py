@@ -337,3 +337,13 @@ HIERARCHICAL = "dist_allreduce_hierarchical"
 # dist_hybrid with every worker a local rank of one node (what hybridrun -np N gives): the
 # node reduces in shared memory before its one push.
 HYBRID_ONE_NODE = "dist_hybrid_one_node"
+
+
+def assert_every_round_ok(j: DirectJob, workers: int, rounds: int) -> None:
+    """Every worker exited 0 after printing "round K ok" for each round, in order."""
+    codes = j.wait_all(RUN_TIMEOUT)
+    assert all(code == 0 for code in codes.values()), j.text()
+    for rank in range(workers):
+        lines = j.lines(f"worker {rank}")
+        assert [line for line in lines if line.startswith("round ")] == [
+            f"round {k} ok" for k in range(rounds)], j.text()
