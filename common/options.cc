@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <initializer_list>
-#include <numeric>
 #include <optional>
 #include <thread>
 #include <type_traits>
@@ -263,6 +262,7 @@ absl::Status ReadJobToken(std::string* token) {
 struct MpmdPlace {
   std::vector<int> apps;  // processes per app context (OMPI_APP_CTX_NUM_PROCS)
   int app = 0;            // this process's (OMPI_MCA_orte_app_num)
+  int first = 0;          // the world rank of its context's first process
   int world_rank = 0;     // OMPI_COMM_WORLD_RANK
 };
 
@@ -283,11 +283,13 @@ absl::StatusOr<std::optional<MpmdPlace>> MpmdPlaceFromEnvironment() {
   if (place.apps.size() < 2) return std::nullopt;  // one context: mpirun starts workers only
   RETURN_IF_ERROR(GetNumber("OMPI_COMM_WORLD_RANK", &place.world_rank));
   // The context holding the world rank (Open MPI 4 also says it: OMPI_MCA_orte_app_num).
-  int first = 0;
   place.app = -1;
-  for (size_t i = 0; i < place.apps.size() && place.app < 0; ++i) {
-    if (place.world_rank < first + place.apps[i]) place.app = static_cast<int>(i);
-    first += place.apps[i];
+  for (size_t i = 0; i < place.apps.size(); ++i) {
+    if (place.world_rank < place.first + place.apps[i]) {
+      place.app = static_cast<int>(i);
+      break;
+    }
+    place.first += place.apps[i];
   }
   int said = place.app;
   RETURN_IF_ERROR(GetNumber("OMPI_MCA_orte_app_num", &said));
@@ -327,7 +329,6 @@ absl::Status ApplyMpmd(const MpmdPlace& place, Options* o) {
         " (", layout, " processes), the ", RoleName(role), "s' place: ", order,
         " (for workers alone in several contexts, set HYBRIDPS_ROLE=worker)"));
   }
-  const int first = std::accumulate(place.apps.begin(), place.apps.begin() + place.app, 0);
   const int num_servers = n == 3 ? place.apps[1] : 0;
   const int num_workers = place.apps[worker_app];
   auto agree = [&](const char* name, int* field, int value) -> absl::Status {
@@ -342,7 +343,7 @@ absl::Status ApplyMpmd(const MpmdPlace& place, Options* o) {
   RETURN_IF_ERROR(agree("HYBRIDPS_NUM_WORKERS", &o->num_workers, num_workers));
   RETURN_IF_ERROR(agree("HYBRIDPS_NUM_SERVERS", &o->num_servers, num_servers));
   if (role != Role::kScheduler) {
-    RETURN_IF_ERROR(agree("HYBRIDPS_RANK", &o->rank, place.world_rank - first));
+    RETURN_IF_ERROR(agree("HYBRIDPS_RANK", &o->rank, place.world_rank - place.first));
   }
   o->mpi_world_rank = place.world_rank;
   if (!Get("HYBRIDPS_BACKEND")) {

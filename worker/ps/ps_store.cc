@@ -1,6 +1,5 @@
 #include "worker/ps/ps_store.h"
 
-
 #include <cstring>
 
 #include "absl/strings/match.h"
