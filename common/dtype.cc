@@ -1,5 +1,6 @@
 #include "common/dtype.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -71,6 +72,39 @@ absl::StatusOr<DType> ParseDType(absl::string_view name) {
     if (e.name == lower) return e.dtype;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown dtype \"", absl::CEscape(view), "\""));
+}
+
+TensorShape TensorShape::Of(const int64_t* dims, size_t ndim) {
+  TensorShape s;
+  s.ndim = static_cast<int>(std::min<size_t>(ndim, kMaxShapeDims));
+  for (size_t i = 0; i < ndim; ++i) {
+    const size_t at = std::min<size_t>(i, kMaxShapeDims - 1);
+    s.dims[at] = i > at ? s.dims[at] * dims[i] : dims[i];
+  }
+  return s;
+}
+
+std::string TensorShape::ToString() const {
+  if (!known()) return "";
+  std::string out = "(";
+  for (int i = 0; i < ndim; ++i) absl::StrAppend(&out, i ? ", " : "", dims[i]);
+  return absl::StrCat(out, ndim == 1 ? ",)" : ")");
+}
+
+bool TensorShape::Agrees(const TensorShape& other) const {
+  if (!known() || !other.known()) return true;
+  return ndim == other.ndim && std::equal(dims, dims + ndim, other.dims);
+}
+
+uint64_t TensorShape::elements() const {
+  uint64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= static_cast<uint64_t>(dims[i]);
+  return n;
+}
+
+std::string DescribeTensor(const TensorShape& shape, uint64_t count, DType dtype) {
+  if (shape.known()) return absl::StrCat(shape.ToString(), " ", DTypeName(dtype));
+  return absl::StrCat(count, " ", DTypeName(dtype), " elements");
 }
 
 bool IsValidDType(uint32_t v) { return v < static_cast<uint32_t>(kNumDTypes); }

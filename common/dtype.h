@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
@@ -44,6 +45,29 @@ uint16_t FloatToBFloat16(float f);
 
 enum class Device : uint8_t { kCPU = 0, kGPU = 1 };
 
+// A tensor's dimensions as the caller gave them, compared across the workers alongside
+// the element count (mismatched shapes of the same size fail as mismatched sizes do).
+// ndim 0: not given (the C++ API's default): only the count is compared. More than
+// kMaxShapeDims dimensions keep the first kMaxShapeDims - 1 and fold the rest into the
+// last, so such shapes are compared on those.
+inline constexpr int kMaxShapeDims = 8;
+struct TensorShape {
+  int ndim = 0;
+  int64_t dims[kMaxShapeDims] = {};
+
+  static TensorShape Of(const int64_t* dims, size_t ndim);
+  bool known() const { return ndim > 0; }
+  // "(17, 1311)"; "" when not known.
+  std::string ToString() const;
+  // Equal when both are known and the same, or either is not known.
+  bool Agrees(const TensorShape& other) const;
+  // The product of the dims (1 for none).
+  uint64_t elements() const;
+};
+
+// "(17, 1311) float32" when `shape` is known, else "12 float32 elements".
+std::string DescribeTensor(const TensorShape& shape, uint64_t count, DType dtype);
+
 // A non-owning view of a dense tensor. The caller keeps the memory alive until the
 // operation that received the view has completed (its handle's Wait returned).
 struct TensorView {
@@ -52,6 +76,7 @@ struct TensorView {
   DType dtype = DType::kFloat32;
   Device device = Device::kCPU;
   int device_id = 0;
+  TensorShape shape{};  // optional: compared across the workers when given
 
   size_t bytes() const { return count * DTypeSize(dtype); }
 };

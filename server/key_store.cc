@@ -18,8 +18,14 @@ std::string Where(const wire::DataRequest& req) {
                          req.key(), req.part(), req.round());
 }
 
-std::string Shape(uint64_t count, uint32_t dtype) {
-  return absl::StrCat(count, " ", DTypeName(static_cast<DType>(dtype)), " elements");
+TensorShape ShapeOf(const wire::DataRequest& req) {
+  return TensorShape::Of(req.shape().data(), static_cast<size_t>(req.shape_size()));
+}
+
+// "12 float32 elements", or "(3, 4) float32" when the request gives the tensor's shape.
+std::string Shape(const wire::DataRequest& req) {
+  return DescribeTensor(ShapeOf(req), req.total_count(),
+                        static_cast<DType>(req.dtype()));
 }
 
 std::string OpName(wire::DataOp op) {
@@ -147,10 +153,9 @@ void KeyStore::Handle(const std::string& peer, int node, uint64_t id,
       what = absl::StrCat(NodeName(node), " called ", OpName(req.op()), " but ",
                           NodeName(p.first_node), " called ", OpName(p.op));
     } else if (req.total_count() != p.total_count || req.dtype() != p.dtype ||
-               req.count() != p.count) {
-      what = absl::StrCat(NodeName(node), " sent ", Shape(req.total_count(), req.dtype()),
-                          " but ", NodeName(p.first_node), " sent ",
-                          Shape(p.total_count, p.dtype));
+               req.count() != p.count || !ShapeOf(req).Agrees(ShapeOf(p.first))) {
+      what = absl::StrCat(NodeName(node), " sent ", Shape(req), " but ",
+                          NodeName(p.first_node), " sent ", Shape(p.first));
     } else if (req.op() == wire::OP_BROADCAST && req.root() != p.root) {
       // The server knows the root's node only: "root worker 3", or "a root on node 1
       // (workers 2, 3)".

@@ -206,7 +206,7 @@ class PyStore {
   // (ctypes pointers as ints); input 0 means in place on the output; order 0: none.
   void Push(const std::string& kind, const std::string& name, uintptr_t input,
             uintptr_t output, size_t count, const std::string& dtype, int priority,
-            int root_rank, uintptr_t order) {
+            int root_rank, uintptr_t order, const std::vector<int64_t>& shape) {
     mxnet_bridge::OpSpec spec;
     if (kind == "push_pull") {
       spec.kind = mxnet_bridge::OpKind::kPushPull;
@@ -227,6 +227,12 @@ class PyStore {
     spec.input = reinterpret_cast<void*>(input);
     spec.output = reinterpret_cast<void*>(output);
     spec.count = count;
+    spec.shape = TensorShape::Of(shape.data(), shape.size());
+    if (spec.shape.known() && spec.shape.elements() != count) {
+      throw py::value_error(absl::StrCat("tensor '", name, "': shape ",
+                                         spec.shape.ToString(), " does not hold ", count,
+                                         " elements"));
+    }
     spec.dtype = *dt;
     spec.priority = priority;
     spec.root_rank = root_rank;
@@ -312,5 +318,6 @@ PYBIND11_MODULE(_hybridps_core, m) {
       .def("load_optimizer_states", &PyStore::LoadOptimizerStates, py::arg("path"))
       .def("push", &PyStore::Push, py::arg("kind"), py::arg("name"), py::arg("input"),
            py::arg("output"), py::arg("count"), py::arg("dtype"), py::arg("priority") = 0,
-           py::arg("root_rank") = 0, py::arg("order") = 0);
+           py::arg("root_rank") = 0, py::arg("order") = 0,
+           py::arg("shape") = std::vector<int64_t>{});
 }

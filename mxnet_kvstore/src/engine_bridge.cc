@@ -182,7 +182,7 @@ absl::StatusOr<Handle> Start(const Api& api, const OpParam& op) {
   }
   auto out = DataOf(api, spec.output, spec);
   if (!out.ok()) return out.status();
-  TensorView out_view{*out, spec.count, spec.dtype, Device::kCPU, 0};
+  TensorView out_view{*out, spec.count, spec.dtype, Device::kCPU, 0, spec.shape};
   switch (spec.kind) {
     case OpKind::kBroadcast:
       return op.store->BroadcastAsync(spec.name, out_view, spec.root_rank, spec.priority);

@@ -61,6 +61,7 @@ struct OpSpec {
   // data arrays differ (a broadcast and a push_pull staged through different host arrays).
   void* order = nullptr;
   size_t count = 0;
+  TensorShape shape;  // the array's, compared across the workers
   DType dtype = DType::kFloat32;
   int priority = 0;
   int root_rank = 0;  // broadcast

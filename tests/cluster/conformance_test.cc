@@ -454,6 +454,42 @@ TEST_P(ConformanceTest, MismatchedSizesFailEveryRankNamingTheTensorAndSizes) {
   });
 }
 
+// Push_pulls of one size whose shapes differ fail on every rank naming both shapes, every
+// time (20 times; every other time the disagreeing rank arrives late).
+TEST_P(ConformanceTest, MismatchedShapesOfOneSizeFailEveryRankNamingBoth) {
+  if (n() < 2) GTEST_SKIP() << "needs two workers";
+  auto cluster = Start(Config());
+  ASSERT_NE(cluster, nullptr);
+  const int odd = n() - 1;
+  for (int rep = 0; rep < 20; ++rep) {
+    const std::string name = absl::StrCat("bad-shape-", rep);
+    std::vector<absl::Status> status(n());
+    cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+      Buffer b(DType::kFloat32, rank == odd ? std::vector<int64_t>{17, 23, 57}
+                                            : std::vector<int64_t>{17, 1311});
+      b.Fill(rank, 0, 1);
+      if (rank == odd && rep % 2 == 1) absl::SleepFor(absl::Milliseconds(5));
+      status[rank] = kv->PushPull(name, b.view(), b.view());
+    });
+    for (int rank = 0; rank < n(); ++rank) {
+      const absl::Status& s = status[rank];
+      ASSERT_FALSE(s.ok()) << "repeat " << rep << ": worker " << rank << " succeeded";
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_TRUE(Mentions(s.message(), absl::StrCat("'", name, "'"))) << s;
+      EXPECT_TRUE(Mentions(s.message(), "(17, 1311)")) << s;
+      EXPECT_TRUE(Mentions(s.message(), "(17, 23, 57)")) << s;
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+  // Agreeing shapes, and a rank that gives none, still sum.
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    Buffer b = rank == 0 ? Buffer(DType::kFloat32, 6) : Buffer(DType::kFloat32, {2, 3});
+    b.Fill(rank, 0, 2);
+    ASSERT_OK(kv->PushPull("good-shape", b.view(), b.view()));
+    for (size_t i = 0; i < b.count; ++i) ASSERT_EQ(b.at(i), Sum(i, n(), 0, 2));
+  });
+}
+
 TEST_P(ConformanceTest, MismatchedDTypesFailEveryRankNamingBoth) {
   if (n() < 2) GTEST_SKIP() << "needs two workers";
   auto cluster = Start(Config());
@@ -503,6 +539,13 @@ TEST_P(ConformanceTest, MismatchedBroadcastsFailEveryRankNamingWhatDiffers) {
       {"root",
        [&](int rank) { return std::pair{Buffer(DType::kFloat32, 100), rank == odd ? odd : 0}; },
        {"root"}},
+      {"shape",
+       [&](int rank) {
+         return std::pair{Buffer(DType::kFloat32, rank == odd ? std::vector<int64_t>{3, 2}
+                                                              : std::vector<int64_t>{2, 3}),
+                          0};
+       },
+       {"(2, 3)", "(3, 2)"}},
   };
   for (const Case& c : cases) {
     for (int rep = 0; rep < kRepeats; ++rep) {

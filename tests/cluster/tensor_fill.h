@@ -46,7 +46,12 @@ inline double Value(size_t i, int rank, int round, int salt) {
 // A tensor buffer of `count` elements of `t`.
 struct Buffer {
   Buffer(DType t, size_t count) : dtype(t), count(count), bytes(count * DTypeSize(t) + 1) {}
-  TensorView view() { return TensorView{bytes.data(), count, dtype}; }
+  // A buffer that gives its shape with every operation.
+  Buffer(DType t, std::vector<int64_t> dims)
+      : Buffer(t, TensorShape::Of(dims.data(), dims.size()).elements()) {
+    shape = TensorShape::Of(dims.data(), dims.size());
+  }
+  TensorView view() { return TensorView{bytes.data(), count, dtype, Device::kCPU, 0, shape}; }
   void Fill(int rank, int round, int salt) {
     for (size_t i = 0; i < count; ++i) SetElement(dtype, bytes.data(), i, Value(i, rank, round, salt));
   }
@@ -54,6 +59,7 @@ struct Buffer {
   DType dtype;
   size_t count;
   std::vector<char> bytes;
+  TensorShape shape;  // not given unless made with dims
 };
 
 }  // namespace hybridps::testing

@@ -480,24 +480,30 @@ def mismatch(kv):
 
 def broadcast_mismatch():
     """Horovod-style broadcasts whose ranks disagree on dtype (after a good broadcast of the
-    name), on size or on the root, 20 times each: what each rank got, error or value."""
+    name), on size, on the root or on the shape of one size, and allreduces whose shapes
+    differ, 20 times each: what each rank got, error or value."""
     hps.init(STORE)
     r = hps.rank()
     got = []
-    for case in ("dtype", "size", "root"):
+    for case in ("dtype", "size", "root", "shape", "allreduce-shape"):
         for rep in range(20):
             name = f"bcast-{case}-{rep}"
-            dtype, size, root = "int32", 4, 0
+            dtype, shape, root = "int32", (4,), 0
             if case == "dtype":
                 hps.broadcast(mx.nd.full((4,), 7, dtype="int32"), 0, name=name).wait_to_read()
                 dtype = "float32" if r == 1 else "int32"
             elif case == "size":
-                size = 6 if r == 1 else 4
-            else:
+                shape = (6,) if r == 1 else (4,)
+            elif case == "root":
                 root = r
+            else:  # one size, two shapes
+                shape = (3, 2) if r == 1 else (2, 3)
             try:
-                out = hps.broadcast(mx.nd.full((size,), 10 * r + 1, dtype=dtype), root,
-                                    name=name)
+                value = mx.nd.full(shape, 10 * r + 1, dtype=dtype)
+                if case == "allreduce-shape":
+                    out = hps.allreduce(value, op=hps.Sum, name=name)
+                else:
+                    out = hps.broadcast(value, root, name=name)
                 got.append({"case": case, "rep": rep, "value": out.asnumpy().tolist()})
             except mx.base.MXNetError as exc:
                 got.append({"case": case, "rep": rep, "error": str(exc).splitlines()[0][:600]})

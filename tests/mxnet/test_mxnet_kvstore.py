@@ -557,12 +557,13 @@ def test_broadcast_parameters_waits_for_deferred_initialisation(job):
 
 def test_mismatched_broadcasts_fail_every_rank_every_time(job):
     """Two workers of one node (dist_hybrid reduces them in shared memory) broadcast with
-    different dtypes, sizes or roots, 20 times each: each rank gets a named error each time,
-    never the root's bytes."""
+    different dtypes, sizes, roots or shapes of one size, and allreduce with shapes of one
+    size, 20 times each: each rank gets a named error each time, never the root's bytes."""
     store, results = job
-    words = {"dtype": ["int32", "float32"], "size": ["4", "6"], "root": ["root"]}
+    words = {"dtype": ["int32", "float32"], "size": ["4", "6"], "root": ["root"],
+             "shape": ["(2, 3)", "(3, 2)"], "allreduce-shape": ["(2, 3)", "(3, 2)"]}
     for r in both(results, "broadcast_mismatch"):
-        assert len(r["got"]) == 60, r
+        assert len(r["got"]) == 100, r
         for g in r["got"]:
             assert "error" in g, f"{store} rank {r['rank']}: {g} (no error)"
             assert f"bcast-{g['case']}-{g['rep']}" in g["error"], g

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "common/dtype.h"
 #include "common/reduce.h"
 #include "common/wire.h"
@@ -170,6 +171,31 @@ TEST_F(KeyStoreTest, MismatchedSizesFailTheRoundForEveryWorkerAndNameTheKey) {
   for (int r = 0; r < 3; ++r) store_.Handle("p", r, 20 + r, Req("w", 1, 1), Floats({2}));
   ASSERT_EQ(replies_.size(), 3u);
   EXPECT_EQ(AsFloats(*replies_[0].payload), (std::vector<float>{6}));
+}
+
+TEST_F(KeyStoreTest, ShapesOfTheSameSizeMustAgreeWhereGiven) {
+  auto shaped = [](uint64_t round, std::vector<int64_t> dims) {
+    wire::DataRequest r = Req("w", round, 6);
+    for (int64_t d : dims) r.add_shape(d);
+    return r;
+  };
+  store_.Handle("a", 0, 1, shaped(0, {2, 3}), Floats(std::vector<float>(6, 1)));
+  store_.Handle("b", 1, 2, shaped(0, {3, 2}), Floats(std::vector<float>(6, 1)));
+  ASSERT_EQ(replies_.size(), 2u);
+  for (auto& r : replies_) {
+    ASSERT_TRUE(r.env.has_error());
+    EXPECT_EQ(r.env.error().message(),
+              "mismatched push_pull of tensor 'w' (key " + absl::StrFormat("%016x", TensorKeyFor("w")) +
+                  ", partition 0, round 0): worker 1 sent (3, 2) float32 but worker 0 sent "
+                  "(2, 3) float32");
+  }
+  // A node that gives no shape (the C++ API) agrees with any of the same size.
+  replies_.clear();
+  store_.Handle("a", 0, 1, shaped(1, {2, 3}), Floats(std::vector<float>(6, 1)));
+  store_.Handle("b", 1, 2, Req("w", 1, 6), Floats(std::vector<float>(6, 1)));
+  store_.Handle("c", 2, 3, shaped(1, {2, 3}), Floats(std::vector<float>(6, 1)));
+  ASSERT_EQ(replies_.size(), 3u);
+  for (auto& r : replies_) EXPECT_FALSE(r.env.has_error()) << r.env.error().message();
 }
 
 TEST_F(KeyStoreTest, RejectsEarlierRoundsDuplicatesAndBadRanks) {

@@ -31,6 +31,9 @@ Entry Bcast(const std::string& name, uint64_t count, int root) {
   return e;
 }
 
+// One entry's fixed part on the wire (its name and shape follow).
+constexpr size_t kEntryBytesForTest = 56;
+
 // Serialize + Parse, as the allgather would deliver it.
 std::vector<RankList> RoundTrip(const std::vector<RankList>& lists,
                                 std::vector<std::string>* wire) {
@@ -102,7 +105,7 @@ TEST(NegotiationTest, MalformedMessagesAreRefusedNotTrusted) {
   payload[kHeaderBytes + 6] = 1;  // claims a payload it does not carry
   EXPECT_FALSE(Parse(payload, 0).ok());
   std::string reserved = wire;
-  reserved[kHeaderBytes + 49] = 1;  // a reserved byte after the phase
+  reserved[kHeaderBytes + 50] = 1;  // a reserved byte after the phase and ndim
   auto r = Parse(reserved, 0);
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::StrContains(r.status().message(), "reserved")) << r.status();
@@ -154,6 +157,75 @@ TEST(NegotiationTest, PhasesKeepStepsOfOneOperationApart) {
   ASSERT_EQ(both.actions.size(), 1u);
   EXPECT_EQ(both.actions[0].type, Action::Type::kAllreduce);
   EXPECT_TRUE(both.missing.empty());
+}
+
+Entry Shaped(const std::string& name, std::vector<int64_t> dims) {
+  TensorShape shape = TensorShape::Of(dims.data(), dims.size());
+  Entry e = PushPull(name, shape.elements());
+  e.shape = shape;
+  return e;
+}
+
+TEST(NegotiationTest, ShapesTravelAndAreCheckedAgainstTheCount) {
+  RankList l;
+  l.entries = {Shaped("conv", {17, 23, 57}), PushPull("plain", 4)};
+  std::string wire;
+  Serialize(l, 0, &wire);
+  auto p = Parse(wire, 0);
+  ASSERT_OK(p);
+  EXPECT_EQ(p->entries[0].shape.ToString(), "(17, 23, 57)");
+  EXPECT_EQ(p->entries[0].Shape(), "(17, 23, 57) float32");
+  EXPECT_FALSE(p->entries[1].shape.known());
+  EXPECT_EQ(p->entries[1].Shape(), "4 float32 elements");
+
+  l.entries = {Shaped("w", {2, 3})};
+  wire.clear();
+  Serialize(l, 0, &wire);
+  const size_t ndim_at = kHeaderBytes + 49, dims_at = kHeaderBytes + kEntryBytesForTest + 8;
+  std::string wrong_count = wire;
+  wrong_count[dims_at] = 5;  // (5, 3) for 6 elements
+  auto s = Parse(wrong_count, 0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::StrContains(s.status().message(), "shape (5, 3) for 6 elements"))
+      << s.status();
+  std::string negative = wire;
+  negative[dims_at + 7] = '\x80';
+  EXPECT_FALSE(Parse(negative, 0).ok());
+  std::string many = wire;
+  many[ndim_at] = kMaxShapeDims + 1;
+  EXPECT_FALSE(Parse(many, 0).ok());
+  std::string longer = wire;
+  longer[ndim_at] = 3;  // one dimension more than the message holds
+  EXPECT_FALSE(Parse(longer, 0).ok());
+}
+
+TEST(NegotiationTest, ShapesOfTheSameCountMismatch) {
+  std::vector<RankList> lists(3);
+  lists[0].entries = {Shaped("w", {17, 1311})};
+  lists[1].entries = {Shaped("w", {17, 23, 57})};
+  lists[2].entries = {PushPull("w", 17 * 1311)};  // no shape given: agrees with any
+  for (int self = 0; self < 3; ++self) {
+    Plan p = Decide(lists, self, 0);
+    ASSERT_EQ(p.actions.size(), 1u);
+    EXPECT_EQ(p.actions[0].type, Action::Type::kFail) << self;
+  }
+  Plan p = Decide(lists, 1, 0);
+  EXPECT_EQ(p.actions[0].error.message(),
+            "mismatched push_pull of 'w': ranks 0, 2 sent (17, 1311) float32, rank 1 sent "
+            "(17, 23, 57) float32");
+  // The ranks that gave a shape are compared with each other, not only with rank 0.
+  lists[0].entries = {PushPull("w", 17 * 1311)};
+  lists[2].entries = {Shaped("w", {17, 1311})};
+  EXPECT_EQ(Decide(lists, 0, 0).actions[0].type, Action::Type::kFail);
+  lists[1].entries = {Shaped("w", {17, 1311})};
+  lists[2].entries = {Shaped("w", {17, 1311})};
+  EXPECT_EQ(Decide(lists, 0, 0).actions[0].type, Action::Type::kAllreduce);
+  // More than kMaxShapeDims dimensions fold into the last.
+  std::vector<int64_t> nine(9, 2);
+  TensorShape folded = TensorShape::Of(nine.data(), nine.size());
+  EXPECT_EQ(folded.ndim, kMaxShapeDims);
+  EXPECT_EQ(folded.dims[kMaxShapeDims - 1], 4);
+  EXPECT_EQ(folded.elements(), 512u);
 }
 
 TEST(NegotiationTest, MismatchNamesTensorRanksAndShapesOnEveryRank) {

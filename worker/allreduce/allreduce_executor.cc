@@ -283,6 +283,7 @@ void AllreduceStore::ListMine(const std::vector<std::shared_ptr<Op>>& listed, ab
     e.kind = op->kind;
     e.dtype = op->in.dtype;
     e.count = op->in.count;
+    e.shape = op->in.shape;
     e.root = op->root;
     e.priority = op->priority;
     e.age_ms = static_cast<uint32_t>(

@@ -428,7 +428,7 @@ void GpuStager::SubmitToBackend(const OpPtr& op) {
   TensorView in = op->in, out = op->out;
   if (op->gpu) {  // the staging buffer, in place (nullptr for an empty tensor)
     in = out = TensorView{op->has_staging ? op->staging.data : nullptr, op->in.count,
-                          op->in.dtype};
+                          op->in.dtype, Device::kCPU, 0, op->in.shape};
   }
   absl::StatusOr<Handle> h = op->broadcast
                                  ? backend_.broadcast(op->name, in, op->root, op->priority)

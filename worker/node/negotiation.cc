@@ -16,10 +16,11 @@ namespace {
 
 // Fields travel in host byte order (every supported host is little-endian).
 constexpr uint32_t kMagic = 0x4E535048;  // "HPSN"
-constexpr uint16_t kVersion = 4;  // 2: the device byte; 3: the payload's offset; 4: phase
+// 2: the device byte; 3: the payload's offset; 4: phase; 5: the shape
+constexpr uint16_t kVersion = 5;
 constexpr uint16_t kFlagLeaving = 1;
 constexpr size_t kEntryBytes = 56;
-constexpr size_t kReservedBytes = 7;  // after the phase, zero: keeps names 8-aligned
+constexpr size_t kReservedBytes = 6;  // after the phase and ndim, zero: keeps names 8-aligned
 
 // Names and payloads are padded to 8 bytes, so payloads stay aligned in the message.
 size_t PadOf(size_t n) { return (8 - n % 8) % 8; }
@@ -36,7 +37,23 @@ std::string RankNames(const std::vector<int>& ranks) {
 
 bool SameSignature(const Entry& a, const Entry& b) {
   return a.kind == b.kind && a.dtype == b.dtype && a.count == b.count && a.gpu == b.gpu &&
-         (a.kind != OpKind::kBroadcast || a.root == b.root);
+         (a.kind != OpKind::kBroadcast || a.root == b.root) && a.shape.Agrees(b.shape);
+}
+
+// Whether every rank's entry of a key agrees with the first: a rank that gave no shape
+// agrees with any, so the ranks that gave one are compared with the first such rank.
+bool AllAgree(const std::vector<RankList>& lists, const std::vector<int>& idx) {
+  const Entry& e0 = lists[0].entries[idx[0]];
+  const Entry* shaped = nullptr;
+  for (size_t r = 0; r < idx.size(); ++r) {
+    const Entry& e = lists[r].entries[idx[r]];
+    if (!SameSignature(e0, e)) return false;
+    if (e.shape.known()) {
+      if (shaped != nullptr && !shaped->shape.Agrees(e.shape)) return false;
+      if (shaped == nullptr) shaped = &e;
+    }
+  }
+  return true;
 }
 
 // The error of a key whose ranks disagree: every distinct signature with its ranks, the
@@ -90,7 +107,7 @@ Chunk ChunkOf(uint64_t count, int rank, int n) {
 }
 
 std::string Entry::Shape() const {
-  std::string s = absl::StrCat(count, " ", DTypeName(dtype), " elements");
+  std::string s = DescribeTensor(shape, count, dtype);
   if (gpu) absl::StrAppend(&s, " on GPU");
   if (kind == OpKind::kBroadcast) absl::StrAppend(&s, " from root ", root);
   return s;
@@ -116,9 +133,11 @@ void Serialize(const RankList& list, int rank, std::string* out) {
     Put(out, static_cast<uint64_t>(e.has_payload ? e.payload.size() : 0));
     Put(out, static_cast<uint64_t>(e.has_payload ? e.payload_offset : 0));
     Put(out, e.phase);
+    Put(out, static_cast<uint8_t>(e.shape.ndim));
     out->append(kReservedBytes, '\0');
     out->append(e.name);
     out->append(PadOf(e.name.size()), '\0');
+    for (int d = 0; d < e.shape.ndim; ++d) Put(out, e.shape.dims[d]);
     if (e.has_payload) {
       out->append(e.payload.data(), e.payload.size());
       out->append(PadOf(e.payload.size()), '\0');
@@ -149,13 +168,13 @@ absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
   list.leaving = (flags & kFlagLeaving) != 0;
   list.entries.resize(num);
   for (Entry& e : list.entries) {
-    uint8_t kind = 0, dtype = 0, has_payload = 0, gpu = 0;
+    uint8_t kind = 0, dtype = 0, has_payload = 0, gpu = 0, ndim = 0;
     uint32_t name_len = 0;
     uint64_t payload_len = 0;
     if (!in.Get(&e.occurrence) || !in.Get(&kind) || !in.Get(&dtype) || !in.Get(&has_payload) ||
         !in.Get(&gpu) || !in.Get(&e.root) || !in.Get(&e.priority) || !in.Get(&e.age_ms) ||
         !in.Get(&name_len) || !in.Get(&e.count) || !in.Get(&payload_len) ||
-        !in.Get(&e.payload_offset) || !in.Get(&e.phase)) {
+        !in.Get(&e.payload_offset) || !in.Get(&e.phase) || !in.Get(&ndim)) {
       return bad("truncated entry");
     }
     absl::string_view reserved;
@@ -180,6 +199,15 @@ absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
     absl::string_view name;
     if (!in.Take(name_len, &name) || !SkipPad(in, name_len)) return bad("truncated name");
     e.name = std::string(name);
+    if (ndim > kMaxShapeDims) return bad(absl::StrCat("shape of ", +ndim, " dimensions"));
+    e.shape.ndim = ndim;
+    for (int d = 0; d < ndim; ++d) {
+      if (!in.Get(&e.shape.dims[d])) return bad("truncated shape");
+      if (e.shape.dims[d] < 0) return bad(absl::StrCat("negative dimension ", e.shape.dims[d]));
+    }
+    if (e.shape.known() && e.shape.elements() != e.count) {
+      return bad(absl::StrCat("shape ", e.shape.ToString(), " for ", e.count, " elements"));
+    }
     const size_t es = DTypeSize(e.dtype);
     if (e.count > std::numeric_limits<uint64_t>::max() / es) return bad("count overflows");
     // A payload is whole elements within the tensor, at least one unless it has none
@@ -247,8 +275,7 @@ Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
       continue;
     }
     const Entry& e0 = lists[0].entries[k.idx[0]];
-    bool same = true;
-    for (int r = 1; r < n; ++r) same = same && SameSignature(e0, lists[r].entries[k.idx[r]]);
+    const bool same = AllAgree(lists, k.idx);
     Action a;
     a.entries = {static_cast<size_t>(k.idx[self])};
     a.dtype = e0.dtype;

@@ -11,8 +11,9 @@
 // - An operation is keyed by (name, occurrence, phase): the k-th operation a rank issued
 //   on a name matches the k-th of every other rank in the same phase. Only the oldest pending operation of a
 //   name is listed, so operations on one name run in the order they were issued.
-// - A key listed by every rank with the same kind, dtype, count, device kind (CPU or
-//   GPU: the ranks' tensors must be on the same kind of device) and root is ready; with
+// - A key listed by every rank with the same kind, dtype, count, shape (where given),
+//   device kind (CPU or GPU: the ranks' tensors must be on the same kind of device) and
+//   root is ready; with
 //   different ones it fails on every rank with an error that names the tensor, the ranks
 //   and their shapes. A key some ranks have not listed waits (stall warnings and the
 //   deadline are the store's business; `missing` says who is missing).
@@ -61,6 +62,7 @@ struct Entry {
   OpKind kind = OpKind::kPushPull;
   DType dtype = DType::kFloat32;
   uint64_t count = 0;   // elements
+  TensorShape shape;    // compared when given (see TensorShape)
   int32_t root = -1;    // broadcast only
   bool gpu = false;     // a GPU tensor (NCCL); never fused with CPU tensors, no payload
   int32_t priority = 0;
@@ -81,7 +83,8 @@ struct Entry {
   // Whether the payload is the whole tensor.
   bool WholePayload() const;
 
-  // "12 float32 elements" (+ " on GPU", + " from root 1" for a broadcast).
+  // "12 float32 elements" or "(3, 4) float32" (+ " on GPU", + " from root 1" for a
+  // broadcast).
   std::string Shape() const;
 };
 

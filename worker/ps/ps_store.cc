@@ -401,6 +401,7 @@ void PsStore::SendPart(const PartTask& t, const GlobalOrder& order) {
   req->set_dtype(static_cast<uint32_t>(op->in.dtype));
   req->set_count(part.count);
   req->set_total_count(op->in.count);
+  for (int d = 0; d < op->in.shape.ndim; ++d) req->add_shape(op->in.shape.dims[d]);
   req->set_root(op->root >= 0 ? layout_.node_of[op->root] : op->root);
   req->set_name(op->name);
   req->set_offset(part.offset);
@@ -687,6 +688,7 @@ void PsStore::SubmitLocal(Op* op) {
     t.count = p.count;
     t.offset = p.offset;
     t.total_count = op->in.count;
+    t.shape = op->in.shape;
     t.root = op->root;
     t.in = static_cast<const char*>(op->in.data) + p.offset * es;
     t.out = static_cast<char*>(op->out.data) + p.offset * es;

@@ -312,7 +312,8 @@ class _HybridKVStore(KVStoreBase):
             order = self._order[name] = mx.nd.zeros((1,), ctx=mx.cpu())
         self._store.push(kind, name, 0 if src is None else src.handle.value,
                          dst.handle.value, count, np.dtype(dst.dtype).name, int(priority),
-                         int(root_rank), order.handle.value)
+                         int(root_rank), order.handle.value,
+                         [int(d) for d in dst.shape])
 
     def broadcast(self, key, value, out, priority=0, root_rank=0):
         """Sets every array of `out` to `value` of worker `root_rank` (0). `value` is one

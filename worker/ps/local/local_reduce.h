@@ -71,6 +71,7 @@ class LocalReducer {
     uint64_t count = 0;        // elements of this partition
     uint64_t offset = 0;       // its first element in the tensor
     uint64_t total_count = 0;  // of the whole tensor
+    TensorShape shape;         // of the whole tensor, compared where given
     int root = -1;             // broadcast: the root's worker rank
     const char* in = nullptr;  // this partition's bytes
     char* out = nullptr;

@@ -333,6 +333,8 @@ LocalReducer::Join LocalReducer::JoinSlot(Pending& t, absl::Status* failed, bool
       s->root = k.root;
       s->count = k.count;
       s->total_count = k.total_count;
+      s->ndim = k.shape.ndim;
+      std::copy(k.shape.dims, k.shape.dims + kMaxShapeDims, s->dims);
       s->first = me;
       s->state = kOpen;
       s->local_mismatch = 0;
@@ -369,11 +371,15 @@ std::string LocalReducer::Disagreement(const SlotHeader& s, const Task& k) const
     return absl::StrCat(Who(me), " called ", OpName(k.op), " but ", first, " called ",
                         OpName(s.op));
   }
+  TensorShape first_shape;
+  first_shape.ndim = static_cast<int>(std::clamp<int64_t>(s.ndim, 0, kMaxShapeDims));
+  std::copy(s.dims, s.dims + kMaxShapeDims, first_shape.dims);
   if (s.total_count != k.total_count || s.dtype != static_cast<uint32_t>(k.dtype) ||
-      s.count != k.count) {
-    return absl::StrCat(Who(me), " sent ", k.total_count, " ", DTypeName(k.dtype),
-                        " elements but ", first, " sent ", s.total_count, " ",
-                        DTypeName(static_cast<DType>(s.dtype)), " elements");
+      s.count != k.count || !first_shape.Agrees(k.shape)) {
+    return absl::StrCat(Who(me), " sent ", DescribeTensor(k.shape, k.total_count, k.dtype),
+                        " but ", first, " sent ",
+                        DescribeTensor(first_shape, s.total_count,
+                                       static_cast<DType>(s.dtype)));
   }
   if (k.op == wire::OP_BROADCAST && s.root != k.root) {
     return absl::StrCat(Who(me), " broadcasts from root ", k.root, " but ", first,
@@ -561,8 +567,8 @@ void LocalReducer::Leave(Pending& t, const absl::Status& status) {
     {
       SlotLock lock(s);
       if (s->state == kOpen) {
-        SetFailed(s, absl::Status(status.code(),
-                                  absl::StrCat(Who(me), " failed: ", status.message())));
+        SetFailed(s, absl::Status(status.code(), absl::StrCat(Who(me), " failed: ",
+                                                              RelayedCause(status.message()))));
       }
       s->done |= uint64_t{1} << me;
       MaybeFree(s, full);

@@ -12,8 +12,10 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
+#include "common/dtype.h"
 #include "common/hash.h"
 #include "common/log.h"
 #include "worker/ps/local/local_reduce.h"
@@ -45,6 +47,8 @@ struct alignas(64) SlotHeader {
   int32_t code;
   uint64_t count;
   uint64_t total_count;
+  int64_t ndim;  // the first claim's shape (TensorShape), 0: not given
+  int64_t dims[kMaxShapeDims];
   uint64_t joined, arrived, done;  // bit masks by local rank
   char msg[400];
 };
@@ -94,6 +98,21 @@ inline void SetFailed(SlotHeader* s, const absl::Status& status) {
   const size_t n = std::min(status.message().size(), sizeof s->msg - 1);
   std::memcpy(s->msg, status.message().data(), n);
   s->msg[n] = '\0';
+}
+
+// A failure passed from rank to rank gathers a prefix at each step ("push_pull of 'w'
+// (12 float32 elements) failed: local rank 1 (worker 1) of node 0 failed: ..."); the
+// slot's message has room for the cause, so the relays' prefixes are dropped.
+inline absl::string_view RelayedCause(absl::string_view msg) {
+  constexpr absl::string_view kFailed = " failed: ";
+  for (;;) {
+    const bool relay = absl::StartsWith(msg, "push_pull of '") ||
+                       absl::StartsWith(msg, "broadcast of '") ||
+                       absl::StartsWith(msg, "local rank ");
+    const size_t at = relay ? msg.find(kFailed) : absl::string_view::npos;
+    if (at == absl::string_view::npos) return msg;
+    msg.remove_prefix(at + kFailed.size());
+  }
 }
 
 inline absl::Status SlotStatus(const SlotHeader* s) {

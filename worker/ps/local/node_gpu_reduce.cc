@@ -304,11 +304,13 @@ void NodeGpuReducer::ListMine(absl::Time now, bool leaving, RoundLists* r) {
         r->my_errors.emplace_back(e.name, op->push_status);
       }
     }
-    if (e.name.size() + 64 > budget) break;
-    budget -= e.name.size() + 64;
+    const size_t entry_bytes = e.name.size() + 64 + 8 * op->in.shape.ndim;
+    if (entry_bytes > budget) break;
+    budget -= entry_bytes;
     e.occurrence = op->occurrence;
     e.dtype = op->in.dtype;
     e.count = op->in.count;
+    e.shape = op->in.shape;
     e.gpu = true;
     e.priority = op->priority;
     e.age_ms = static_cast<uint32_t>(absl::ToInt64Milliseconds(now - op->submitted));
@@ -504,6 +506,7 @@ void NodeGpuReducer::RunFirst(const std::vector<OpPtr>& ops) {
   for (const OpPtr& op : ops) {
     op->reduced = true;
     TensorView host{op->staging.data, op->out.count, op->out.dtype};
+    host.shape = op->out.shape;
     auto h = store_->PushPullNodeSumAsync(op->name, host, host, op->priority);
     if (!h.ok()) {
       op->push_status = h.status();
