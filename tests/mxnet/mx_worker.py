@@ -531,8 +531,8 @@ def deferred_broadcast():
 
 
 def horovod_more():
-    """The rest of horovod.mxnet's API: topology and build answers, allreduce's op and
-    scaling, the refused ops."""
+    """The rest of horovod.mxnet's API: topology and build answers, allreduce's ops and
+    scaling, alltoall, reducescatter, the refused calls."""
     hps.init(STORE)
     r, n = hps.rank(), hps.size()
     t = lambda: mx.nd.full((4,), r + 1.0)  # noqa: E731
@@ -560,23 +560,46 @@ def horovod_more():
     same = hps.allreduce_(b, op=hps.Sum, prescale_factor=2.0, postscale_factor=0.25) is b
     got["in_place"] = b.asnumpy().tolist()
     got["in_place_same"] = same
-    got["refused"] = {name: _err(lambda op=op: hps.allreduce(t(), op=op))
-                      for name, op in (("Min", hps.Min), ("Max", hps.Max),
-                                       ("Product", hps.Product), ("Adasum", hps.Adasum))}
-    got["refused_"] = _err(lambda: hps.allreduce_(t(), op=hps.Max))
+    # Min, Max, Product: rank 0 gives m0, rank 1 gives m1.
+    m = lambda: mx.nd.array([[1, -5], [3, 0.5]] if r == 0 else [[2, 4], [-1, 8]])  # noqa: E731
+    got["ops"] = {name: hps.allreduce(m(), op=op).asnumpy().tolist()
+                  for name, op in (("Min", hps.Min), ("Max", hps.Max),
+                                   ("Product", hps.Product))}
+    got["min_scaled"] = hps.allreduce(m(), op=hps.Min, prescale_factor=2.0,
+                                      postscale_factor=10.0).asnumpy().tolist()
+    c = mx.nd.array([3 * r, 7 - r], dtype="int32")
+    got["max_int_in_place"] = [hps.allreduce_(c, op=hps.Max) is c, c.dtype.__name__,
+                               c.asnumpy().tolist()]
+    got["adasum"] = _err(lambda: hps.allreduce(t(), op=hps.Adasum))
+    got["refused_"] = _err(lambda: hps.allreduce_(t(), op=hps.Adasum))
     got["both"] = _err(lambda: hps.allreduce(t(), average=True, op=hps.Sum))
-    got["missing"] = {"alltoall": _err(lambda: hps.alltoall(t())),
-                      "reducescatter": _err(lambda: hps.reducescatter(t())),
-                      "add_process_set": _err(lambda: hps.add_process_set([0])),
+    got["missing"] = {"add_process_set": _err(lambda: hps.add_process_set([0])),
                       "remove_process_set": _err(lambda: hps.remove_process_set(None)),
                       "join": _err(hps.join)}
+    # alltoall: rank r's row i holds 10 r + i; rank 0 sends 1 row to itself and 2 to rank
+    # 1, rank 1 sends 2 to rank 0 and 1 to itself.
+    rows = mx.nd.array([[10 * r + i] * 2 for i in range(3)])
+    out, received = hps.alltoall(rows, splits=[1, 2] if r == 0 else [2, 1], name="a2a")
+    got["alltoall"] = [out.asnumpy().tolist(), received.asnumpy().tolist(),
+                       received.dtype.__name__]
+    got["alltoall_even"] = hps.alltoall(mx.nd.arange(4) + 10 * r).asnumpy().tolist()
+    got["alltoall_bad"] = [_err(lambda: hps.alltoall(rows, splits=[1, 1])),
+                           _err(lambda: hps.alltoall(rows))]
+    # reducescatter: 5 rows, row i of rank r holds (r + 1) * (i + 1): rank 0 keeps rows
+    # 0-2, rank 1 rows 3-4.
+    five = mx.nd.array([[(r + 1) * (i + 1)] * 2 for i in range(5)])
+    got["reducescatter"] = hps.reducescatter(five).asnumpy().tolist()
+    got["reducescatter_sum"] = hps.reducescatter(five, op=hps.Sum,
+                                                 name="rs").asnumpy().tolist()
+    got["reducescatter_max"] = hps.reducescatter(five, op=hps.Max).asnumpy().tolist()
     a, b = t(), mx.nd.full((2, 3), 10.0 * (r + 1))
     got["grouped_"] = [x.asnumpy().tolist() for x in hps.grouped_allreduce_(
         [a, b], op=hps.Sum, postscale_factor=2.0)]
     got["grouped_same"] = [x is y for x, y in zip(hps.grouped_allreduce_([a, b]), [a, b])]
     got["grouped"] = [x.asnumpy().tolist() for x in hps.grouped_allreduce(
         [t(), mx.nd.full((3,), 5.0 * r)], name="g")]
-    got["grouped_refused"] = _err(lambda: hps.grouped_allreduce([t()], op=hps.Product))
+    got["grouped_product"] = [x.asnumpy().tolist() for x in hps.grouped_allreduce(
+        [t(), m()], op=hps.Product)]
     # allgather: rank r gives r + 2 rows of 3 (the value says rank and row).
     rows = mx.nd.array([[100 * r + i] * 3 for i in range(r + 2)])
     gathered = hps.allgather(rows, name="rows")

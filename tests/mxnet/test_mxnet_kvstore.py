@@ -327,13 +327,36 @@ def test_horovod_allreduce_ops_and_scaling(job):
         assert r["out_of_place"] == [6.0] * 4, r
         assert r["out_of_place_input"] == [r["rank"] + 1.0] * 4, r  # left as it was
         assert r["in_place"] == [1.5] * 4 and r["in_place_same"] is True, r
-        for name, err in r["refused"].items():
-            assert err and err.startswith("NotImplementedError") and f"op={name}" in err, r
-            assert "sum only" in err, err
-        assert r["refused_"].startswith("NotImplementedError") and "op=Max" in r["refused_"]
+        assert r["ops"] == {"Min": [[1.0, -5.0], [-1.0, 0.5]],
+                            "Max": [[2.0, 4.0], [3.0, 8.0]],
+                            "Product": [[2.0, -20.0], [-3.0, 4.0]]}, r
+        assert r["min_scaled"] == [[20.0, -100.0], [-20.0, 10.0]], r
+        assert r["max_int_in_place"] == [True, "int32", [3, 7]], r
+        for err in (r["adasum"], r["refused_"]):
+            assert err.startswith("NotImplementedError") and "op=Adasum" in err, err
         assert r["both"] and r["both"].startswith("ValueError"), r
         for call, err in r["missing"].items():
             assert err.startswith(f"NotImplementedError: hybridps.mxnet.{call} is not"), err
+
+
+def test_horovod_alltoall_and_reducescatter(job):
+    store, results = job
+    r0, r1 = both(results, "horovod_more")
+    assert r0["alltoall"] == [[[0.0] * 2, [10.0] * 2, [11.0] * 2], [1, 2], "int32"], r0
+    assert r1["alltoall"] == [[[1.0] * 2, [2.0] * 2, [12.0] * 2], [2, 1], "int32"], r1
+    assert r0["alltoall_even"] == [0.0, 1.0, 10.0, 11.0], r0
+    assert r1["alltoall_even"] == [2.0, 3.0, 12.0, 13.0], r1
+    for r in (r0, r1):
+        bad_splits, uneven = r["alltoall_bad"]
+        assert bad_splits.startswith("ValueError") and "splits [1, 1]" in bad_splits, r
+        assert uneven.startswith("ValueError") and "does not divide" in uneven, r
+    # Row i summed: 3 (i + 1); averaged: 1.5 (i + 1); max: 2 (i + 1).
+    assert r0["reducescatter_sum"] == [[3.0] * 2, [6.0] * 2, [9.0] * 2], r0
+    assert r1["reducescatter_sum"] == [[12.0] * 2, [15.0] * 2], r1
+    assert r0["reducescatter"] == [[1.5] * 2, [3.0] * 2, [4.5] * 2], r0
+    assert r1["reducescatter"] == [[6.0] * 2, [7.5] * 2], r1
+    assert r0["reducescatter_max"] == [[2.0] * 2, [4.0] * 2, [6.0] * 2], r0
+    assert r1["reducescatter_max"] == [[8.0] * 2, [10.0] * 2], r1
 
 
 def test_horovod_grouped_allreduce(job):
@@ -343,8 +366,8 @@ def test_horovod_grouped_allreduce(job):
         assert r["grouped_"] == [[6.0] * 4, [[60.0] * 3] * 2], r
         assert r["grouped_same"] == [True, True], r
         assert r["grouped"] == [[1.5] * 4, [2.5] * 3], r  # means
-        assert r["grouped_refused"].startswith("NotImplementedError"), r
-        assert "op=Product" in r["grouped_refused"], r
+        # (rank + 1) multiplied: 1 * 2; and the Product of the m tensors above.
+        assert r["grouped_product"] == [[2.0] * 4, [[2.0, -20.0], [-3.0, 4.0]]], r
 
 
 def test_horovod_allgather(job):

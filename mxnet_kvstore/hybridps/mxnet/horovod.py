@@ -8,12 +8,12 @@ per-worker batch size), and names must agree across workers (unnamed operations 
 numbered in call order, which must then be the same everywhere).
 
 Offered: init, shutdown, is_initialized, rank/size/local_*/cross_*, the build questions
-(*_built, *_enabled), allreduce(_) with op=Average/Sum and pre/postscale factors,
-grouped_allreduce(_), allgather, broadcast(_), broadcast_parameters, broadcast_object,
-allgather_object, Compression.none/fp16, DistributedTrainer, DistributedOptimizer,
-start_timeline/stop_timeline. Refused with NotImplementedError: op=Min/Max/Product/Adasum
-(the stores sum only), alltoall, reducescatter, add/remove_process_set, join (see
-docs/horovod-api.md); the process_set= argument does not exist.
+(*_built, *_enabled), allreduce(_) with op=Average/Sum/Min/Max/Product and pre/postscale
+factors, grouped_allreduce(_), allgather, alltoall, reducescatter, broadcast(_),
+broadcast_parameters, broadcast_object, allgather_object, Compression.none/fp16,
+DistributedTrainer, DistributedOptimizer, start_timeline/stop_timeline. Refused with
+NotImplementedError: op=Adasum, add/remove_process_set, join (see docs/horovod-api.md);
+the process_set= argument does not exist.
 """
 import io
 import itertools
@@ -35,10 +35,11 @@ _shut_down = False
 _timeline_path = None  # start_timeline's file, until stop_timeline
 _counters = {k: itertools.count() for k in ("allreduce", "broadcast", "grouped_allreduce",
                                             "broadcast_object", "allgather_object",
-                                            "allgather")}
+                                            "allgather", "alltoall", "reducescatter")}
 
-# Horovod's reduction ops (horovod.common.basics' values). The stores reduce by sum only:
-# Average and Sum are sums (Average divides afterwards); the others are refused.
+# Horovod's reduction ops (horovod.common.basics' values). The stores reduce by sum:
+# Average and Sum are sums (Average divides afterwards); Min, Max and Product reduce
+# gathered rows (see _GATHERED); Adasum is refused.
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 _OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
              Product: "Product"}
@@ -172,18 +173,32 @@ def _resolve_op(op, average, what):
         raise ValueError(f"{what}: give op= or the deprecated average=, not both")
     if op is None:
         op = Sum if average is False else Average
-    if op in (Average, Sum):
-        return op
-    if op in _OP_NAMES:
+    if op == Adasum:
         raise NotImplementedError(
-            f"{what}: op={_OP_NAMES[op]} is not supported: the hybridps stores "
-            "(dist_hybrid's servers, dist_allreduce's Gloo ring) reduce by sum only; use "
-            "op=hvd.Sum or hvd.Average")
-    raise ValueError(f"{what}: unknown op {op!r} (hvd.Average, hvd.Sum, ...)")
+            f"{what}: op=Adasum is not supported: it combines gradients pairwise by their "
+            "dot products, which neither dist_hybrid's servers nor dist_allreduce's sum "
+            "can compute; use op=hvd.Average")
+    if op in _OP_NAMES:
+        return op
+    raise ValueError(f"{what}: unknown op {op!r} (hvd.Average, hvd.Sum, hvd.Min, hvd.Max, "
+                     "hvd.Product)")
+
+
+# Min, Max and Product: the stores sum, so these gather every worker's tensor (one row
+# each) and reduce the rows on every worker, in rank order (the same result everywhere).
+_GATHERED = {Min: mx.nd.min, Max: mx.nd.max, Product: mx.nd.prod}
 
 
 def _allreduce_into(tensor, out, op, name, priority, prescale_factor, postscale_factor):
     """out = postscale * reduce(prescale * tensor) (Average also divides by size())."""
+    if op in _GATHERED:
+        src = tensor * prescale_factor if prescale_factor != 1.0 else tensor
+        rows = _gather_rows(src.reshape((1,) + tuple(src.shape)), name, priority,
+                            counts=[1] * size())
+        out[:] = _GATHERED[op](rows, axis=0).astype(out.dtype)
+        if postscale_factor != 1.0:
+            out *= postscale_factor
+        return out
     if out is tensor:  # in place
         if prescale_factor != 1.0:
             tensor *= prescale_factor
@@ -250,13 +265,19 @@ def allgather(tensor, name=None, priority=0):
     then of a zero buffer of all rows holding this worker's rows in its slot (exact: the
     other slots add zeros). On dist_hybrid after a Trainer put the optimizer on the
     servers, plain sums (so allgather) are refused."""
-    base = _name("allgather", name)
+    return _gather_rows(tensor, _name("allgather", name), priority)
+
+
+def _gather_rows(tensor, base, priority, counts=None):
+    """allgather's work, under the names `base`.*. `counts`: every worker's first
+    dimension, when the caller knows them already (no exchange of them then)."""
     n, r = size(), rank()
     shape = tensor.shape if tensor.shape else (1,)
-    counts = mx.nd.zeros((n,), dtype="int64")
-    counts[r] = shape[0]
-    _store().pushpull(f"{base}.rows", counts, priority=priority)
-    counts = [int(c) for c in counts.asnumpy()]
+    if counts is None:
+        rows = mx.nd.zeros((n,), dtype="int64")
+        rows[r] = shape[0]
+        _store().pushpull(f"{base}.rows", rows, priority=priority)
+        counts = [int(c) for c in rows.asnumpy()]
     total, offset = sum(counts), sum(counts[:r])
     buf = mx.nd.zeros((total,) + tuple(shape[1:]), ctx=tensor.context, dtype=tensor.dtype)
     if shape[0]:
@@ -264,6 +285,81 @@ def allgather(tensor, name=None, priority=0):
     # The rows in the name: a later allgather of another total is another tensor.
     _store().pushpull(f"{base}.data.{total}", buf, priority=priority)
     return buf
+
+
+def alltoall(tensor, splits=None, name=None, priority=0):
+    """Horovod's alltoall: this worker sends rows splits[j] of `tensor` (along the first
+    dimension, in order) to worker j, and gets back the rows every worker sent it,
+    concatenated in rank order. splits: a list or an int NDArray of size() counts that
+    add up to tensor.shape[0]; None splits the rows evenly (they must divide by size()).
+    Returns the rows, and with `splits` given also the received counts (an int32 NDArray
+    of size() values), as Horovod does.
+
+    The stores sum and broadcast, so this is an allgather of the counts and of the rows
+    (every worker receives all rows, size() times the traffic of a true all-to-all); the
+    result is exact."""
+    n, r = size(), rank()
+    base = _name("alltoall", name)
+    shape = tuple(tensor.shape) if tensor.shape else (1,)
+    given = splits is not None
+    if splits is None:
+        if shape[0] % n:
+            raise ValueError(f"alltoall: the first dimension ({shape[0]}) does not divide by "
+                             f"the {n} workers; give splits=")
+        mine = [shape[0] // n] * n
+    else:
+        mine = [int(v) for v in (splits.asnumpy() if isinstance(splits, mx.nd.NDArray)
+                                 else np.asarray(splits)).reshape(-1)]
+        if len(mine) != n or min(mine) < 0 or sum(mine) != shape[0]:
+            raise ValueError(f"alltoall: splits {mine} must be {n} counts, none negative, "
+                             f"adding up to the first dimension {shape[0]}")
+    table = mx.nd.zeros((n, n), dtype="int64")
+    table[r] = mx.nd.array(mine, dtype="int64")
+    _store().pushpull(f"{base}.splits", table, priority=priority)
+    table = table.asnumpy().astype(np.int64)  # table[i][j]: rows worker i sends to j
+    rows = _gather_rows(tensor, base, priority, counts=[int(v) for v in table.sum(axis=1)])
+    pieces, start = [], 0
+    for i in range(n):
+        begin = start + int(table[i, :r].sum())
+        pieces.append(rows[begin:begin + int(table[i, r])])
+        start += int(table[i].sum())
+    received = [p for p in pieces if p.shape[0]]
+    out = (mx.nd.concat(*received, dim=0) if received else
+           _no_rows("alltoall", shape, tensor))
+    if given:
+        return out, mx.nd.array(table[:, r], dtype="int32")
+    return out
+
+
+def reducescatter(tensor, op=None, name=None, priority=0, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """Horovod's reducescatter: the reduction (op=Average by default, or Sum, Min, Max,
+    Product) of `tensor` over the workers, of which this worker keeps its part of the
+    first dimension: rows split evenly, the first shape[0] % size() workers one more.
+    The stores have no reduce-scatter collective: this is an allreduce of the whole tensor
+    followed by the slice (twice the traffic of a true reduce-scatter)."""
+    op = _resolve_op(op, None, "reducescatter")
+    n, r = size(), rank()
+    whole = allreduce(tensor, name=_name("reducescatter", name), priority=priority, op=op,
+                      prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+    rows = whole.shape[0] if whole.shape else 1
+    each, extra = divmod(rows, n)
+    begin = each * r + min(r, extra)
+    mine = each + (1 if r < extra else 0)
+    if mine == 0:
+        return _no_rows("reducescatter", whole.shape or (1,), tensor)
+    return whole[begin:begin + mine].copy()
+
+
+def _no_rows(what, shape, like):
+    """An array of no rows (the rest of `shape`), where MXNet can make one (numpy shape
+    semantics, mx.npx.set_np()); else a ValueError that says so."""
+    try:
+        return mx.nd.zeros((0,) + tuple(shape[1:]), ctx=like.context, dtype=like.dtype)
+    except mx.base.MXNetError:
+        raise ValueError(f"{what}: this worker receives no rows, and MXNet makes no arrays "
+                         "of zero rows unless numpy shape semantics are on "
+                         "(mx.npx.set_np()); give every worker at least one row") from None
 
 
 def _pickled(obj):
@@ -357,20 +453,6 @@ def _broadcast_after_init(param, key, root_rank):
 
 def _refuse(call, why):
     raise NotImplementedError(f"hybridps.mxnet.{call} is not available: {why}")
-
-
-def alltoall(tensor, splits=None, name=None, priority=0, **kwargs):
-    """Refused: the stores offer sum-allreduce and broadcast only; an all-to-all exchange
-    needs a new collective in the C++ core."""
-    _refuse("alltoall", "the hybridps stores offer only sum-allreduce and broadcast (an "
-            "all-to-all needs a new collective in the core)")
-
-
-def reducescatter(tensor, op=None, name=None, priority=0, **kwargs):
-    """Refused: no reduce-scatter collective in the stores (allreduce, then keep your
-    slice, gives the same values at twice the traffic)."""
-    _refuse("reducescatter", "the hybridps stores have no reduce-scatter collective; "
-            "hvd.allreduce and then this rank's slice gives the same values")
 
 
 def add_process_set(process_set):
