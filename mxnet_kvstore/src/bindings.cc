@@ -10,6 +10,10 @@
 #include <memory>
 #include <string>
 
+#if HYBRIDPS_WITH_NCCL
+#include <nccl.h>
+#endif
+
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/options.h"
@@ -271,8 +275,10 @@ PYBIND11_MODULE(_hybridps_core, m) {
 #endif
 #if HYBRIDPS_WITH_NCCL
   m.attr("built_with_nccl") = true;
+  m.attr("nccl_version") = static_cast<int>(NCCL_VERSION_CODE);  // the headers built with
 #else
   m.attr("built_with_nccl") = false;
+  m.attr("nccl_version") = 0;
 #endif
 
   m.def("attach_mxnet", [](const std::string& path) {

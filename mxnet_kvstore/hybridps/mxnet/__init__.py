@@ -32,8 +32,9 @@ from .horovod import (Adasum, Average, Compression, DistributedOptimizer,  # noq
                       DistributedTrainer, Max, Min, Product, Sum, add_process_set,
                       allgather, allgather_object, allreduce, allreduce_, alltoall,
                       broadcast, broadcast_, broadcast_object, broadcast_parameters,
-                      cross_rank, cross_size, cuda_built, gloo_built, gloo_enabled,
-                      grouped_allreduce, grouped_allreduce_, init, is_initialized, join,
+                      ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                      gloo_built, gloo_enabled, grouped_allgather, grouped_allreduce,
+                      grouped_allreduce_, grouped_reducescatter, init, is_initialized, join,
                       local_rank, local_size, mpi_built, mpi_enabled,
                       mpi_threads_supported, nccl_built, rank, reducescatter,
                       remove_process_set, rocm_built, shutdown, size, start_timeline,
@@ -51,4 +52,5 @@ __all__ = ["DistHybrid", "DistAllreduce", "now_ns", "timeline_mark", "timeline_s
            "Max", "Product", "grouped_allreduce", "grouped_allreduce_", "allgather",
            "broadcast_object", "allgather_object", "Compression",
            "start_timeline", "stop_timeline", "alltoall", "reducescatter",
-           "add_process_set", "remove_process_set", "join"]
+           "add_process_set", "remove_process_set", "join", "ccl_built", "ddl_built",
+           "grouped_allgather", "grouped_reducescatter"]

@@ -35,7 +35,8 @@ _shut_down = False
 _timeline_path = None  # start_timeline's file, until stop_timeline
 _counters = {k: itertools.count() for k in ("allreduce", "broadcast", "grouped_allreduce",
                                             "broadcast_object", "allgather_object",
-                                            "allgather", "alltoall", "reducescatter")}
+                                            "allgather", "alltoall", "reducescatter",
+                                            "grouped_allgather", "grouped_reducescatter")}
 
 # Horovod's reduction ops (horovod.common.basics' values). The stores reduce by sum:
 # Average and Sum are sums (Average divides afterwards); Min, Max and Product reduce
@@ -148,9 +149,10 @@ def gloo_enabled():
 
 
 def nccl_built():
-    """Whether the extension was built with NCCL. The MXNet plugin itself hands hybridps
-    host arrays only (GPU arrays are staged through pinned host memory)."""
-    return core.built_with_nccl
+    """As Horovod: the NCCL version the extension was built with (e.g. 21903 for 2.19.3),
+    0 without NCCL. The MXNet plugin itself hands hybridps host arrays only (GPU arrays
+    are staged through pinned host memory)."""
+    return core.nccl_version
 
 
 def cuda_built():
@@ -160,6 +162,16 @@ def cuda_built():
 
 def rocm_built():
     """False: hybridps has no ROCm build."""
+    return False
+
+
+def ccl_built():
+    """False: hybridps has no oneCCL build."""
+    return False
+
+
+def ddl_built():
+    """False: hybridps has no IBM DDL build."""
     return False
 
 
@@ -189,28 +201,48 @@ def _resolve_op(op, average, what):
 _GATHERED = {Min: mx.nd.min, Max: mx.nd.max, Product: mx.nd.prod}
 
 
+def _scale(x, factor, out=None):
+    """x * factor into `out` (a new array when None), in the precision Horovod scales in:
+    float64 for integer tensors (MXNet would cast the factor to the integer type first),
+    float32 for float16, the tensor's own otherwise."""
+    factor = float(factor)
+    if x.dtype in (np.float32, np.float64):
+        if out is None:
+            return x * factor
+        out[:] = x * factor if out is not x else out
+        if out is x:
+            out *= factor
+        return out
+    wide = "float64" if np.issubdtype(x.dtype, np.integer) else "float32"
+    scaled = (x.astype(wide) * factor).astype(x.dtype)
+    if out is None:
+        return scaled
+    out[:] = scaled
+    return out
+
+
 def _allreduce_into(tensor, out, op, name, priority, prescale_factor, postscale_factor):
     """out = postscale * reduce(prescale * tensor) (Average also divides by size())."""
     if op in _GATHERED:
-        src = tensor * prescale_factor if prescale_factor != 1.0 else tensor
+        src = _scale(tensor, prescale_factor) if prescale_factor != 1.0 else tensor
         rows = _gather_rows(src.reshape((1,) + tuple(src.shape)), name, priority,
                             counts=[1] * size())
         out[:] = _GATHERED[op](rows, axis=0).astype(out.dtype)
         if postscale_factor != 1.0:
-            out *= postscale_factor
+            _scale(out, postscale_factor, out=out)
         return out
     if out is tensor:  # in place
         if prescale_factor != 1.0:
-            tensor *= prescale_factor
+            _scale(tensor, prescale_factor, out=tensor)
         _store().pushpull(name, tensor, priority=priority)
     else:
-        src = tensor * prescale_factor if prescale_factor != 1.0 else tensor
+        src = _scale(tensor, prescale_factor) if prescale_factor != 1.0 else tensor
         _store().pushpull(name, src, out=out, priority=priority)
     scale = float(postscale_factor)
     if op == Average:
         scale /= size()
     if scale != 1.0:
-        out *= scale
+        _scale(out, scale, out=out)
     return out
 
 
@@ -284,7 +316,14 @@ def _gather_rows(tensor, base, priority, counts=None):
         buf[offset:offset + shape[0]] = tensor.reshape(shape)
     # The rows in the name: a later allgather of another total is another tensor.
     _store().pushpull(f"{base}.data.{total}", buf, priority=priority)
+    buf.wait_to_read()  # as Horovod's: a mismatch raises here, not at a later read
     return buf
+
+
+def grouped_allgather(tensors, name=None, priority=0):
+    """allgather of each of `tensors`: a list of new NDArrays."""
+    base = _name("grouped_allgather", name)
+    return [_gather_rows(t, f"{base}.{i}", priority) for i, t in enumerate(tensors)]
 
 
 def alltoall(tensor, splits=None, name=None, priority=0):
@@ -304,15 +343,17 @@ def alltoall(tensor, splits=None, name=None, priority=0):
     given = splits is not None
     if splits is None:
         if shape[0] % n:
-            raise ValueError(f"alltoall: the first dimension ({shape[0]}) does not divide by "
-                             f"the {n} workers; give splits=")
+            raise InvalidArgument(f"alltoall: the first dimension ({shape[0]}) does not "
+                                  f"divide by the {n} workers; give splits=")
         mine = [shape[0] // n] * n
     else:
-        mine = [int(v) for v in (splits.asnumpy() if isinstance(splits, mx.nd.NDArray)
-                                 else np.asarray(splits)).reshape(-1)]
+        values = splits.asnumpy() if isinstance(splits, mx.nd.NDArray) else np.asarray(splits)
+        if values.size and not np.issubdtype(values.dtype, np.integer):
+            raise InvalidArgument(f"alltoall: splits must be integers, not {values.dtype}")
+        mine = [int(v) for v in values.reshape(-1)]
         if len(mine) != n or min(mine) < 0 or sum(mine) != shape[0]:
-            raise ValueError(f"alltoall: splits {mine} must be {n} counts, none negative, "
-                             f"adding up to the first dimension {shape[0]}")
+            raise InvalidArgument(f"alltoall: splits {mine} must be {n} counts, none "
+                                  f"negative, adding up to the first dimension {shape[0]}")
     table = mx.nd.zeros((n, n), dtype="int64")
     table[r] = mx.nd.array(mine, dtype="int64")
     _store().pushpull(f"{base}.splits", table, priority=priority)
@@ -339,6 +380,8 @@ def reducescatter(tensor, op=None, name=None, priority=0, prescale_factor=1.0,
     The stores have no reduce-scatter collective: this is an allreduce of the whole tensor
     followed by the slice (twice the traffic of a true reduce-scatter)."""
     op = _resolve_op(op, None, "reducescatter")
+    if not tensor.shape or tensor.ndim == 0:
+        raise ValueError("reducescatter: a scalar has no first dimension to scatter")
     n, r = size(), rank()
     whole = allreduce(tensor, name=_name("reducescatter", name), priority=priority, op=op,
                       prescale_factor=prescale_factor, postscale_factor=postscale_factor)
@@ -349,6 +392,15 @@ def reducescatter(tensor, op=None, name=None, priority=0, prescale_factor=1.0,
     if mine == 0:
         return _no_rows("reducescatter", whole.shape or (1,), tensor)
     return whole[begin:begin + mine].copy()
+
+
+def grouped_reducescatter(tensors, op=None, name=None, priority=0, prescale_factor=1.0,
+                          postscale_factor=1.0):
+    """reducescatter of each of `tensors`: a list of new NDArrays."""
+    base = _name("grouped_reducescatter", name)
+    return [reducescatter(t, op=op, name=f"{base}.{i}", priority=priority,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+            for i, t in enumerate(tensors)]
 
 
 def _no_rows(what, shape, like):
@@ -449,6 +501,11 @@ def _broadcast_after_init(param, key, root_rank):
         arrays = self.list_data()
         _store().broadcast(key, arrays[0], arrays, root_rank=root_rank)
     param._init_impl = types.MethodType(init_then_broadcast, param)
+
+
+class InvalidArgument(ValueError, mx.base.MXNetError):
+    """A call's arguments that cannot work: a ValueError, and an MXNetError (a
+    RuntimeError) as Horovod raises for the same arguments."""
 
 
 def _refuse(call, why):
