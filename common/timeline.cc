@@ -39,12 +39,54 @@ std::unique_ptr<Timeline> Timeline::Open(const std::string& prefix, const std::s
       new Timeline(prefix, label, row, std::move(lanes), std::max<size_t>(capacity, 1)));
 }
 
+std::unique_ptr<Timeline> Timeline::OpenOrDormant(const std::string& prefix,
+                                                  const std::string& label, int row,
+                                                  std::vector<std::string> lanes,
+                                                  size_t capacity) {
+  return std::unique_ptr<Timeline>(
+      new Timeline(prefix, label, row, std::move(lanes), std::max<size_t>(capacity, 1)));
+}
+
+absl::Status Timeline::Start(std::string path) {
+  if (path.empty()) return absl::InvalidArgumentError("the timeline needs a file path");
+  absl::MutexLock lock(&mu_);
+  if (on()) {
+    return absl::FailedPreconditionError(
+        !started_path_.empty()
+            ? absl::StrCat("a timeline is already being recorded (to ", started_path_,
+                           "); stop it first")
+            : absl::StrCat("this process records its timeline already (HYBRIDPS_TIMELINE=",
+                           prefix_, ", written when it ends)"));
+  }
+  events_.clear();
+  dropped_ = 0;
+  started_path_ = std::move(path);
+  started_ = absl::Now();
+  on_.store(true, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status Timeline::Stop(absl::Duration clock_offset, std::string* path) {
+  absl::MutexLock lock(&mu_);
+  if (started_path_.empty()) return absl::OkStatus();
+  on_.store(false, std::memory_order_relaxed);
+  const std::string file = std::exchange(started_path_, std::string());
+  started_ = absl::InfinitePast();
+  absl::Status s = WriteTo(file, clock_offset);
+  events_.clear();
+  dropped_ = 0;
+  if (s.ok() && path != nullptr) *path = file;
+  return s;
+}
+
 void Timeline::Span(std::string name, absl::string_view category, absl::Time start,
                     absl::Time end, int lane, std::string args) {
+  if (!on()) return;
   Event e{std::move(name), std::string(category), absl::ToUnixMicros(start),
           std::max<int64_t>(0, absl::ToInt64Microseconds(end - start)), lane,
           std::move(args)};
   absl::MutexLock lock(&mu_);
+  if (start < started_ || !on()) return;  // began before Start (or after Stop)
   if (events_.size() >= capacity_) {
     events_.pop_front();
     ++dropped_;
@@ -59,6 +101,7 @@ int Timeline::AddLane(std::string name) {
 }
 
 void Timeline::WriteAndLog(absl::Duration clock_offset) {
+  if (prefix_.empty()) return;
   std::string path;
   if (absl::Status s = Write(clock_offset, &path); !s.ok()) {
     HPS_LOG(WARNING) << s.message();
@@ -68,10 +111,17 @@ void Timeline::WriteAndLog(absl::Duration clock_offset) {
 }
 
 absl::Status Timeline::Write(absl::Duration clock_offset, std::string* path) {
+  if (prefix_.empty()) return absl::OkStatus();  // a dormant timeline: Stop writes
   std::string name = label_;
   std::replace(name.begin(), name.end(), ' ', '-');
   const std::string file = absl::StrCat(prefix_, ".", name, ".json");
   absl::MutexLock lock(&mu_);
+  absl::Status s = WriteTo(file, clock_offset);
+  if (s.ok() && path != nullptr) *path = file;
+  return s;
+}
+
+absl::Status Timeline::WriteTo(const std::string& file, absl::Duration clock_offset) {
   const int64_t offset_us = absl::ToInt64Microseconds(clock_offset);
   std::string out = "{\"traceEvents\": [\n";
   absl::StrAppend(&out, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": ", row_,
@@ -101,7 +151,6 @@ absl::Status Timeline::Write(absl::Duration clock_offset, std::string* path) {
   if (std::rename(tmp.c_str(), file.c_str()) != 0) {
     return absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", file));
   }
-  if (path != nullptr) *path = file;
   return absl::OkStatus();
 }
 

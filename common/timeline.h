@@ -6,10 +6,14 @@
 // Timestamps are this process's clock moved onto the scheduler's (Write's clock_offset), so
 // the files of processes on different hosts line up when merged.
 //
-// Threading: Span may be called from any thread; Write once, at the end.
+// A timeline opened Dormant records nothing until Start(path) (Horovod's start_timeline),
+// and Stop() writes what it recorded since to that path.
+//
+// Threading: Span, Start and Stop may be called from any thread; Write once, at the end.
 #ifndef HYBRIDPS_COMMON_TIMELINE_H_
 #define HYBRIDPS_COMMON_TIMELINE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -35,7 +39,22 @@ class Timeline {
   static std::unique_ptr<Timeline> Open(const std::string& prefix, const std::string& label,
                                         int row, std::vector<std::string> lanes,
                                         size_t capacity = kMaxSpans);
+  // Open, or when `prefix` is empty a timeline that records only between Start and Stop.
+  static std::unique_ptr<Timeline> OpenOrDormant(const std::string& prefix,
+                                                 const std::string& label, int row,
+                                                 std::vector<std::string> lanes,
+                                                 size_t capacity = kMaxSpans);
 
+  // Whether spans are being kept: callers skip the work of making one when not.
+  bool on() const { return on_.load(std::memory_order_relaxed); }
+  // Starts recording, for Stop to write to `path`. FailedPrecondition when it records
+  // already (HYBRIDPS_TIMELINE, or a Start without its Stop).
+  absl::Status Start(std::string path);
+  // Stops what Start started and writes its spans (those that began after Start) to its
+  // path; `path` receives it. OK and nothing written when nothing was started.
+  absl::Status Stop(absl::Duration clock_offset, std::string* path = nullptr);
+
+  // Kept when on(), and only if it began after the recording did.
   void Span(std::string name, absl::string_view category, absl::Time start, absl::Time end,
             int lane, std::string args = "");
   // A lane more (a part of the process that records its own spans, e.g. GPU staging);
@@ -60,16 +79,25 @@ class Timeline {
   Timeline(std::string prefix, std::string label, int row, std::vector<std::string> lanes,
            size_t capacity)
       : prefix_(std::move(prefix)), label_(std::move(label)), row_(row),
-        capacity_(capacity), lanes_(std::move(lanes)) {}
+        capacity_(capacity), on_(!prefix_.empty()), lanes_(std::move(lanes)) {}
+  absl::Status WriteTo(const std::string& file, absl::Duration clock_offset)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string prefix_, label_;
   const int row_;
   const size_t capacity_;
+  std::atomic<bool> on_;
   absl::Mutex mu_;
+  std::string started_path_ ABSL_GUARDED_BY(mu_);  // of Start; empty: not started
+  absl::Time started_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::vector<std::string> lanes_ ABSL_GUARDED_BY(mu_);
   std::deque<Event> events_ ABSL_GUARDED_BY(mu_);
   uint64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// Whether `t` keeps spans now (null: no timeline).
+inline bool Recording(const Timeline* t) { return t != nullptr && t->on(); }
+inline bool Recording(const std::unique_ptr<Timeline>& t) { return Recording(t.get()); }
 
 // `text` as a JSON string literal (quotes included).
 std::string JsonString(absl::string_view text);

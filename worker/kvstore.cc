@@ -44,6 +44,12 @@ absl::Status KVStore::LoadOptimizerStates(const std::string&) {
   return NoServerOptimizer(type(), "LoadOptimizerStates");
 }
 
+absl::Status KVStore::StartTimeline(const std::string&) {
+  return absl::UnimplementedError(absl::StrCat("the ", type(), " store records no timeline"));
+}
+
+absl::Status KVStore::StopTimeline() { return absl::OkStatus(); }
+
 absl::Status KVStore::Broadcast(absl::string_view name, TensorView tensor, int root_rank,
                                 int priority) {
   ASSIGN_OR_RETURN(Handle h, BroadcastAsync(name, tensor, root_rank, priority));

@@ -96,6 +96,15 @@ class KVStore {
   // into a job with a different number of servers; every worker returns after that.
   virtual absl::Status LoadOptimizerStates(const std::string& path);
 
+  // Horovod's start_timeline (not collective): this worker records its timeline (the
+  // spans HYBRIDPS_TIMELINE records, see docs/troubleshooting.md) from now until
+  // StopTimeline, which writes them to `path` as Chrome trace JSON. FailedPrecondition
+  // when it records already (HYBRIDPS_TIMELINE, or a StartTimeline not yet stopped).
+  virtual absl::Status StartTimeline(const std::string& path);
+  // Writes what StartTimeline recorded to its path; OK and nothing written when no
+  // timeline was started. Shutdown stops one still running.
+  virtual absl::Status StopTimeline();
+
   // Finishes outstanding operations and tells the scheduler this worker is done. Called by
   // the destructor if not before; later operations fail.
   virtual absl::Status Shutdown() = 0;

@@ -199,6 +199,12 @@ class PyStore {
   void SetOptimizerParam(const std::string& name, double value) {
     CallReleased([&] { return store_->SetOptimizerParam(name, value); });
   }
+  void StartTimeline(const std::string& path) {
+    CallReleased([&] { return store_->StartTimeline(path); });
+  }
+  void StopTimeline() {
+    CallReleased([&] { return store_->StopTimeline(); });
+  }
   void SaveOptimizerStates(const std::string& path) {
     CallReleased([&] { return store_->SaveOptimizerStates(path); });
   }
@@ -321,6 +327,8 @@ PYBIND11_MODULE(_hybridps_core, m) {
       .def("set_optimizer_param", &PyStore::SetOptimizerParam, py::arg("name"),
            py::arg("value"))
       .def("save_optimizer_states", &PyStore::SaveOptimizerStates, py::arg("path"))
+      .def("start_timeline", &PyStore::StartTimeline, py::arg("path"))
+      .def("stop_timeline", &PyStore::StopTimeline)
       .def("load_optimizer_states", &PyStore::LoadOptimizerStates, py::arg("path"))
       .def("push", &PyStore::Push, py::arg("kind"), py::arg("name"), py::arg("input"),
            py::arg("output"), py::arg("count"), py::arg("dtype"), py::arg("priority") = 0,

@@ -185,7 +185,8 @@ TEST_F(KeyStoreTest, ShapesOfTheSameSizeMustAgreeWhereGiven) {
   for (auto& r : replies_) {
     ASSERT_TRUE(r.env.has_error());
     EXPECT_EQ(r.env.error().message(),
-              "mismatched push_pull of tensor 'w' (key " + absl::StrFormat("%016x", TensorKeyFor("w")) +
+              "mismatched push_pull of tensor 'w' (key " +
+                  absl::StrFormat("%016x", TensorKeyFor("w")) +
                   ", partition 0, round 0): worker 1 sent (3, 2) float32 but worker 0 sent "
                   "(2, 3) float32");
   }

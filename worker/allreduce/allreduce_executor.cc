@@ -190,7 +190,7 @@ bool AllreduceStore::RunRound(bool caller, bool* job_active) {
     plan = nego::Decide(lists, rank_, fusion_bytes_, fusion_max_tensor_bytes_);
     // Only rounds that decided something: a rank waiting for a slow peer runs a round
     // every cycle, which would fill the timeline.
-    if (timeline_ && !plan.actions.empty()) {
+    if (Recording(timeline_) && !plan.actions.empty()) {
       timeline_->Span(absl::StrCat("negotiation of ", plan.actions.size(), " actions"),
                       "negotiation", t0, t1, 1);
     }
@@ -349,7 +349,7 @@ absl::Status AllreduceStore::RunPlan(const nego::Plan& plan,
   for (const nego::Action& a : plan.actions) {
     if (!failure.ok()) break;
     const absl::Time start = absl::Now();
-    if (timeline_ && a.type != nego::Action::Type::kFail) {
+    if (Recording(timeline_) && a.type != nego::Action::Type::kFail) {
       for (size_t i : a.entries) {  // from its submission until every rank had it
         const Op* op = listed[i].get();
         timeline_->Span(absl::StrCat("'", op->name, "'"), "wait for data", op->submitted,
@@ -357,7 +357,7 @@ absl::Status AllreduceStore::RunPlan(const nego::Plan& plan,
       }
     }
     failure = Execute(a, listed);
-    if (timeline_ && a.type != nego::Action::Type::kFail) {
+    if (Recording(timeline_) && a.type != nego::Action::Type::kFail) {
       static constexpr const char* kKind[] = {"eager", "two-shot", "allreduce", "broadcast",
                                               "fail"};
       const Op* first = listed[a.entries[0]].get();
@@ -412,7 +412,7 @@ void AllreduceStore::Finish(Op* op, absl::Status status) {
     status = absl::Status(status.code(),
                           absl::StrCat(op->Describe(), " failed: ", status.message()));
   }
-  if (timeline_) {
+  if (Recording(timeline_)) {
     timeline_->Span(op->Describe(), status.ok() ? "operation" : "failed operation",
                     op->submitted, absl::Now(), 0,
                     absl::StrCat("\"bytes\": ", op->in.bytes()));
@@ -473,16 +473,16 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
   } else {
     // Pack, reduce once, unpack.
     if (fusion_.size() < a.total_count * es) fusion_.resize(a.total_count * es);
-    const absl::Time packing = timeline_ ? absl::Now() : absl::InfinitePast();
+    const absl::Time packing = Recording(timeline_) ? absl::Now() : absl::InfinitePast();
     size_t offset = 0;
     for (size_t i : a.entries) {
       const Op* op = listed[i].get();
       if (op->in.count > 0) std::memcpy(fusion_.data() + offset, op->in.data, op->in.bytes());
       offset += op->in.bytes();
     }
-    const absl::Time packed = timeline_ ? absl::Now() : absl::InfinitePast();
+    const absl::Time packed = Recording(timeline_) ? absl::Now() : absl::InfinitePast();
     s = allreduce(fusion_.data(), fusion_.data(), a.total_count);
-    const absl::Time reduced = timeline_ ? absl::Now() : absl::InfinitePast();
+    const absl::Time reduced = Recording(timeline_) ? absl::Now() : absl::InfinitePast();
     offset = 0;
     for (size_t i : a.entries) {
       Op* op = listed[i].get();
@@ -491,7 +491,7 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
       }
       offset += op->out.bytes();
     }
-    if (timeline_) {
+    if (Recording(timeline_)) {
       const std::string args = absl::StrCat("\"bytes\": ", offset, ", \"tensors\": ",
                                             a.entries.size());
       timeline_->Span("into the fusion buffer", "fusion copy", packing, packed, 1, args);

@@ -73,8 +73,10 @@ absl::Status AllreduceStore::Start() {
   rank_ = welcome.rank();
   num_workers_ = welcome.num_workers();
   SetLogTag(absl::StrCat("worker ", rank_));
-  timeline_ = Timeline::Open(options_.timeline, absl::StrCat("worker ", rank_), 100 + rank_,
-                             {"operations", "negotiation, collectives", "waiting for data"});
+  timeline_ = Timeline::OpenOrDormant(options_.timeline, absl::StrCat("worker ", rank_),
+                                       100 + rank_,
+                                       {"operations", "negotiation, collectives",
+                                        "waiting for data"});
   // Gloo binds the scheduler-facing address: loopback for a local job.
   in_addr ip{};
   if (!options_.interface.empty()) {
@@ -350,7 +352,10 @@ absl::Status AllreduceStore::Shutdown() {
   }
   cpu_.reset();
   comm_.reset();
-  if (timeline_ && control_) timeline_->WriteAndLog(control_->clock_offset());
+  if (timeline_ && control_) {
+    if (absl::Status s = StopTimeline(); !s.ok()) HPS_LOG(WARNING) << s.message();
+    timeline_->WriteAndLog(control_->clock_offset());
+  }
   control_.reset();
   absl::MutexLock lock(&mu_);
   if (!broken_.ok() && !peers_left_) return broken_;
@@ -430,6 +435,16 @@ void AllreduceStore::IoLoop() {
     control_->Tick(absl::Now());
   }
   control_->FailAll(absl::CancelledError("the store was shut down"));
+}
+
+absl::Status AllreduceStore::StartTimeline(const std::string& path) {
+  if (!timeline_) return absl::FailedPreconditionError("the store is not connected");
+  return timeline_->Start(path);
+}
+
+absl::Status AllreduceStore::StopTimeline() {
+  if (!timeline_) return absl::OkStatus();
+  return timeline_->Stop(control_ ? control_->clock_offset() : absl::ZeroDuration());
 }
 
 }  // namespace hybridps

@@ -94,6 +94,8 @@ class AllreduceStore : public KVStore {
   absl::Status Barrier() override;
   bool IsCapable(Capability capability) const override { return false; }
   absl::Status Shutdown() override;
+  absl::Status StartTimeline(const std::string& path) override;
+  absl::Status StopTimeline() override;
 
   // What the executor did so far (tests and benchmarks read it).
   struct Stats {
@@ -224,7 +226,8 @@ class AllreduceStore : public KVStore {
 
   // The constructing thread until Start returns, then the I/O thread only.
   std::unique_ptr<ControlClient> control_;
-  std::unique_ptr<Timeline> timeline_;  // HYBRIDPS_TIMELINE; null: off
+  // Records with HYBRIDPS_TIMELINE, or between StartTimeline and StopTimeline.
+  std::unique_ptr<Timeline> timeline_;
   // The round holder only (and Shutdown, after it has joined the executor).
   std::unique_ptr<GlooComm> comm_;
   // The CPU collectives, of the kind chosen at Start (cpu_collectives.h). Set at Start;

@@ -394,7 +394,7 @@ bool GpuStager::CopyDone(const OpPtr& op, absl::string_view what, bool* failed) 
   }
   if (*done) {
     op->copying = false;
-    if (timeline_) {
+    if (Recording(timeline_)) {
       const bool to_host = op->copy_direction == DeviceCopier::Direction::kToHost;
       timeline_->Span(absl::StrCat("'", op->name, "'"),
                       to_host ? "device-to-host copy" : "host-to-device copy",

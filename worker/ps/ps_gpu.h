@@ -62,6 +62,10 @@ class PsGpuStore : public KVStore {
   absl::Status LoadOptimizerStates(const std::string& path) override {
     return ps_->LoadOptimizerStates(path);
   }
+  absl::Status StartTimeline(const std::string& path) override {
+    return ps_->StartTimeline(path);
+  }
+  absl::Status StopTimeline() override { return ps_->StopTimeline(); }
   absl::Status Shutdown() override;
 
   GpuStager::Stats staging_stats() { return stager_->stats(); }

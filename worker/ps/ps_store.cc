@@ -507,7 +507,7 @@ void PsStore::HandleReply(int server, Message raw) {
   }
   std::shared_ptr<Op> op = std::move(it->second.op);
   const uint32_t pi = it->second.part;
-  if (timeline_) {
+  if (Recording(timeline_)) {
     const Partition& tp = op->parts[pi];
     std::string what = absl::StrCat("'", op->name, "' partition ", pi);
     std::string args = absl::StrCat("\"bytes\": ", tp.count * DTypeSize(op->in.dtype),
@@ -591,7 +591,7 @@ void PsStore::MaybeComplete(Op* op) {
     }
   }
   op->completed = true;
-  if (timeline_) {
+  if (Recording(timeline_)) {
     timeline_->Span(op->Describe(), op->status.ok() ? "operation" : "failed operation",
                     op->deadline - options_.op_timeout, absl::Now(), 0,
                     absl::StrCat("\"bytes\": ", op->in.count * DTypeSize(op->in.dtype),

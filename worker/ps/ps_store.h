@@ -61,6 +61,8 @@ class PsStore : public KVStore, public NodeSumSink {
     return capability == Capability::kOptimizer;
   }
   absl::Status Shutdown() override;
+  absl::Status StartTimeline(const std::string& path) override;
+  absl::Status StopTimeline() override;
 
   // The server-side optimizer (ps_store_optimizer.cc).
   absl::Status SetOptimizer(const ServerOptimizer& optimizer) override;
@@ -206,7 +208,8 @@ class PsStore : public KVStore, public NodeSumSink {
   std::vector<wire::NodeInfo> servers_;
 
   // I/O thread only.
-  std::unique_ptr<Timeline> timeline_;  // HYBRIDPS_TIMELINE; null: off
+  // Records with HYBRIDPS_TIMELINE, or between StartTimeline and StopTimeline.
+  std::unique_ptr<Timeline> timeline_;
   std::unique_ptr<ControlClient> control_;
   // The data connections: server s's lanes are data_[lane_first_[s]] and the
   // lane_count_[s] - 1 after it (Options::max_server_lanes); lane_server_ maps back.

@@ -43,8 +43,8 @@ absl::Status PsStore::Start() {
   for (int s = 0; s < num_servers_; ++s) lanes.push_back(absl::StrCat("to server ", s));
   const int node_lane = static_cast<int>(lanes.size());
   if (layout_.local_size > 1) lanes.push_back("node: local reduce, local broadcast");
-  timeline_ = Timeline::Open(options_.timeline, absl::StrCat("worker ", rank_), 100 + rank_,
-                             std::move(lanes));
+  timeline_ = Timeline::OpenOrDormant(options_.timeline, absl::StrCat("worker ", rank_),
+                                       100 + rank_, std::move(lanes));
   RETURN_IF_ERROR(ConnectServers());
   if (layout_.local_size > 1) {
     // Events come from inside Pump, on the I/O thread, which takes them right after, or
@@ -89,7 +89,10 @@ absl::Status PsStore::Shutdown() {
     credits_->waker.Wake();
     io_thread_.join();
   }
-  if (timeline_ && control_) timeline_->WriteAndLog(control_->clock_offset());
+  if (timeline_ && control_) {
+    if (absl::Status s = StopTimeline(); !s.ok()) HPS_LOG(WARNING) << s.message();
+    timeline_->WriteAndLog(control_->clock_offset());
+  }
   local_.reset();
   data_.clear();
   control_.reset();
@@ -192,4 +195,15 @@ std::vector<uint64_t> PsStore::PushesPerServer() const {
   return v;
 }
 
+absl::Status PsStore::StartTimeline(const std::string& path) {
+  if (!timeline_) return absl::FailedPreconditionError("the store is not connected");
+  return timeline_->Start(path);
+}
+
+absl::Status PsStore::StopTimeline() {
+  if (!timeline_) return absl::OkStatus();
+  return timeline_->Stop(control_ ? control_->clock_offset() : absl::ZeroDuration());
+}
+
 }  // namespace hybridps
+

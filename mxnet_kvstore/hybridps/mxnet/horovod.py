@@ -17,7 +17,6 @@ the process_set= argument does not exist.
 """
 import io
 import itertools
-import json
 import os
 import pickle
 import types
@@ -27,8 +26,7 @@ import numpy as np
 from mxnet import gluon
 
 from .._core import core
-from .kvstore import (DistAllreduce, DistHybrid, timeline_start, timeline_stop,
-                      timeline_take)
+from .kvstore import DistAllreduce, DistHybrid
 
 _kv = None
 _shut_down = False
@@ -530,40 +528,40 @@ def join():
 
 
 def start_timeline(file_path, mark_cycles=False):
-    """Records this worker's operations (each push_pull, broadcast, ... from its start to
-    its completion in MXNet's engine) until stop_timeline(), which writes them to
-    `file_path` as Chrome trace JSON (chrome://tracing, Perfetto): a list of complete
-    events {"name", "cat", "ph": "X", "ts", "dur" (microseconds), "pid" (the rank),
-    "tid"}. Every worker that calls it writes its own file. mark_cycles is accepted and
-    adds nothing: hybridps has no negotiation cycles to mark."""
+    """As Horovod's: worker 0 records its timeline from now until stop_timeline(), which
+    writes it to `file_path` as Chrome trace JSON (chrome://tracing, Perfetto). The
+    timeline is the one HYBRIDPS_TIMELINE records (docs/troubleshooting.md): each
+    operation, its wait for credit, its push to the servers and back, the node's local
+    reduction and broadcast (dist_hybrid); negotiation, waits and fusion copies
+    (dist_allreduce). The other workers record nothing, as in Horovod, whose
+    coordinator writes the file; every worker's and server's timeline together is
+    `hybridrun --timeline-filename`. mark_cycles adds nothing (no negotiation cycles
+    to mark on dist_hybrid; dist_allreduce's negotiations are spans already)."""
     global _timeline_path
-    _store()
+    store = _store()
     if _timeline_path is not None:
         raise ValueError(f"start_timeline: a timeline is already being recorded (to "
                          f"{_timeline_path}); call stop_timeline() first")
-    mx.nd.waitall()
-    timeline_take()  # events recorded before (e.g. by timeline_start) are not this file's
-    timeline_start()
-    _timeline_path = os.fspath(file_path)
+    path = os.path.abspath(os.fspath(file_path))
+    if store.rank == 0:
+        mx.nd.waitall()  # operations before the start are not in it
+        try:
+            store._store.start_timeline(path)
+        except RuntimeError as exc:
+            raise ValueError(f"start_timeline: {exc}") from None
+    _timeline_path = path
 
 
 def stop_timeline():
-    """Stops the timeline of start_timeline and writes its file (after this worker's
-    pending operations complete). Without a timeline running: nothing."""
+    """Stops the timeline of start_timeline and (on worker 0) writes its file, after this
+    worker's pending operations complete. Without a timeline running: nothing."""
     global _timeline_path
     if _timeline_path is None:
         return
-    path, _timeline_path = _timeline_path, None
+    _timeline_path = None
     mx.nd.waitall()
-    events = timeline_take()
-    timeline_stop()
-    pid = _kv.rank if _kv is not None else 0
-    kinds = {}
-    trace = [{"name": e["name"], "cat": e["kind"], "ph": "X", "ts": e["start_ns"] / 1e3,
-              "dur": max(0, e["end_ns"] - e["start_ns"]) / 1e3, "pid": pid,
-              "tid": kinds.setdefault(e["kind"], len(kinds))} for e in events]
-    with open(path, "w") as f:
-        json.dump(trace, f)
+    if _kv is not None and _kv.rank == 0:
+        _kv._store.stop_timeline()
 
 
 class Compressor:

@@ -83,7 +83,7 @@ void LocalReducer::TakeInbox(int e) {
                         p.task.op == wire::OP_BROADCAST ? p.task.root : -1) == me;
     p.slot = -1;  // looked up in the slot table when it is first advanced
     p.exec = e;
-    if (timeline_) p.submitted = absl::Now();
+    if (Recording(timeline_)) p.submitted = absl::Now();
     x.tasks.push_back(std::move(p));
     if (!x.broken.ok()) {
       Leave(x.tasks.back(), x.broken);
@@ -425,7 +425,7 @@ bool LocalReducer::StepClaim(Pending& t) {
   }
   Ring(t.exec);
   // Its part of the local reduction: its data in the node's memory for the pusher to sum.
-  if (timeline_) Record(t, "local contribution", t.submitted);
+  if (Recording(timeline_)) Record(t, "local contribution", t.submitted);
   t.stage = Pending::kWaitResult;
   return false;
 }
@@ -454,7 +454,7 @@ bool LocalReducer::StepArrivals(Pending& t) {
     // A push without data is a non-root's: an empty tensor's root, whose pointer may be
     // null, still pushes its (empty) data.
     static const char kNoBytes = 0;
-    if (timeline_) Record(t, "local reduce", t.submitted);  // every local rank arrived
+    if (Recording(timeline_)) Record(t, "local reduce", t.submitted);  // every local rank arrived
     EmitPush(t, root ? (k.in != nullptr ? k.in : &kNoBytes) : nullptr, "");
     t.stage = Pending::kWaitPublish;
     return false;
@@ -464,7 +464,7 @@ bool LocalReducer::StepArrivals(Pending& t) {
     Sum2(k.dtype, result, src(0), src(1), k.count);
     for (int lr = 2; lr < L; ++lr) SumInto(k.dtype, result, src(lr), k.count);
   }
-  if (timeline_) Record(t, "local reduce", t.submitted);  // the node's sum is ready
+  if (Recording(timeline_)) Record(t, "local reduce", t.submitted);  // the node's sum is ready
   EmitPush(t, result, "");
   t.stage = Pending::kWaitPublish;
   return false;
@@ -511,9 +511,9 @@ bool LocalReducer::StepCopyOut(Pending& t) {
   const Task& k = t.task;
   const int me = layout_.local_rank;
   const bool root = k.op == wire::OP_BROADCAST && k.root == layout_.members[me];
-  const absl::Time copying = timeline_ ? absl::Now() : absl::InfinitePast();
+  const absl::Time copying = Recording(timeline_) ? absl::Now() : absl::InfinitePast();
   if (!root && t.bytes > 0) std::memcpy(k.out, Region(t, layout_.local_size), t.bytes);
-  if (timeline_) Record(t, "local broadcast", copying);  // the node's result, copied out
+  if (Recording(timeline_)) Record(t, "local broadcast", copying);  // the node's result, copied out
   SlotHeader* s = SlotAt(shared_, t.slot);
   bool freed;
   {
