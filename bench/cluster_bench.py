@@ -48,15 +48,18 @@ RESULT_RE = re.compile(r"RESULT (.*)$", re.M)
 
 @dataclass
 class Config:
-    name: str         # allreduce, colocated, dedicated k=2, mixed k=1
+    name: str         # allreduce, colocated, dedicated k=2, mixed k=1, colocated 2bit
     backend: str
     dedicated: int    # server hosts (dedicated); 0 otherwise
     extra: int        # extra server hosts (mixed); 0 otherwise
+    compression: str = "none"  # 2bit: pushes packed to 1/16, replies full
 
     def bound_s(self, n: int, size: float, bw: float) -> float:
         """Lower bound of the iteration time (s) for S bytes and B bytes/s."""
-        if self.dedicated:
+        if self.dedicated:  # the replies bound it, compressed or not
             return max(size / bw, n * size / (self.dedicated * bw))
+        if self.compression == "2bit":  # colocated: a host sends pushes and replies
+            return (n - 1) / n * (1 + 1 / 16) * size / bw
         if self.extra:
             k = self.extra
             return 2 * n * (n - 1) * size / ((n * n + k * n - 2 * k) * bw)
@@ -70,16 +73,25 @@ class Config:
         return max((2 * n + k - 2) / (n + k), n / (n + k)) * size / bw
 
 
-def configs_for(n: int) -> list[Config]:
+def configs_for(n: int, compression: str = "none") -> list[Config]:
+    """The configurations for n worker hosts; compression 2bit or both adds colocated and
+    dedicated runs with MXNet's 2bit compression of the pushes."""
     out = [Config("allreduce", "dist_allreduce", 0, 0),
            Config("colocated", "dist_hybrid", 0, 0)]
+    dedicated = [] if n == 1 else sorted({max(1, n // 2), n})
+    for k in dedicated:
+        out.append(Config(f"dedicated k={k}", "dist_hybrid", k, 0))
+    if compression != "none":
+        out.append(Config("colocated 2bit", "dist_hybrid", 0, 0, "2bit"))
+        for k in dedicated:
+            out.append(Config(f"dedicated k={k} 2bit", "dist_hybrid", k, 0, "2bit"))
+        if compression == "2bit":
+            out = [c for c in out if c.compression == "2bit"]
     if n == 1:
         return out
-    for k in sorted({max(1, n // 2), n}):
-        out.append(Config(f"dedicated k={k}", "dist_hybrid", k, 0))
     for k in (1, 2):
         out.append(Config(f"mixed k={k}", "dist_hybrid", 0, k))
-    return out
+    return [c for c in out if compression != "2bit" or c.compression == "2bit"]
 
 
 class Cluster:
@@ -142,7 +154,8 @@ def run_job(cluster: Cluster, cfg: Config, n: int, model: str, iters: int, build
     elif cfg.extra:
         args += ["--colocated", "--server-hosts", ",".join(servers)]
     args += ["--", str(build / "bench" / "hybridps-model-bench"), "--model", model,
-             "--iters", str(iters), "--warmup", "1", "--label", cfg.name]
+             "--iters", str(iters), "--warmup", "1", "--label", cfg.name,
+             "--compression", cfg.compression]
     started = time.monotonic()
     done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
     if done.returncode != 0:
@@ -151,7 +164,9 @@ def run_job(cluster: Cluster, cfg: Config, n: int, model: str, iters: int, build
     match = RESULT_RE.search(done.stdout)
     if not match:
         raise RuntimeError(f"{cfg.name} n={n} {model}: no RESULT line")
-    fields = dict(item.split("=", 1) for item in match.group(1).split())
+    line = match.group(1)
+    fields = dict(re.findall(r"(\w+)=(\S+)", line.split(" label=")[0]))
+    fields["label"] = line.split(" label=", 1)[1] if " label=" in line else "-"
     fields["wall_s"] = f"{time.monotonic() - started:.1f}"
     return fields
 
@@ -163,6 +178,9 @@ def main() -> int:
     parser.add_argument("--models", default="resnet50,vgg16")
     parser.add_argument("--workers", default="1,2,4", help="values of n")
     parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--compression", choices=("none", "2bit", "both"), default="none",
+                        help="2bit: dist_hybrid configurations with MXNet's 2bit pushes "
+                             "only; both: beside the uncompressed ones, in the same run")
     parser.add_argument("--configs", default="",
                         help="only these configurations (comma list of names)")
     parser.add_argument("--build", default=str(REPO / "build"))
@@ -216,7 +234,7 @@ def main() -> int:
               flush=True)
         for model in models:
             for n in ns:
-                for cfg in configs_for(n):
+                for cfg in configs_for(n, args.compression):
                     if only and cfg.name not in only:
                         continue
                     if not args.keep_tcp_metrics:

@@ -13,6 +13,10 @@
 // from one iteration to the next; outputs are poisoned before each), any mismatch ends
 // the program with status 1.
 //
+// --compression 2bit packs the pushes (MXNet's 2bit, dist_hybrid): every input element is
+// at least 1, so with a threshold of at most 1 each node sends +threshold per element and
+// the result checked is the threshold times the nodes.
+//
 // Rank 0 prints each iteration and a final line
 //   RESULT model=M backend=B workers=N servers=K bytes=S median_ms=T min_ms=T max_ms=T
 // and, with --csv FILE, appends the same figures as a CSV row (header if new).
@@ -47,11 +51,12 @@ struct Flags {
   int warmup = 1;
   std::string csv;
   std::string label;  // free text copied into the CSV row (the configuration's name)
+  GradientCompression compression;  // --compression 2bit: pushes packed (dist_hybrid)
 };
 
 constexpr char kUsage[] =
     "usage: hybridps-model-bench [--model resnet50|vgg16] [--iters 5] [--warmup 1]\n"
-    "  [--csv FILE] [--label TEXT]\n"
+    "  [--csv FILE] [--label TEXT] [--compression none|2bit] [--threshold 0.5]\n"
     "Run it under hybridrun: scripts/hybridrun -np N ... -- hybridps-model-bench ...\n";
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
@@ -76,6 +81,20 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       f.csv = value;
     } else if (name == "--label") {
       f.label = value;
+    } else if (name == "--compression") {
+      if (value != "none" && value != "2bit") {
+        return absl::InvalidArgumentError(absl::StrCat("--compression '", value,
+                                                       "': none or 2bit"));
+      }
+      f.compression.type = value == "2bit" ? Compression::kTwoBit : Compression::kNone;
+    } else if (name == "--threshold") {
+      // At most 1: every input element is at least 1, so each node then sends exactly
+      // +threshold per element and iteration, which is what the results are checked for.
+      if (!absl::SimpleAtof(value, &f.compression.threshold) ||
+          !(f.compression.threshold > 0 && f.compression.threshold <= 1)) {
+        return absl::InvalidArgumentError(absl::StrCat("--threshold '", value,
+                                                       "': a number in (0, 1]"));
+      }
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", name));
     }
@@ -106,6 +125,12 @@ absl::Status Run(const Flags& f, const Options& options, KVStore& kv) {
   }
   std::vector<std::string> names(counts.size());
   for (size_t j = 0; j < counts.size(); ++j) names[j] = absl::StrCat(f.model, ".param", j);
+  RETURN_IF_ERROR(kv.SetGradientCompression(f.compression));
+  const bool compressed = f.compression.type != Compression::kNone;
+  // Compressed, each node (its local ranks' sum, every element at least 1) sends
+  // +threshold per element: the result is the threshold times the nodes.
+  const float compressed_sum =
+      f.compression.threshold * static_cast<float>(n / std::max(1, kv.local_size()));
 
   std::vector<double> ms;
   std::vector<Handle> handles;
@@ -124,11 +149,13 @@ absl::Status Run(const Flags& f, const Options& options, KVStore& kv) {
     for (const Handle& h : handles) RETURN_IF_ERROR(h.Wait());
     const double t = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     for (size_t i = 0; i < total; ++i) {
-      if (output[i] != Sum(n, i, p)) {
+      const float expected = compressed ? compressed_sum : Sum(n, i, p);
+      if (output[i] != expected) {
         const size_t j = std::upper_bound(first.begin(), first.end(), i) - first.begin() - 1;
         return absl::DataLossError(absl::StrCat(
             "MISMATCH at iteration ", it, ": tensor '", names[j], "' element ", i - first[j],
-            " is ", output[i], ", the exact sum is ", Sum(n, i, p)));
+            " is ", output[i], ", the ", compressed ? "compressed" : "exact", " sum is ",
+            expected));
       }
     }
     if (it >= f.warmup) ms.push_back(t);
@@ -147,9 +174,10 @@ absl::Status Run(const Flags& f, const Options& options, KVStore& kv) {
   const std::string backend(kv.type());
   std::printf(
       "RESULT model=%s backend=%s workers=%d servers=%d bytes=%zu tensors=%zu "
-      "median_ms=%.2f min_ms=%.2f max_ms=%.2f iters=%d label=%s\n",
+      "median_ms=%.2f min_ms=%.2f max_ms=%.2f iters=%d compression=%s label=%s\n",
       f.model.c_str(), backend.c_str(), n, options.num_servers, bytes, counts.size(), median,
-      sorted.front(), sorted.back(), f.iters, f.label.empty() ? "-" : f.label.c_str());
+      sorted.front(), sorted.back(), f.iters, compressed ? "2bit" : "none",
+      f.label.empty() ? "-" : f.label.c_str());
   std::fflush(stdout);
   if (!f.csv.empty()) {
     const bool fresh = access(f.csv.c_str(), F_OK) != 0;

@@ -79,7 +79,11 @@ TensorShape TensorShape::Of(const int64_t* dims, size_t ndim) {
   s.ndim = static_cast<int>(std::min<size_t>(ndim, kMaxShapeDims));
   for (size_t i = 0; i < ndim; ++i) {
     const size_t at = std::min<size_t>(i, kMaxShapeDims - 1);
-    s.dims[at] = i > at ? s.dims[at] * dims[i] : dims[i];
+    // Folded in unsigned arithmetic: a product that overflows is refused by
+    // CheckTensorShape's element count, never undefined.
+    s.dims[at] = i > at ? static_cast<int64_t>(static_cast<uint64_t>(s.dims[at]) *
+                                               static_cast<uint64_t>(dims[i]))
+                        : dims[i];
   }
   return s;
 }
@@ -100,6 +104,29 @@ uint64_t TensorShape::elements() const {
   uint64_t n = 1;
   for (int i = 0; i < ndim; ++i) n *= static_cast<uint64_t>(dims[i]);
   return n;
+}
+
+absl::Status CheckTensorShape(const TensorShape& shape, uint64_t count) {
+  if (shape.ndim == 0) return absl::OkStatus();
+  if (shape.ndim < 0 || shape.ndim > kMaxShapeDims) {
+    return absl::InvalidArgumentError(absl::StrCat("a shape of ", shape.ndim,
+                                                   " dimensions (at most ", kMaxShapeDims,
+                                                   ")"));
+  }
+  uint64_t n = 1;
+  bool overflow = false;
+  for (int i = 0; i < shape.ndim; ++i) {
+    if (shape.dims[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape ", shape.ToString(), " has a negative dimension"));
+    }
+    overflow = overflow || __builtin_mul_overflow(n, static_cast<uint64_t>(shape.dims[i]), &n);
+  }
+  if (overflow || n != count) {
+    return absl::InvalidArgumentError(absl::StrCat("shape ", shape.ToString(), " does not hold ",
+                                                   count, " elements"));
+  }
+  return absl::OkStatus();
 }
 
 std::string DescribeTensor(const TensorShape& shape, uint64_t count, DType dtype) {

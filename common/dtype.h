@@ -65,6 +65,10 @@ struct TensorShape {
   uint64_t elements() const;
 };
 
+// OK when `shape` is not given, or has at most kMaxShapeDims dimensions, none negative,
+// holding `count` elements; else InvalidArgument saying which.
+absl::Status CheckTensorShape(const TensorShape& shape, uint64_t count);
+
 // "(17, 1311) float32" when `shape` is known, else "12 float32 elements".
 std::string DescribeTensor(const TensorShape& shape, uint64_t count, DType dtype);
 

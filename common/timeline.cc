@@ -67,14 +67,22 @@ absl::Status Timeline::Start(std::string path) {
 }
 
 absl::Status Timeline::Stop(absl::Duration clock_offset, std::string* path) {
-  absl::MutexLock lock(&mu_);
-  if (started_path_.empty()) return absl::OkStatus();
-  on_.store(false, std::memory_order_relaxed);
-  const std::string file = std::exchange(started_path_, std::string());
-  started_ = absl::InfinitePast();
-  absl::Status s = WriteTo(file, clock_offset);
-  events_.clear();
-  dropped_ = 0;
+  std::string file;
+  std::vector<std::string> lanes;
+  std::deque<Event> events;
+  uint64_t dropped = 0;
+  {
+    // Taken out under the lock and written after it, so that Span never waits on a file.
+    absl::MutexLock lock(&mu_);
+    if (started_path_.empty()) return absl::OkStatus();
+    on_.store(false, std::memory_order_relaxed);
+    file = std::exchange(started_path_, std::string());
+    started_ = absl::InfinitePast();
+    lanes = lanes_;
+    events.swap(events_);
+    dropped = std::exchange(dropped_, 0);
+  }
+  absl::Status s = WriteFile(file, clock_offset, lanes, events, dropped);
   if (s.ok() && path != nullptr) *path = file;
   return s;
 }
@@ -116,30 +124,32 @@ absl::Status Timeline::Write(absl::Duration clock_offset, std::string* path) {
   std::replace(name.begin(), name.end(), ' ', '-');
   const std::string file = absl::StrCat(prefix_, ".", name, ".json");
   absl::MutexLock lock(&mu_);
-  absl::Status s = WriteTo(file, clock_offset);
+  absl::Status s = WriteFile(file, clock_offset, lanes_, events_, dropped_);
   if (s.ok() && path != nullptr) *path = file;
   return s;
 }
 
-absl::Status Timeline::WriteTo(const std::string& file, absl::Duration clock_offset) {
+absl::Status Timeline::WriteFile(const std::string& file, absl::Duration clock_offset,
+                                 const std::vector<std::string>& lanes,
+                                 const std::deque<Event>& events, uint64_t dropped) const {
   const int64_t offset_us = absl::ToInt64Microseconds(clock_offset);
   std::string out = "{\"traceEvents\": [\n";
   absl::StrAppend(&out, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": ", row_,
                   ", \"args\": {\"name\": ", JsonString(label_), "}},\n");
   absl::StrAppend(&out, "{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": ", row_,
                   ", \"args\": {\"sort_index\": ", row_, "}}");
-  for (size_t i = 0; i < lanes_.size(); ++i) {
+  for (size_t i = 0; i < lanes.size(); ++i) {
     absl::StrAppend(&out, ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": ", row_,
-                    ", \"tid\": ", i, ", \"args\": {\"name\": ", JsonString(lanes_[i]), "}}");
+                    ", \"tid\": ", i, ", \"args\": {\"name\": ", JsonString(lanes[i]), "}}");
   }
-  for (const Event& e : events_) {
+  for (const Event& e : events) {
     absl::StrAppend(&out, ",\n{\"name\": ", JsonString(e.name), ", \"cat\": ",
                     JsonString(e.category), ", \"ph\": \"X\", \"ts\": ",
                     e.start_us - offset_us, ", \"dur\": ", e.dur_us, ", \"pid\": ", row_,
                     ", \"tid\": ", e.lane, ", \"args\": {", e.args, "}}");
   }
   absl::StrAppend(&out, "\n],\n\"displayTimeUnit\": \"ms\",\n\"otherData\": {\"process\": ",
-                  JsonString(label_), ", \"dropped_spans\": ", dropped_,
+                  JsonString(label_), ", \"dropped_spans\": ", dropped,
                   ", \"clock_offset_us\": ", offset_us, "}}\n");
   const std::string tmp = file + ".tmp";
   {

@@ -80,8 +80,10 @@ class Timeline {
            size_t capacity)
       : prefix_(std::move(prefix)), label_(std::move(label)), row_(row),
         capacity_(capacity), on_(!prefix_.empty()), lanes_(std::move(lanes)) {}
-  absl::Status WriteTo(const std::string& file, absl::Duration clock_offset)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `events` as the JSON file `file` (through a temporary and a rename).
+  absl::Status WriteFile(const std::string& file, absl::Duration clock_offset,
+                         const std::vector<std::string>& lanes,
+                         const std::deque<Event>& events, uint64_t dropped) const;
 
   const std::string prefix_, label_;
   const int row_;

@@ -5,7 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_format.h"
+#include "common/compression.h"
 #include "common/dtype.h"
+#include "common/status.h"
 #include "common/version.h"
 
 namespace hybridps {
@@ -108,7 +110,25 @@ absl::Status ValidateDataRequest(const wire::DataRequest& req,
     return absl::InvalidArgumentError(absl::StrCat("element count ", req.count(),
                                                    " overflows"));
   }
-  const uint64_t bytes = req.count() * es;
+  uint64_t bytes = req.count() * es;
+  if (req.compression() != 0) {
+    if (req.compression() != static_cast<uint32_t>(Compression::kTwoBit)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown compression ",
+                                                     req.compression(), " (a newer worker?)"));
+    }
+    if (req.op() != wire::OP_PUSHPULL || req.dtype() != static_cast<uint32_t>(DType::kFloat32)) {
+      return absl::InvalidArgumentError("2bit compression is for float32 push_pulls only");
+    }
+    RETURN_IF_ERROR(CheckGradientCompression({Compression::kTwoBit, req.threshold()}));
+    bytes = TwoBitBytes(req.count());
+  }
+  if (req.shape_size() > kMaxShapeDims) {
+    return absl::InvalidArgumentError(absl::StrCat("a shape of ", req.shape_size(),
+                                                   " dimensions (at most ", kMaxShapeDims, ")"));
+  }
+  RETURN_IF_ERROR(CheckTensorShape(
+      TensorShape::Of(req.shape().data(), static_cast<size_t>(req.shape_size())),
+      req.total_count()));
   const bool needs_payload = req.op() == wire::OP_PUSHPULL && req.fail().empty();
   if (!req.fail().empty() && payload) {
     return absl::InvalidArgumentError("a failing request carries no payload");
@@ -119,7 +139,8 @@ absl::Status ValidateDataRequest(const wire::DataRequest& req,
   if (payload && payload->size() != bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "payload of ", payload->size(), " bytes but the header says ", req.count(), " ",
-        DTypeName(static_cast<DType>(req.dtype())), " elements (", bytes, " bytes)"));
+        DTypeName(static_cast<DType>(req.dtype())), " elements (", bytes, " bytes",
+        req.compression() != 0 ? ", 2bit-compressed" : "", ")"));
   }
   return absl::OkStatus();
 }

@@ -1,10 +1,13 @@
 #include "server/key_store.h"
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/compression.h"
 #include "common/dtype.h"
 #include "common/log.h"
 #include "common/reduce.h"
@@ -26,6 +29,35 @@ TensorShape ShapeOf(const wire::DataRequest& req) {
 std::string Shape(const wire::DataRequest& req) {
   return DescribeTensor(ShapeOf(req), req.total_count(),
                         static_cast<DType>(req.dtype()));
+}
+
+// The float32 values of a compressed push (DataRequest.compression), or an error naming
+// what is wrong with it.
+absl::StatusOr<Frame> Decompress(const wire::DataRequest& req, const Frame& packed) {
+  const GradientCompression c{static_cast<Compression>(req.compression()), req.threshold()};
+  if (c.type != Compression::kTwoBit) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(req), ": unknown compression ", req.compression(), " (a newer worker?)"));
+  }
+  if (req.op() != wire::OP_PUSHPULL || req.dtype() != static_cast<uint32_t>(DType::kFloat32)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(req), ": 2bit compression is for float32 push_pulls only"));
+  }
+  if (absl::Status s = CheckGradientCompression(c); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(Where(req), ": ", s.message()));
+  }
+  // The size first: the count comes from the network, and sizes the buffer below.
+  if (req.count() > packed.size() * 4 || TwoBitBytes(req.count()) != packed.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(req), ": a 2bit-compressed partition of ", req.count(), " elements takes ",
+        TwoBitBytes(std::min<uint64_t>(req.count(), packed.size() * 4 + 16)), " bytes, not ",
+        packed.size()));
+  }
+  Frame plain = Frame::Allocate(req.count() * sizeof(float));
+  absl::Status s = TwoBitDequantize(packed.view(), req.count(), c.threshold,
+                                    static_cast<float*>(plain.data()));
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(Where(req), ": ", s.message()));
+  return plain;
 }
 
 std::string OpName(wire::DataOp op) {
@@ -98,6 +130,15 @@ void KeyStore::Handle(const std::string& peer, int node, uint64_t id,
     return ReplyError(peer, id, req, absl::InvalidArgumentError(absl::StrCat(
         "worker node ", node, " is out of range [0, ", num_nodes_, ")")));
   }
+  if (req.compression() != 0 && payload) {
+    absl::StatusOr<Frame> plain = Decompress(req, *payload);
+    if (!plain.ok()) return ReplyError(peer, id, req, plain.status());
+    traffic_.bytes_in += payload->size();  // what crossed the network
+    traffic_.bytes_decompressed += plain->size();
+    payload = std::move(*plain);
+  } else if (payload) {
+    traffic_.bytes_in += payload->size();
+  }
   Part& p = parts_[PartKey{req.key(), req.part()}];
   if (p.arrived.empty()) {
     p.name = req.name();
@@ -130,7 +171,6 @@ void KeyStore::Handle(const std::string& peer, int node, uint64_t id,
   }
   p.arrived[node] = true;
   ++p.num_arrived;
-  if (payload) traffic_.bytes_in += payload->size();
   if (p.num_arrived == num_nodes_) {
     if (round_hook_) p.all_arrived = absl::Now();
     p.last_node = node;
@@ -145,6 +185,8 @@ void KeyStore::Handle(const std::string& peer, int node, uint64_t id,
     p.warned = absl::InfinitePast();
     p.first = req;
     p.total_count = req.total_count();
+    p.shape = ShapeOf(req);
+    p.shape_node = node;
   } else if (p.error.ok() && req.fail().empty()) {
     // A failing request (a node whose local ranks disagreed) carries one local rank's
     // shape; its own message, below, says more than a comparison with it would.
@@ -153,9 +195,13 @@ void KeyStore::Handle(const std::string& peer, int node, uint64_t id,
       what = absl::StrCat(NodeName(node), " called ", OpName(req.op()), " but ",
                           NodeName(p.first_node), " called ", OpName(p.op));
     } else if (req.total_count() != p.total_count || req.dtype() != p.dtype ||
-               req.count() != p.count || !ShapeOf(req).Agrees(ShapeOf(p.first))) {
+               req.count() != p.count) {
       what = absl::StrCat(NodeName(node), " sent ", Shape(req), " but ",
                           NodeName(p.first_node), " sent ", Shape(p.first));
+    } else if (!ShapeOf(req).Agrees(p.shape)) {
+      what = absl::StrCat(NodeName(node), " sent ", Shape(req), " but ",
+                          NodeName(p.shape_node), " sent ",
+                          DescribeTensor(p.shape, p.total_count, static_cast<DType>(p.dtype)));
     } else if (req.op() == wire::OP_BROADCAST && req.root() != p.root) {
       // The server knows the root's node only: "root worker 3", or "a root on node 1
       // (workers 2, 3)".
@@ -170,6 +216,9 @@ void KeyStore::Handle(const std::string& peer, int node, uint64_t id,
     if (!what.empty()) {
       FailRound(p, absl::InvalidArgumentError(absl::StrCat("mismatched ", OpName(p.op), " of ",
                                                           Where(req), ": ", what)));
+    } else if (!p.shape.known()) {
+      p.shape = ShapeOf(req);
+      p.shape_node = node;
     }
   }
   if (p.error.ok()) FailIfSomeoneLeft(p);

@@ -107,7 +107,8 @@ class KeyStore {
   // What went through the store so far (HYBRIDPS_SUMMARY_EVERY_MS).
   struct Traffic {
     uint64_t rounds = 0;     // closed
-    uint64_t bytes_in = 0;   // payloads pushed
+    uint64_t bytes_in = 0;   // payloads pushed, as they came (compressed or not)
+    uint64_t bytes_decompressed = 0;  // what compressed pushes unpacked to
     uint64_t bytes_out = 0;  // payloads answered
     std::vector<uint64_t> last_push;  // by node: rounds whose last push was its
   };
@@ -145,6 +146,10 @@ class KeyStore {
     absl::Time summed, updated;                 // (with a hook) RoundTimes
     int last_node = -1;                         // whose push was the last
     wire::DataRequest first;  // the first request's fields (no payload)
+    // The first shape given this round, and its node: nodes that give none agree with
+    // any, so the others are compared with it (not only with the first request).
+    TensorShape shape;
+    int shape_node = -1;
     bool updating = false;    // the optimizer has the round's sum
     std::optional<Frame> acc;
     int pending_sums = 0;  // offloaded sums into acc not yet done

@@ -414,6 +414,13 @@ void Server::HandleData(Message raw) {
     return Reject(d->peer, env.id(), absl::InvalidArgumentError(absl::StrCat(
         "tensor '", req.name(), "' partition ", req.part(), ": ", s.message())));
   }
+  // A compressed push unpacks to 16 times its size: no more than a message may hold.
+  if (req.compression() != 0 && req.count() > options_.max_message_bytes / sizeof(float)) {
+    return Reject(d->peer, env.id(), absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", req.name(), "' partition ", req.part(), ": a compressed push of ",
+        req.count(), " elements unpacks to more than a message may hold (",
+        options_.max_message_bytes, " bytes)")));
+  }
   stats_.data_requests.fetch_add(1, std::memory_order_relaxed);
   store_->Handle(d->peer, it->second.node, env.id(), req, std::move(d->payload));
 }

@@ -6,8 +6,17 @@
 
 namespace hybridps {
 
+absl::Status KVStore::CheckShape(absl::string_view name, const TensorView& t,
+                                 absl::string_view what) {
+  absl::Status s = CheckTensorShape(t.shape, t.count);
+  if (s.ok()) return s;
+  return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': ", what, "'s ",
+                                                 s.message()));
+}
+
 absl::Status KVStore::CheckCpuTensor(absl::string_view name, const TensorView& t,
                                      absl::string_view what) const {
+  RETURN_IF_ERROR(CheckShape(name, t, what));
   if (t.device != Device::kCPU) {
     return absl::UnimplementedError(absl::StrCat(
         "tensor '", name, "': ", what, " is a GPU tensor; this build's ", type(),
@@ -42,6 +51,16 @@ absl::Status KVStore::SaveOptimizerStates(const std::string&) {
 
 absl::Status KVStore::LoadOptimizerStates(const std::string&) {
   return NoServerOptimizer(type(), "LoadOptimizerStates");
+}
+
+absl::Status KVStore::SetGradientCompression(const GradientCompression& compression,
+                                             absl::string_view) {
+  RETURN_IF_ERROR(CheckGradientCompression(compression));
+  if (compression.type == Compression::kNone) return absl::OkStatus();
+  return absl::UnimplementedError(absl::StrCat(
+      "2bit gradient compression needs servers that unpack the pushes: the ", type(),
+      " store has none (use dist_hybrid, or Horovod's Compression.fp16, which halves ",
+      "dist_allreduce's traffic)"));
 }
 
 absl::Status KVStore::StartTimeline(const std::string&) {

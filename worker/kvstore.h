@@ -20,6 +20,7 @@
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "common/compression.h"
 #include "common/dtype.h"
 #include "common/options.h"
 #include "optimizers/update_rule.h"
@@ -96,6 +97,16 @@ class KVStore {
   // into a job with a different number of servers; every worker returns after that.
   virtual absl::Status LoadOptimizerStates(const std::string& path);
 
+  // MXNet's set_gradient_compression (not collective; every worker should call it alike,
+  // before its first push_pull): the float32 push_pulls of tensors whose names begin with
+  // `name_prefix` (all by default; the longest matching prefix's setting wins) submitted
+  // from now on travel to the servers 2bit-compressed with error feedback
+  // (common/compression.h); the replies stay float32. kNone turns it off (the residuals
+  // are kept). dist_hybrid only: the servers unpack the pushes. Unimplemented on a store
+  // without servers.
+  virtual absl::Status SetGradientCompression(const GradientCompression& compression,
+                                              absl::string_view name_prefix = "");
+
   // Horovod's start_timeline (not collective): this worker records its timeline (the
   // spans HYBRIDPS_TIMELINE records, see docs/troubleshooting.md) from now until
   // StopTimeline, which writes them to `path` as Chrome trace JSON. FailedPrecondition
@@ -122,6 +133,10 @@ class KVStore {
   // `what` it is ("the input") and this store's type.
   absl::Status CheckCpuTensor(absl::string_view name, const TensorView& t,
                               absl::string_view what) const;
+  // OK for a view without a shape or with one that holds its count (CheckTensorShape);
+  // else an error naming the tensor and `what` it is.
+  static absl::Status CheckShape(absl::string_view name, const TensorView& t,
+                                 absl::string_view what);
 };
 
 }  // namespace hybridps

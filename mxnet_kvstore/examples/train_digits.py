@@ -52,6 +52,11 @@ def parse_args(argv=None):
     p.add_argument("--update-on-kvstore", choices=("auto", "0", "1"), default="auto",
                    help="run the optimizer on the servers (dist_hybrid); auto: when the "
                         "store can")
+    p.add_argument("--compression", choices=("none", "2bit"), default="none",
+                   help="gradient compression of the pushes to the servers (dist_hybrid): "
+                        "MXNet's 2bit, with error feedback")
+    p.add_argument("--threshold", type=float, default=0.5,
+                   help="2bit: the value a pushed element is sent as")
     p.add_argument("--synthetic", action="store_true",
                    help="random data and a large model: measure samples/s")
     p.add_argument("--model-params", type=float, default=25e6,
@@ -101,8 +106,11 @@ def make_trainer(net, args, kv):
     if args.optimizer in ("sgd", "nag"):
         params["momentum"] = args.momentum
     update = None if args.update_on_kvstore == "auto" else args.update_on_kvstore == "1"
+    compression = None
+    if args.compression != "none":
+        compression = {"type": args.compression, "threshold": args.threshold}
     return gluon.Trainer(net.collect_params(), args.optimizer, params, kvstore=kv,
-                         update_on_kvstore=update)
+                         update_on_kvstore=update, compression_params=compression)
 
 
 def accuracy(net, x, y):

@@ -199,6 +199,17 @@ class PyStore {
   void SetOptimizerParam(const std::string& name, double value) {
     CallReleased([&] { return store_->SetOptimizerParam(name, value); });
   }
+  void SetGradientCompression(const std::string& type, float threshold,
+                              const std::string& name_prefix) {
+    GradientCompression c;
+    c.threshold = threshold;
+    if (type == "2bit") {
+      c.type = Compression::kTwoBit;
+    } else if (type != "none") {
+      throw py::value_error(absl::StrCat("unknown gradient compression '", type, "'"));
+    }
+    CallReleased([&] { return store_->SetGradientCompression(c, name_prefix); });
+  }
   void StartTimeline(const std::string& path) {
     CallReleased([&] { return store_->StartTimeline(path); });
   }
@@ -327,6 +338,8 @@ PYBIND11_MODULE(_hybridps_core, m) {
       .def("set_optimizer_param", &PyStore::SetOptimizerParam, py::arg("name"),
            py::arg("value"))
       .def("save_optimizer_states", &PyStore::SaveOptimizerStates, py::arg("path"))
+      .def("set_gradient_compression", &PyStore::SetGradientCompression, py::arg("type"),
+           py::arg("threshold"), py::arg("name_prefix") = "")
       .def("start_timeline", &PyStore::StartTimeline, py::arg("path"))
       .def("stop_timeline", &PyStore::StopTimeline)
       .def("load_optimizer_states", &PyStore::LoadOptimizerStates, py::arg("path"))

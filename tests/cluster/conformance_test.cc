@@ -125,6 +125,10 @@ class StagedStore : public KVStore {
     return stager_->PushPullAsync(name, OnGpu(in), OnGpu(out), priority);
   }
   absl::Status Barrier() override { return inner_->Barrier(); }
+  absl::Status SetGradientCompression(const GradientCompression& c,
+                                      absl::string_view prefix = "") override {
+    return inner_->SetGradientCompression(c, prefix);
+  }
   bool IsCapable(Capability capability) const override {
     return inner_->IsCapable(capability);
   }
@@ -412,6 +416,15 @@ TEST_P(ConformanceTest, BadArgumentsFailAtSubmissionNamingTheTensor) {
             {"float32", "int32"});
     refused("no data", kv->PushPullAsync("bad-data", TensorView{nullptr, 4, DType::kFloat32},
                                          a.view()), {"4"});
+    TensorView misshapen = a.view();  // a shape that does not hold the view's count
+    const int64_t dims[] = {2, 3};
+    misshapen.shape = TensorShape::Of(dims, 2);
+    refused("shape", kv->PushPullAsync("bad-shape", misshapen, misshapen),
+            {"(2, 3)", absl::StrCat(a.count)});
+    refused("broadcast shape", kv->BroadcastAsync("bad-shape", misshapen, 0), {"(2, 3)"});
+    misshapen.shape.ndim = kMaxShapeDims + 1;
+    refused("dimensions", kv->PushPullAsync("bad-shape", misshapen, misshapen),
+            {"dimensions"});
     // Nothing of it reached the job: the names still work.
     a.Fill(rank, 0, 3);
     absl::Status s = kv->PushPull("bad-count", a.view(), a.view());
@@ -487,6 +500,76 @@ TEST_P(ConformanceTest, MismatchedShapesOfOneSizeFailEveryRankNamingBoth) {
     b.Fill(rank, 0, 2);
     ASSERT_OK(kv->PushPull("good-shape", b.view(), b.view()));
     for (size_t i = 0; i < b.count; ++i) ASSERT_EQ(b.at(i), Sum(i, n(), 0, 2));
+  });
+}
+
+// MXNet's 2bit gradient compression: on dist_hybrid every pushed element becomes a
+// multiple of the threshold (one per node: a node pushes its local ranks' sum), and what
+// was not sent is carried to the next push, so over K rounds the outputs add up to K times
+// the true sum within one threshold per node; tensors of other names are sent as they
+// are. Stores without servers refuse it by name.
+TEST_P(ConformanceTest, TwoBitCompressionSendsMultiplesOfTheThresholdAndLosesNothing) {
+  auto cluster = Start(Config());
+  ASSERT_NE(cluster, nullptr);
+  constexpr float kThreshold = 1.0f;
+  constexpr int kRounds = 12;
+  constexpr size_t kCount = 3000;  // several partitions in most configurations
+  const int nodes = n() / GetParam().local;
+  auto value = [](size_t i, int rank) {  // in [-0.2, 0.2]: a node's sum stays below 1
+    return 0.05f * static_cast<float>(static_cast<int>((i * 7 + rank * 3) % 9) - 4);
+  };
+  std::vector<std::vector<double>> totals(n(), std::vector<double>(kCount, 0.0));
+  std::vector<absl::Status> set(n());
+  std::vector<std::string> stray(n());
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    set[rank] = kv->SetGradientCompression({Compression::kTwoBit, kThreshold}, "compressed");
+    if (!set[rank].ok()) return;
+    Buffer b(DType::kFloat32, kCount);
+    for (int round = 0; round < kRounds; ++round) {
+      for (size_t i = 0; i < kCount; ++i) SetElement(DType::kFloat32, b.bytes.data(), i,
+                                                     value(i, rank));
+      ASSERT_OK(kv->PushPull("compressed", b.view(), b.view()));
+      for (size_t i = 0; i < kCount; ++i) {
+        const double q = b.at(i) / kThreshold;
+        if (stray[rank].empty() && (q != std::round(q) || std::abs(q) > nodes)) {
+          stray[rank] = absl::StrCat("round ", round, " element ", i, ": ", b.at(i));
+        }
+        totals[rank][i] += b.at(i);
+      }
+    }
+    // Tensors of other names are sent as they are.
+    Buffer plain(DType::kFloat32, 100);
+    for (size_t i = 0; i < plain.count; ++i) {
+      SetElement(DType::kFloat32, plain.bytes.data(), i, value(i, rank));
+    }
+    ASSERT_OK(kv->PushPull("plain", plain.view(), plain.view()));
+    for (size_t i = 0; i < plain.count; ++i) {
+      float sum = 0;
+      for (int r = 0; r < n(); ++r) sum += value(i, r);
+      ASSERT_NEAR(plain.at(i), sum, 1e-6) << "worker " << rank << " element " << i;
+    }
+  });
+  if (GetParam().backend == "dist_allreduce") {
+    for (const absl::Status& s : set) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+      EXPECT_TRUE(Mentions(s.message(), "dist_hybrid")) << s;
+    }
+    return;
+  }
+  for (int rank = 0; rank < n(); ++rank) {
+    ASSERT_OK(set[rank]);
+    EXPECT_EQ(stray[rank], "") << "worker " << rank << " got a value that was not sent";
+    for (size_t i = 0; i < kCount; ++i) {
+      double sum = 0;
+      for (int r = 0; r < n(); ++r) sum += value(i, r);
+      ASSERT_LE(std::abs(totals[rank][i] - kRounds * sum), nodes * kThreshold + 1e-4)
+          << "worker " << rank << " element " << i;
+    }
+  }
+  // A threshold that is not positive is refused, changing nothing.
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    absl::Status s = kv->SetGradientCompression({Compression::kTwoBit, -1.0f});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   });
 }
 

@@ -48,6 +48,53 @@ def sync_sgd(kv, update_on_kvstore):
            update_on_kvstore=bool(tr._update_on_kvstore))
 
 
+def compressed_sgd(kv):
+    """MXNet's 2bit gradient compression through gluon.Trainer(compression_params=...):
+    what a node pushes is compressed (the sum of its local ranks' gradients, as BytePS
+    compresses after the local reduction), so 2 workers with batch b end where MXNet's own
+    'device' store ends compressing the same way with one CPU context per node, each
+    given its workers' rows (the servers, like the device store, run the optimizer on the
+    unpacked sum)."""
+    x, y = digits_xy()
+    b, steps, n, r = 8, 10, kv.num_workers, kv.rank
+    per_node = kv.local_size  # workers of a node have consecutive ranks (hybridrun)
+    opt = dict(learning_rate=0.1, momentum=0.9, wd=1e-4)
+    compression = {"type": "2bit", "threshold": 0.05}
+    ctxs = [mx.cpu(i) for i in range(n // per_node)]
+    ref = small_net(ctx=ctxs)
+    ref_tr = gluon.Trainer(ref.collect_params(), "sgd", opt, kvstore=mx.kv.create("device"),
+                           compression_params=compression)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    for s in range(steps):
+        rows = [np.arange(s * n * b + j * per_node * b, s * n * b + (j + 1) * per_node * b)
+                for j in range(len(ctxs))]
+        with autograd.record():
+            losses = [loss_fn(ref(mx.nd.array(x[i], ctx=c)), mx.nd.array(y[i], ctx=c))
+                      for i, c in zip(rows, ctxs)]
+        for loss in losses:
+            loss.backward()
+        ref_tr.step(n * b)
+    net = small_net()
+    tr = gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=kv,
+                       compression_params=compression)
+    run_steps(net, tr, x, y,
+              lambda s: np.arange(s * n * b + r * b, s * n * b + (r + 1) * b), steps, n * b)
+    ref_w = weights(ref, ctxs[0])
+    diffs = [float(np.abs(a - w).max()) for a, w in zip(ref_w, weights(net))]
+    moved = [float(np.abs(a - w).max()) for a, w in zip(weights(small_net()), weights(net))]
+    report("compressed_sgd", rank=r, max_abs_diff=max(diffs), min_moved=min(moved),
+           update_on_kvstore=bool(tr._update_on_kvstore), nodes=len(ctxs))
+
+
+def compression_refused(kv):
+    """dist_allreduce: set_gradient_compression('2bit') is refused naming why; 'none' is
+    accepted."""
+    report("compressed_sgd", rank=kv.rank,
+           two_bit=_err(lambda: kv.set_gradient_compression({"type": "2bit"})),
+           one_bit=_err(lambda: kv.set_gradient_compression({"type": "1bit"})),
+           none=_err(lambda: kv.set_gradient_compression({"type": "none"})))
+
+
 # Two devices of one worker process: MXNet's CPU contexts stand in for GPUs, which this
 # MXNet (from PyPI, CPU only) does not have.
 class staged_as_gpu:
@@ -726,6 +773,8 @@ def main():
         "devices_trainer": lambda: devices_trainer(new(), False),
         "devices_trainer_staged": lambda: devices_trainer(new(), True),
         "mismatch": lambda: mismatch(new()),
+        "compressed_sgd": lambda: (compressed_sgd(new()) if STORE == "dist_hybrid"
+                                   else compression_refused(new())),
         "broadcast_mismatch": broadcast_mismatch,
         "classic": lambda: classic(new()),
         "classic_optimizer": lambda: classic_optimizer(new()),

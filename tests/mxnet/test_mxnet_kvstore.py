@@ -71,7 +71,7 @@ def job(request, tmp_path_factory):
     scenarios = ["byteps", "byteps_training", "byteps_trainer_broadcasts", "byteps_module",
                  "horovod", "horovod_more", "horovod_fp16", "horovod_timeline", "deferred", "mismatch", "broadcast_mismatch", "devices", "devices_staged", "devices_staged_host",
                  "order", "classic", "module_fit_workers", "sync_sgd_workers",
-                 "save", "sync_sgd",
+                 "save", "sync_sgd", "compressed_sgd",
                  "devices_trainer", "devices_trainer_staged", "digits", "overlap",
                  "classic_optimizer", "module_fit", "plain_sum",
                  "horovod_objects", "horovod_shutdown"]  # shutdown ends the store: last
@@ -106,6 +106,23 @@ def test_sync_sgd_with_the_optimizer_on_the_workers(job):
         assert r["update_on_kvstore"] is False, r
         assert r["min_moved"] > 1e-3, "the weights did not move: nothing was tested"
         assert r["max_abs_diff"] <= TOLERANCE, (store, r)
+
+
+def test_two_bit_compression_follows_mxnets_own(job):
+    """gluon.Trainer(compression_params={'type': '2bit', ...}): on dist_hybrid, 2 workers
+    end with the weights MXNet's own 'device' store reaches compressing the same
+    gradients the same way; dist_allreduce refuses 2bit by name."""
+    store, results = job
+    for r in both(results, "compressed_sgd"):
+        if store == "dist_allreduce":
+            assert r["two_bit"].startswith("NotImplementedError") and "dist_hybrid" in \
+                r["two_bit"], r
+            assert r["one_bit"].startswith("ValueError") and "'1bit'" in r["one_bit"], r
+            assert r["none"] is None, r
+            continue
+        assert r["update_on_kvstore"] is True, r
+        assert r["min_moved"] > 1e-3, "the weights did not move: nothing was tested"
+        assert r["max_abs_diff"] <= TOLERANCE, r
 
 
 def test_classic_init_push_pull(job):

@@ -5,7 +5,9 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "common/compression.h"
 #include "common/dtype.h"
 #include "common/reduce.h"
 #include "common/wire.h"
@@ -190,13 +192,46 @@ TEST_F(KeyStoreTest, ShapesOfTheSameSizeMustAgreeWhereGiven) {
                   ", partition 0, round 0): worker 1 sent (3, 2) float32 but worker 0 sent "
                   "(2, 3) float32");
   }
+  // A first node that gives no shape does not hide a disagreement of the others.
+  replies_.clear();
+  store_.Handle("a", 0, 1, Req("w", 1, 6), Floats(std::vector<float>(6, 1)));
+  store_.Handle("b", 1, 2, shaped(1, {2, 3}), Floats(std::vector<float>(6, 1)));
+  store_.Handle("c", 2, 3, shaped(1, {3, 2}), Floats(std::vector<float>(6, 1)));
+  ASSERT_EQ(replies_.size(), 3u);
+  for (auto& r : replies_) {
+    ASSERT_TRUE(r.env.has_error());
+    EXPECT_TRUE(absl::StrContains(r.env.error().message(),
+                                  "worker 2 sent (3, 2) float32 but worker 1 sent (2, 3)"))
+        << r.env.error().message();
+  }
   // A node that gives no shape (the C++ API) agrees with any of the same size.
   replies_.clear();
-  store_.Handle("a", 0, 1, shaped(1, {2, 3}), Floats(std::vector<float>(6, 1)));
-  store_.Handle("b", 1, 2, Req("w", 1, 6), Floats(std::vector<float>(6, 1)));
-  store_.Handle("c", 2, 3, shaped(1, {2, 3}), Floats(std::vector<float>(6, 1)));
+  store_.Handle("a", 0, 1, shaped(2, {2, 3}), Floats(std::vector<float>(6, 1)));
+  store_.Handle("b", 1, 2, Req("w", 2, 6), Floats(std::vector<float>(6, 1)));
+  store_.Handle("c", 2, 3, shaped(2, {2, 3}), Floats(std::vector<float>(6, 1)));
   ASSERT_EQ(replies_.size(), 3u);
   for (auto& r : replies_) EXPECT_FALSE(r.env.has_error()) << r.env.error().message();
+}
+
+TEST_F(KeyStoreTest, CompressedPushesAreUnpackedAndSummedWithPlainOnes) {
+  // Node 0 sends [0.7, -0.7, 0.2] packed (+0.5, -0.5, 0), nodes 1 and 2 plain floats.
+  const std::vector<float> grad = {0.7f, -0.7f, 0.2f};
+  std::vector<float> residual(3, 0.0f);
+  std::string packed(TwoBitBytes(3), '\0');
+  TwoBitQuantize(grad.data(), 3, 0.5f, residual.data(), packed.data());
+  wire::DataRequest compressed = Req("w", 0, 3);
+  compressed.set_compression(static_cast<uint32_t>(Compression::kTwoBit));
+  compressed.set_threshold(0.5f);
+  store_.Handle("a", 0, 1, compressed, Frame(packed));
+  store_.Handle("b", 1, 2, Req("w", 0, 3), Floats({1, 1, 1}));
+  store_.Handle("c", 2, 3, Req("w", 0, 3), Floats({1, 2, 3}));
+  ASSERT_EQ(replies_.size(), 3u);
+  for (auto& r : replies_) {
+    ASSERT_FALSE(r.env.has_error()) << r.env.error().message();
+    EXPECT_EQ(AsFloats(*r.payload), (std::vector<float>{2.5f, 2.5f, 4.0f}));
+  }
+  EXPECT_EQ(store_.traffic().bytes_in, packed.size() + 2 * 12);  // as they came
+  EXPECT_EQ(store_.traffic().bytes_decompressed, 12u);
 }
 
 TEST_F(KeyStoreTest, RejectsEarlierRoundsDuplicatesAndBadRanks) {

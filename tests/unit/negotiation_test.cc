@@ -186,7 +186,7 @@ TEST(NegotiationTest, ShapesTravelAndAreCheckedAgainstTheCount) {
   wrong_count[dims_at] = 5;  // (5, 3) for 6 elements
   auto s = Parse(wrong_count, 0);
   ASSERT_FALSE(s.ok());
-  EXPECT_TRUE(absl::StrContains(s.status().message(), "shape (5, 3) for 6 elements"))
+  EXPECT_TRUE(absl::StrContains(s.status().message(), "shape (5, 3) does not hold 6 elements"))
       << s.status();
   std::string negative = wire;
   negative[dims_at + 7] = '\x80';

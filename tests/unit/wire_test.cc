@@ -1,4 +1,7 @@
+#include "absl/strings/match.h"
 #include "common/wire.h"
+#include "common/compression.h"
+#include "common/dtype.h"
 #include "tests/status_matchers.h"
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
@@ -97,6 +100,51 @@ TEST(Wire, ValidatesPayloadAgainstHeader) {
   auto bcast = DataEnv(4);
   bcast.mutable_data_request()->set_op(wire::OP_BROADCAST);
   EXPECT_OK(ValidateDataRequest(bcast.data_request(), none));  // non-root: no data
+}
+
+TEST(Wire, ACompressedPushCarriesItsPackedSize) {
+  auto env = DataEnv(20);  // 20 float32 elements: 8 bytes packed
+  auto* r = env.mutable_data_request();
+  r->set_compression(static_cast<uint32_t>(Compression::kTwoBit));
+  r->set_threshold(0.5f);
+  std::optional<Frame> packed(Frame(std::string(8, '\0')));
+  EXPECT_OK(ValidateDataRequest(*r, packed));
+  std::optional<Frame> plain(Frame(std::string(80, '\0')));
+  auto s = ValidateDataRequest(*r, plain);
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(absl::StrContains(s.message(), "2bit")) << s;
+  r->set_threshold(0.0f);
+  EXPECT_FALSE(ValidateDataRequest(*r, packed).ok());
+  r->set_threshold(0.5f);
+  r->set_compression(9);
+  s = ValidateDataRequest(*r, packed);
+  EXPECT_TRUE(absl::StrContains(s.message(), "unknown compression 9")) << s;
+  r->set_compression(static_cast<uint32_t>(Compression::kTwoBit));
+  r->set_dtype(static_cast<uint32_t>(DType::kFloat64));
+  EXPECT_FALSE(ValidateDataRequest(*r, packed).ok());
+  r->set_dtype(static_cast<uint32_t>(DType::kFloat32));
+  r->set_op(wire::OP_BROADCAST);
+  EXPECT_FALSE(ValidateDataRequest(*r, packed).ok());
+}
+
+TEST(Wire, ShapesFromTheNetworkAreChecked) {
+  auto env = DataEnv(6);
+  auto* r = env.mutable_data_request();
+  std::optional<Frame> data(Frame(std::string(24, '\0')));
+  for (int64_t d : {2, 3}) r->add_shape(d);
+  EXPECT_OK(ValidateDataRequest(*r, data));
+  r->set_shape(1, 4);  // (2, 4) for 6 elements
+  auto s = ValidateDataRequest(*r, data);
+  EXPECT_TRUE(absl::StrContains(s.message(), "does not hold 6")) << s;
+  r->set_shape(1, -3);
+  EXPECT_FALSE(ValidateDataRequest(*r, data).ok());
+  r->clear_shape();
+  for (int i = 0; i < 9; ++i) r->add_shape(1);
+  s = ValidateDataRequest(*r, data);
+  EXPECT_TRUE(absl::StrContains(s.message(), "9 dimensions")) << s;
+  r->clear_shape();  // products that overflow are refused, not wrapped
+  for (int64_t d : {int64_t{1} << 40, int64_t{1} << 40, int64_t{1} << 40}) r->add_shape(d);
+  EXPECT_FALSE(ValidateDataRequest(*r, data).ok());
 }
 
 TEST(Wire, HelloChecksMagicAndVersion) {

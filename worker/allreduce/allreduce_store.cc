@@ -277,6 +277,7 @@ absl::StatusOr<Handle> AllreduceStore::PushPullAsync(absl::string_view name, Ten
 
 absl::Status AllreduceStore::CheckTensor(absl::string_view name, const TensorView& t,
                                          absl::string_view what) {
+  RETURN_IF_ERROR(CheckShape(name, t, what));
 #if HYBRIDPS_WITH_NCCL
   if (t.device == Device::kGPU) return CheckGpuTensor(name, t, what);
 #endif
@@ -356,6 +357,7 @@ absl::Status AllreduceStore::Shutdown() {
     if (absl::Status s = StopTimeline(); !s.ok()) HPS_LOG(WARNING) << s.message();
     timeline_->WriteAndLog(control_->clock_offset());
   }
+  absl::MutexLock timeline_lock(&timeline_mu_);  // a user's StopTimeline reads control_
   control_.reset();
   absl::MutexLock lock(&mu_);
   if (!broken_.ok() && !peers_left_) return broken_;
@@ -444,6 +446,7 @@ absl::Status AllreduceStore::StartTimeline(const std::string& path) {
 
 absl::Status AllreduceStore::StopTimeline() {
   if (!timeline_) return absl::OkStatus();
+  absl::MutexLock lock(&timeline_mu_);
   return timeline_->Stop(control_ ? control_->clock_offset() : absl::ZeroDuration());
 }
 

@@ -226,8 +226,11 @@ class AllreduceStore : public KVStore {
 
   // The constructing thread until Start returns, then the I/O thread only.
   std::unique_ptr<ControlClient> control_;
-  // Records with HYBRIDPS_TIMELINE, or between StartTimeline and StopTimeline.
+  // Records with HYBRIDPS_TIMELINE, or between StartTimeline and StopTimeline (any
+  // thread: the Timeline locks itself). Set when the store connects.
   std::unique_ptr<Timeline> timeline_;
+  // A user's StopTimeline reads control_'s clock offset; Shutdown resets control_ under it.
+  absl::Mutex timeline_mu_;
   // The round holder only (and Shutdown, after it has joined the executor).
   std::unique_ptr<GlooComm> comm_;
   // The CPU collectives, of the kind chosen at Start (cpu_collectives.h). Set at Start;

@@ -183,6 +183,9 @@ absl::Status GpuStager::CheckGpuTensor(absl::string_view name, const TensorView&
                                        absl::string_view what) {
   const std::string where =
       absl::StrCat("tensor '", name, "': ", what, " (", DeviceOf(t), ")");
+  if (absl::Status s = CheckTensorShape(t.shape, t.count); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
+  }
   if (t.data == nullptr && t.count > 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, " has ", t.count, " elements but no data"));

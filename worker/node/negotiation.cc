@@ -205,9 +205,7 @@ absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
       if (!in.Get(&e.shape.dims[d])) return bad("truncated shape");
       if (e.shape.dims[d] < 0) return bad(absl::StrCat("negative dimension ", e.shape.dims[d]));
     }
-    if (e.shape.known() && e.shape.elements() != e.count) {
-      return bad(absl::StrCat("shape ", e.shape.ToString(), " for ", e.count, " elements"));
-    }
+    if (absl::Status s = CheckTensorShape(e.shape, e.count); !s.ok()) return bad(s.message());
     const size_t es = DTypeSize(e.dtype);
     if (e.count > std::numeric_limits<uint64_t>::max() / es) return bad("count overflows");
     // A payload is whole elements within the tensor, at least one unless it has none

@@ -62,6 +62,10 @@ class PsGpuStore : public KVStore {
   absl::Status LoadOptimizerStates(const std::string& path) override {
     return ps_->LoadOptimizerStates(path);
   }
+  absl::Status SetGradientCompression(const GradientCompression& compression,
+                                      absl::string_view name_prefix = "") override {
+    return ps_->SetGradientCompression(compression, name_prefix);
+  }
   absl::Status StartTimeline(const std::string& path) override {
     return ps_->StartTimeline(path);
   }

@@ -32,6 +32,7 @@ struct PsStore::Op {
   bool completed = false;
   bool local = false;       // reduced across the node's local ranks first
   bool node_sum = false;    // `in` holds the node's sum already (PushPullNodeSumAsync)
+  GradientCompression compression;  // of its pushes (SetGradientCompression, by name)
   std::string node_fail;    // FailNodeRoundAsync: its pushed partitions fail their rounds
   bool in_failing = false;  // listed in PsStore::failing_
   bool burst = false;       // submitted within burst_gather of the previous operation
@@ -100,6 +101,9 @@ absl::StatusOr<Handle> PsStore::SubmitPushPull(absl::string_view name, TensorVie
   op->out = out;
   op->priority = priority;
   op->node_sum = node_sum;
+  if (in.dtype == DType::kFloat32 && any_compression_.load(std::memory_order_acquire)) {
+    op->compression = CompressionOf(name);
+  }
   return Submit(std::move(op));
 }
 
@@ -369,7 +373,7 @@ void PsStore::Dispatch() {
       continue;
     }
     const Partition& part = op->parts[t.part];
-    const size_t bytes = part.count * DTypeSize(op->in.dtype);
+    const size_t bytes = PushedBytes(*op, part);
     const GlobalOrder order{-static_cast<int64_t>(t.priority), op->key, part.index};
     if (!past_window && t.fail.empty() && !windows_.Admits(part.server, order, bytes)) {
       ready_.pop();
@@ -383,6 +387,41 @@ void PsStore::Dispatch() {
   }
   windowed_waiting_ = !windowed.empty();
   for (PartTask& w : windowed) ready_.push(std::move(w));
+}
+
+absl::Status PsStore::SetGradientCompression(const GradientCompression& compression,
+                                             absl::string_view name_prefix) {
+  RETURN_IF_ERROR(CheckGradientCompression(compression));
+  absl::MutexLock lock(&compression_mu_);
+  auto it = std::find_if(compressions_.begin(), compressions_.end(),
+                         [&](const auto& c) { return c.first == name_prefix; });
+  if (it == compressions_.end()) {
+    compressions_.emplace_back(std::string(name_prefix), compression);
+  } else {
+    it->second = compression;
+  }
+  any_compression_.store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+GradientCompression PsStore::CompressionOf(absl::string_view name) {
+  absl::MutexLock lock(&compression_mu_);
+  const std::pair<std::string, GradientCompression>* best = nullptr;
+  for (const auto& c : compressions_) {
+    if (absl::StartsWith(name, c.first) && (!best || c.first.size() > best->first.size())) {
+      best = &c;
+    }
+  }
+  return best ? best->second : GradientCompression{};
+}
+
+// The bytes a push of `part` carries: 2bit-packed or as it is.
+size_t PsStore::PushedBytes(const Op& op, const Partition& part) {
+  if (op.compression.type == Compression::kTwoBit && op.kind == wire::OP_PUSHPULL &&
+      op.in.dtype == DType::kFloat32) {
+    return part.count == 0 ? 0 : TwoBitBytes(part.count);
+  }
+  return part.count * DTypeSize(op.in.dtype);
 }
 
 void PsStore::SendPart(const PartTask& t, const GlobalOrder& order) {
@@ -410,10 +449,21 @@ void PsStore::SendPart(const PartTask& t, const GlobalOrder& order) {
   std::optional<Frame> payload;
   const bool pushes_data = op->kind == wire::OP_PUSHPULL ||
                            (t.local ? t.data != nullptr : rank_ == op->root);
+  const GradientCompression& compression = op->compression;
   if (pushes_data && t.fail.empty()) {
     char* base = t.local ? const_cast<char*>(t.data)
                          : static_cast<char*>(op->in.data) + part.offset * es;
-    if (bytes == 0) {
+    if (compression.type == Compression::kTwoBit && op->kind == wire::OP_PUSHPULL &&
+        op->in.dtype == DType::kFloat32 && bytes > 0) {
+      // Packed now, from the residual this worker keeps for the partition.
+      std::vector<float>& residual = residuals_[{op->key, part.index}];
+      if (residual.size() != part.count) residual.assign(part.count, 0.0f);
+      payload.emplace(Frame::Allocate(TwoBitBytes(part.count)));
+      TwoBitQuantize(reinterpret_cast<const float*>(base), part.count, compression.threshold,
+                     residual.data(), static_cast<char*>(payload->data()));
+      req->set_compression(static_cast<uint32_t>(compression.type));
+      req->set_threshold(compression.threshold);
+    } else if (bytes == 0) {
       payload.emplace(absl::string_view());  // an empty tensor still takes part
     } else if (inproc_[part.server]) {
       // inproc:// hands the receiver our very buffer; the server keeps and sums into
@@ -446,7 +496,7 @@ void PsStore::SendPart(const PartTask& t, const GlobalOrder& order) {
     return;
   }
   pushes_per_lane_[lane].fetch_add(1, std::memory_order_relaxed);
-  const size_t pushed = pushes_data ? bytes : 0;
+  const size_t pushed = pushes_data ? PushedBytes(*op, part) : 0;
   if (pushed > 0) {
     windows_.Sent(part.server, order, pushed);
     const size_t unanswered = windows_.unanswered(part.server);

@@ -61,6 +61,8 @@ class PsStore : public KVStore, public NodeSumSink {
     return capability == Capability::kOptimizer;
   }
   absl::Status Shutdown() override;
+  absl::Status SetGradientCompression(const GradientCompression& compression,
+                                      absl::string_view name_prefix = "") override;
   absl::Status StartTimeline(const std::string& path) override;
   absl::Status StopTimeline() override;
 
@@ -71,6 +73,8 @@ class PsStore : public KVStore, public NodeSumSink {
   absl::Status LoadOptimizerStates(const std::string& path) override;
 
   // This worker's timeline (HYBRIDPS_TIMELINE), for its GPU front; null when off.
+  // Never null once connected: it records with HYBRIDPS_TIMELINE or between
+  // StartTimeline and StopTimeline (Recording() tells).
   Timeline* timeline() const { return timeline_.get(); }
 
   // NodeSumSink: for the node's GPU reduction (worker/ps/local/node_gpu_reduce.h).
@@ -162,6 +166,9 @@ class PsStore : public KVStore, public NodeSumSink {
   void ReleaseHeld(absl::Time now, bool force);
   void Dispatch();
   // Sends partition task `t` (its place in the shared order: `order`) to its server.
+  static size_t PushedBytes(const Op& op, const Partition& part);
+  // SetGradientCompression's setting for the tensor `name`.
+  GradientCompression CompressionOf(absl::string_view name);
   void SendPart(const PartTask& t, const GlobalOrder& order);
   bool HasCredit(size_t bytes);
   void HandleReply(int server, Message msg);
@@ -208,8 +215,11 @@ class PsStore : public KVStore, public NodeSumSink {
   std::vector<wire::NodeInfo> servers_;
 
   // I/O thread only.
-  // Records with HYBRIDPS_TIMELINE, or between StartTimeline and StopTimeline.
+  // Records with HYBRIDPS_TIMELINE, or between StartTimeline and StopTimeline (any
+  // thread: the Timeline locks itself). Set when the store connects.
   std::unique_ptr<Timeline> timeline_;
+  // A user's StopTimeline reads control_'s clock offset; Shutdown resets control_ under it.
+  absl::Mutex timeline_mu_;
   std::unique_ptr<ControlClient> control_;
   // The data connections: server s's lanes are data_[lane_first_[s]] and the
   // lane_count_[s] - 1 after it (Options::max_server_lanes); lane_server_ maps back.
@@ -240,6 +250,14 @@ class PsStore : public KVStore, public NodeSumSink {
   absl::flat_hash_map<uint64_t, ServerCall> server_calls_;  // by request id
 
   std::atomic<bool> one_server_per_tensor_{false};
+  // SetGradientCompression's settings, by name prefix (user threads; each push_pull takes
+  // its own when submitted).
+  absl::Mutex compression_mu_;
+  std::vector<std::pair<std::string, GradientCompression>> compressions_
+      ABSL_GUARDED_BY(compression_mu_);
+  std::atomic<bool> any_compression_{false};
+  // I/O thread only: the 2bit residual of each (key, partition) this worker pushes.
+  absl::flat_hash_map<std::pair<uint64_t, uint32_t>, std::vector<float>> residuals_;
   uint64_t optimizer_collectives_ = 0;  // user thread of the collective calls
 
   NodeLayout layout_;

@@ -93,6 +93,7 @@ absl::Status PsStore::Shutdown() {
     if (absl::Status s = StopTimeline(); !s.ok()) HPS_LOG(WARNING) << s.message();
     timeline_->WriteAndLog(control_->clock_offset());
   }
+  absl::MutexLock timeline_lock(&timeline_mu_);  // a user's StopTimeline reads control_
   local_.reset();
   data_.clear();
   control_.reset();
@@ -202,6 +203,7 @@ absl::Status PsStore::StartTimeline(const std::string& path) {
 
 absl::Status PsStore::StopTimeline() {
   if (!timeline_) return absl::OkStatus();
+  absl::MutexLock lock(&timeline_mu_);
   return timeline_->Stop(control_ ? control_->clock_offset() : absl::ZeroDuration());
 }
 

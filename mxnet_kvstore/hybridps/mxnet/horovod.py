@@ -379,7 +379,7 @@ def reducescatter(tensor, op=None, name=None, priority=0, prescale_factor=1.0,
     followed by the slice (twice the traffic of a true reduce-scatter)."""
     op = _resolve_op(op, None, "reducescatter")
     if not tensor.shape or tensor.ndim == 0:
-        raise ValueError("reducescatter: a scalar has no first dimension to scatter")
+        raise InvalidArgument("reducescatter: a scalar has no first dimension to scatter")
     n, r = size(), rank()
     whole = allreduce(tensor, name=_name("reducescatter", name), priority=priority, op=op,
                       prescale_factor=prescale_factor, postscale_factor=postscale_factor)

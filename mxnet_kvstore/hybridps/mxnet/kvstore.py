@@ -555,9 +555,27 @@ class _HybridKVStore(KVStoreBase):
         self._store.load_optimizer_states(str(fname))
 
     def set_gradient_compression(self, compression_params):
-        raise NotImplementedError(
-            f"{self._TYPE} has no gradient compression yet (asked for "
-            f"{compression_params!r}); create the Trainer without compression_params")
+        """MXNet's: {'type': '2bit', 'threshold': 0.5} (gluon.Trainer's compression_params
+        calls it). From the next push on, float32 gradients travel to the servers as 2 bits
+        per element with error feedback (MXNet's scheme); the replies stay float32.
+        {'type': 'none'} turns it off. dist_hybrid only: its servers unpack the pushes."""
+        params = dict(compression_params or {})
+        kind = str(params.pop("type", "none")).lower()
+        threshold = params.pop("threshold", 0.5)
+        if params:
+            raise ValueError(f"set_gradient_compression: unknown parameters {sorted(params)} "
+                             "(type and threshold)")
+        if kind not in ("2bit", "none"):
+            raise ValueError(f"set_gradient_compression: type {kind!r} is not offered: '2bit' "
+                             "(MXNet's) or 'none'")
+        if self._TYPE == "dist_allreduce" and kind != "none":
+            raise NotImplementedError(
+                "dist_allreduce has no 2bit gradient compression: it needs servers that "
+                "unpack and sum the pushes (use dist_hybrid, or Horovod's Compression.fp16, "
+                "which halves dist_allreduce's traffic)")
+        # This store object's tensors only (their names begin with its prefix), as MXNet's
+        # compression is a setting of one kvstore.
+        self._store.set_gradient_compression(kind, float(threshold), self._prefix)
 
 
 class DistHybrid(_HybridKVStore):

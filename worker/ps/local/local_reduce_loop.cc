@@ -335,6 +335,7 @@ LocalReducer::Join LocalReducer::JoinSlot(Pending& t, absl::Status* failed, bool
       s->total_count = k.total_count;
       s->ndim = k.shape.ndim;
       std::copy(k.shape.dims, k.shape.dims + kMaxShapeDims, s->dims);
+      s->shape_first = me;
       s->first = me;
       s->state = kOpen;
       s->local_mismatch = 0;
@@ -349,6 +350,10 @@ LocalReducer::Join LocalReducer::JoinSlot(Pending& t, absl::Status* failed, bool
                          k.part, ": ", what)));
         s->local_mismatch = 1;
         ring = true;
+      } else if (what.empty() && s->ndim == 0 && k.shape.known()) {
+        s->ndim = k.shape.ndim;
+        std::copy(k.shape.dims, k.shape.dims + kMaxShapeDims, s->dims);
+        s->shape_first = me;
       }
     } else {
       return Join::kWait;  // the previous round is still being copied out
@@ -371,15 +376,20 @@ std::string LocalReducer::Disagreement(const SlotHeader& s, const Task& k) const
     return absl::StrCat(Who(me), " called ", OpName(k.op), " but ", first, " called ",
                         OpName(s.op));
   }
-  TensorShape first_shape;
-  first_shape.ndim = static_cast<int>(std::clamp<int64_t>(s.ndim, 0, kMaxShapeDims));
-  std::copy(s.dims, s.dims + kMaxShapeDims, first_shape.dims);
   if (s.total_count != k.total_count || s.dtype != static_cast<uint32_t>(k.dtype) ||
-      s.count != k.count || !first_shape.Agrees(k.shape)) {
+      s.count != k.count) {
     return absl::StrCat(Who(me), " sent ", DescribeTensor(k.shape, k.total_count, k.dtype),
                         " but ", first, " sent ",
-                        DescribeTensor(first_shape, s.total_count,
+                        DescribeTensor(TensorShape{}, s.total_count,
                                        static_cast<DType>(s.dtype)));
+  }
+  TensorShape given;  // the first shape of the round, from local rank s.shape_first
+  given.ndim = static_cast<int>(std::clamp<int64_t>(s.ndim, 0, kMaxShapeDims));
+  std::copy(s.dims, s.dims + kMaxShapeDims, given.dims);
+  if (!given.Agrees(k.shape)) {
+    return absl::StrCat(Who(me), " sent ", DescribeTensor(k.shape, k.total_count, k.dtype),
+                        " but ", Who(static_cast<int>(s.shape_first)), " sent ",
+                        DescribeTensor(given, s.total_count, static_cast<DType>(s.dtype)));
   }
   if (k.op == wire::OP_BROADCAST && s.root != k.root) {
     return absl::StrCat(Who(me), " broadcasts from root ", k.root, " but ", first,

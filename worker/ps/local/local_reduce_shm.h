@@ -47,8 +47,9 @@ struct alignas(64) SlotHeader {
   int32_t code;
   uint64_t count;
   uint64_t total_count;
-  int64_t ndim;  // the first claim's shape (TensorShape), 0: not given
+  int64_t ndim;  // the first shape given this round (TensorShape), 0: none yet
   int64_t dims[kMaxShapeDims];
+  int64_t shape_first;  // the local rank that gave it
   uint64_t joined, arrived, done;  // bit masks by local rank
   char msg[400];
 };

@@ -141,7 +141,8 @@ absl::StatusOr<Handle> NodeGpuReducer::PushPullAsync(absl::string_view name, Ten
     }
   }
   for (const TensorView* t : {&in, &out}) {
-    absl::Status s = copier_->CheckPointer(t->data, t->device_id);
+    absl::Status s = CheckTensorShape(t->shape, t->count);
+    if (s.ok()) s = copier_->CheckPointer(t->data, t->device_id);
     if (!s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("push_pull of '", name, "': ",
                                                      t == &in ? "the input" : "the output",
@@ -506,7 +507,7 @@ void NodeGpuReducer::RunFirst(const std::vector<OpPtr>& ops) {
   for (const OpPtr& op : ops) {
     op->reduced = true;
     TensorView host{op->staging.data, op->out.count, op->out.dtype};
-    host.shape = op->out.shape;
+    host.shape = op->in.shape;
     auto h = store_->PushPullNodeSumAsync(op->name, host, host, op->priority);
     if (!h.ok()) {
       op->push_status = h.status();
