@@ -47,6 +47,17 @@ def run_steps(net, trainer, x, y, rows_of_step, steps, batch_for_step):
         trainer.step(batch_for_step)
 
 
+def step_on_devices(net, trainer, x, y, rows_per_ctx, ctxs, batch):
+    """One training step with each context given its rows of (x, y)."""
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    with autograd.record():
+        losses = [loss_fn(net(mx.nd.array(x[i], ctx=c)), mx.nd.array(y[i], ctx=c))
+                  for i, c in zip(rows_per_ctx, ctxs)]
+    for loss in losses:
+        loss.backward()
+    trainer.step(batch)
+
+
 def _err(call):
     """The exception `call` raised, as "Type: message", or None."""
     try:

@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "mxnet_kvstore", "examples"))
 from mx_byteps import (byteps_api, byteps_module, byteps_trainer_broadcasts,  # noqa: E402
                        byteps_training)
 from mx_common import (DEVICES, STORE, _err, digits_xy, report, run_steps,  # noqa: E402
-                       small_net, weights)
+                       small_net, step_on_devices, weights)
 
 
 def sync_sgd(kv, update_on_kvstore):
@@ -64,16 +64,10 @@ def compressed_sgd(kv):
     ref = small_net(ctx=ctxs)
     ref_tr = gluon.Trainer(ref.collect_params(), "sgd", opt, kvstore=mx.kv.create("device"),
                            compression_params=compression)
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     for s in range(steps):
         rows = [np.arange(s * n * b + j * per_node * b, s * n * b + (j + 1) * per_node * b)
                 for j in range(len(ctxs))]
-        with autograd.record():
-            losses = [loss_fn(ref(mx.nd.array(x[i], ctx=c)), mx.nd.array(y[i], ctx=c))
-                      for i, c in zip(rows, ctxs)]
-        for loss in losses:
-            loss.backward()
-        ref_tr.step(n * b)
+        step_on_devices(ref, ref_tr, x, y, rows, ctxs, n * b)
     net = small_net()
     tr = gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=kv,
                        compression_params=compression)
@@ -179,19 +173,12 @@ def devices_trainer(kv, staged):
     ref = small_net()
     run_steps(ref, gluon.Trainer(ref.collect_params(), "sgd", opt, kvstore=None), x, y,
               lambda s: np.arange(s * n * b, (s + 1) * n * b), steps, n * b)
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     with staged_as_gpu(staged):
         net = small_net(ctx=DEVICES)
         tr = gluon.Trainer(net.collect_params(), "sgd", opt, kvstore=kv)
         for s in range(steps):
             rows = np.arange(s * n * b + r * b, s * n * b + (r + 1) * b)
-            halves = np.array_split(rows, len(DEVICES))
-            with autograd.record():
-                losses = [loss_fn(net(mx.nd.array(x[h], ctx=c)), mx.nd.array(y[h], ctx=c))
-                          for h, c in zip(halves, DEVICES)]
-            for loss in losses:
-                loss.backward()
-            tr.step(n * b)
+            step_on_devices(net, tr, x, y, np.array_split(rows, len(DEVICES)), DEVICES, n * b)
         diffs = [float(np.abs(a - w).max()) for c in DEVICES
                  for a, w in zip(weights(ref), weights(net, c))]
         moved = [float(np.abs(a - w).max())
