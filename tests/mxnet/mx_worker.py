@@ -21,6 +21,7 @@ SCENARIOS = sys.argv[2:]
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "mxnet_kvstore", "examples"))
 
+from mx_imagenet import imagenet_benchmark  # noqa: E402
 from mx_byteps import (byteps_api, byteps_module, byteps_trainer_broadcasts,  # noqa: E402
                        byteps_training)
 from mx_common import (DEVICES, STORE, _err, digits_xy, report, run_steps,  # noqa: E402
@@ -744,6 +745,7 @@ def main():
         "plain_sum": plain_sum_after_optimizer,
         "horovod": horovod_api,
         "byteps": byteps_api,
+        "imagenet_benchmark": lambda: imagenet_benchmark(new()),
         "byteps_training": byteps_training,
         "byteps_trainer_broadcasts": byteps_trainer_broadcasts,
         "byteps_module": byteps_module,

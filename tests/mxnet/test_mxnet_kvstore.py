@@ -71,7 +71,7 @@ def job(request, tmp_path_factory):
     scenarios = ["byteps", "byteps_training", "byteps_trainer_broadcasts", "byteps_module",
                  "horovod", "horovod_more", "horovod_fp16", "horovod_timeline", "deferred", "mismatch", "broadcast_mismatch", "devices", "devices_staged", "devices_staged_host",
                  "order", "classic", "module_fit_workers", "sync_sgd_workers",
-                 "save", "sync_sgd", "compressed_sgd",
+                 "save", "sync_sgd", "compressed_sgd", "imagenet_benchmark",
                  "devices_trainer", "devices_trainer_staged", "digits", "overlap",
                  "classic_optimizer", "module_fit", "plain_sum",
                  "horovod_objects", "horovod_shutdown"]  # shutdown ends the store: last
@@ -106,6 +106,20 @@ def test_sync_sgd_with_the_optimizer_on_the_workers(job):
         assert r["update_on_kvstore"] is False, r
         assert r["min_moved"] > 1e-3, "the weights did not move: nothing was tested"
         assert r["max_abs_diff"] <= TOLERANCE, (store, r)
+
+
+def test_an_imagenet_benchmark_style_module_job(job):
+    """train_imagenet.py --benchmark 1's pattern (Module.fit, kvstore=the store, synthetic
+    images, convolutions and batch norms): trains on both stores, the weights move, stay
+    finite and are the same on both workers."""
+    store, results = job
+    r0, r1 = both(results, "imagenet_benchmark")
+    for r in (r0, r1):
+        assert r["update_on_kvstore"] == (store == "dist_hybrid"), r
+        assert r["finite"] and r["min_moved"] > 0, r
+        assert r["samples_per_s"] > 0, r
+        assert "stem_conv_weight" in r["params"] and "fc1_weight" in r["params"], r
+    assert r0["weights_sha256"] == r1["weights_sha256"], (r0, r1)
 
 
 def test_two_bit_compression_follows_mxnets_own(job):
