@@ -52,7 +52,7 @@ class Config:
     backend: str
     dedicated: int    # server hosts (dedicated); 0 otherwise
     extra: int        # extra server hosts (mixed); 0 otherwise
-    compression: str = "none"  # 2bit: pushes packed to 1/16, replies full
+    compression: str = "none"  # 2bit: pushes packed to 1/16, replies full; fp16: all half
 
     def bound_s(self, n: int, size: float, bw: float) -> float:
         """Lower bound of the iteration time (s) for S bytes and B bytes/s."""
@@ -74,24 +74,29 @@ class Config:
 
 
 def configs_for(n: int, compression: str = "none") -> list[Config]:
-    """The configurations for n worker hosts; compression 2bit or both adds colocated and
-    dedicated runs with MXNet's 2bit compression of the pushes."""
-    out = [Config("allreduce", "dist_allreduce", 0, 0),
-           Config("colocated", "dist_hybrid", 0, 0)]
+    """The configurations for n worker hosts. compression: a comma list of none (the
+    plain configurations), 2bit (colocated and dedicated with MXNet's 2bit pushes) and
+    fp16 (allreduce, colocated and dedicated exchanging float16 gradients, as Horovod's
+    and BytePS's fp16 compression sends them)."""
+    kinds = [k.strip() for k in compression.split(",") if k.strip()]
     dedicated = [] if n == 1 else sorted({max(1, n // 2), n})
-    for k in dedicated:
-        out.append(Config(f"dedicated k={k}", "dist_hybrid", k, 0))
-    if compression != "none":
+    out = []
+    if "none" in kinds:
+        out += [Config("allreduce", "dist_allreduce", 0, 0),
+                Config("colocated", "dist_hybrid", 0, 0)]
+        out += [Config(f"dedicated k={k}", "dist_hybrid", k, 0) for k in dedicated]
+        if n > 1:
+            out += [Config(f"mixed k={k}", "dist_hybrid", 0, k) for k in (1, 2)]
+    if "fp16" in kinds:
+        out.append(Config("allreduce fp16", "dist_allreduce", 0, 0, "fp16"))
+        out.append(Config("colocated fp16", "dist_hybrid", 0, 0, "fp16"))
+        out += [Config(f"dedicated k={k} fp16", "dist_hybrid", k, 0, "fp16")
+                for k in dedicated]
+    if "2bit" in kinds:
         out.append(Config("colocated 2bit", "dist_hybrid", 0, 0, "2bit"))
-        for k in dedicated:
-            out.append(Config(f"dedicated k={k} 2bit", "dist_hybrid", k, 0, "2bit"))
-        if compression == "2bit":
-            out = [c for c in out if c.compression == "2bit"]
-    if n == 1:
-        return out
-    for k in (1, 2):
-        out.append(Config(f"mixed k={k}", "dist_hybrid", 0, k))
-    return [c for c in out if compression != "2bit" or c.compression == "2bit"]
+        out += [Config(f"dedicated k={k} 2bit", "dist_hybrid", k, 0, "2bit")
+                for k in dedicated]
+    return out
 
 
 class Cluster:
@@ -155,7 +160,8 @@ def run_job(cluster: Cluster, cfg: Config, n: int, model: str, iters: int, build
         args += ["--colocated", "--server-hosts", ",".join(servers)]
     args += ["--", str(build / "bench" / "hybridps-model-bench"), "--model", model,
              "--iters", str(iters), "--warmup", "1", "--label", cfg.name,
-             "--compression", cfg.compression]
+             *{"2bit": ["--compression", "2bit"],
+               "fp16": ["--dtype", "float16"]}.get(cfg.compression, [])]
     started = time.monotonic()
     done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
     if done.returncode != 0:
@@ -178,9 +184,10 @@ def main() -> int:
     parser.add_argument("--models", default="resnet50,vgg16")
     parser.add_argument("--workers", default="1,2,4", help="values of n")
     parser.add_argument("--iters", type=int, default=3)
-    parser.add_argument("--compression", choices=("none", "2bit", "both"), default="none",
-                        help="2bit: dist_hybrid configurations with MXNet's 2bit pushes "
-                             "only; both: beside the uncompressed ones, in the same run")
+    parser.add_argument("--compression", default="none",
+                        help="comma list: none (the plain configurations), 2bit (MXNet's "
+                             "2bit pushes, dist_hybrid), fp16 (float16 gradients); e.g. "
+                             "none,2bit,fp16 runs them all in the same run")
     parser.add_argument("--configs", default="",
                         help="only these configurations (comma list of names)")
     parser.add_argument("--build", default=str(REPO / "build"))

@@ -52,11 +52,13 @@ struct Flags {
   std::string csv;
   std::string label;  // free text copied into the CSV row (the configuration's name)
   GradientCompression compression;  // --compression 2bit: pushes packed (dist_hybrid)
+  DType dtype = DType::kFloat32;     // --dtype float16: the gradients as Horovod's fp16
 };
 
 constexpr char kUsage[] =
     "usage: hybridps-model-bench [--model resnet50|vgg16] [--iters 5] [--warmup 1]\n"
     "  [--csv FILE] [--label TEXT] [--compression none|2bit] [--threshold 0.5]\n"
+    "  [--dtype float32|float16]\n"
     "Run it under hybridrun: scripts/hybridrun -np N ... -- hybridps-model-bench ...\n";
 
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
@@ -87,6 +89,12 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
                                                        "': none or 2bit"));
       }
       f.compression.type = value == "2bit" ? Compression::kTwoBit : Compression::kNone;
+    } else if (name == "--dtype") {
+      if (value != "float32" && value != "float16") {
+        return absl::InvalidArgumentError(absl::StrCat("--dtype '", value,
+                                                       "': float32 or float16"));
+      }
+      f.dtype = value == "float16" ? DType::kFloat16 : DType::kFloat32;
     } else if (name == "--threshold") {
       // At most 1: every input element is at least 1, so each node then sends exactly
       // +threshold per element and iteration, which is what the results are checked for.
@@ -98,6 +106,9 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag ", name));
     }
+  }
+  if (f.dtype != DType::kFloat32 && f.compression.type != Compression::kNone) {
+    return absl::InvalidArgumentError("--compression 2bit packs float32 gradients only");
   }
   if (f.model != "resnet50" && f.model != "vgg16") {
     return absl::InvalidArgumentError(
@@ -118,10 +129,31 @@ absl::Status Run(const Flags& f, const Options& options, KVStore& kv) {
   for (size_t j = 0; j < counts.size(); ++j) first[j + 1] = first[j] + counts[j];
   const size_t total = first.back();
   const int rank = kv.rank(), n = kv.num_workers();
-  std::vector<float> input[2], output(total);
+  // The values are small integers: exact in float16 too, and so are their sums.
+  const bool half = f.dtype == DType::kFloat16;
+  const size_t es = DTypeSize(f.dtype);
+  auto put = [&](std::vector<char>& v, size_t i, float x) {
+    if (half) {
+      const uint16_t h = FloatToHalf(x);
+      std::memcpy(v.data() + i * es, &h, es);
+    } else {
+      std::memcpy(v.data() + i * es, &x, es);
+    }
+  };
+  auto get = [&](const std::vector<char>& v, size_t i) {
+    if (half) {
+      uint16_t h;
+      std::memcpy(&h, v.data() + i * es, es);
+      return HalfToFloat(h);
+    }
+    float x;
+    std::memcpy(&x, v.data() + i * es, es);
+    return x;
+  };
+  std::vector<char> input[2], output(total * es);
   for (int p = 0; p < 2; ++p) {
-    input[p].resize(total);
-    for (size_t i = 0; i < total; ++i) input[p][i] = Value(rank, i, p);
+    input[p].resize(total * es);
+    for (size_t i = 0; i < total; ++i) put(input[p], i, Value(rank, i, p));
   }
   std::vector<std::string> names(counts.size());
   for (size_t j = 0; j < counts.size(); ++j) names[j] = absl::StrCat(f.model, ".param", j);
@@ -136,13 +168,13 @@ absl::Status Run(const Flags& f, const Options& options, KVStore& kv) {
   std::vector<Handle> handles;
   for (int it = 0; it < f.warmup + f.iters; ++it) {
     const int p = it % 2;
-    std::memset(output.data(), 0xff, total * sizeof(float));  // NaN: never a valid sum
+    std::memset(output.data(), 0xff, output.size());  // NaN: never a valid sum
     RETURN_IF_ERROR(kv.Barrier());
     handles.clear();
     const Clock::time_point t0 = Clock::now();
     for (size_t j = counts.size(); j-- > 0;) {
-      TensorView in{input[p].data() + first[j], counts[j], DType::kFloat32};
-      TensorView out{output.data() + first[j], counts[j], DType::kFloat32};
+      TensorView in{input[p].data() + first[j] * es, counts[j], f.dtype};
+      TensorView out{output.data() + first[j] * es, counts[j], f.dtype};
       ASSIGN_OR_RETURN(Handle h, kv.PushPullAsync(names[j], in, out, -static_cast<int>(j)));
       handles.push_back(std::move(h));
     }
@@ -150,11 +182,11 @@ absl::Status Run(const Flags& f, const Options& options, KVStore& kv) {
     const double t = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     for (size_t i = 0; i < total; ++i) {
       const float expected = compressed ? compressed_sum : Sum(n, i, p);
-      if (output[i] != expected) {
+      if (get(output, i) != expected) {
         const size_t j = std::upper_bound(first.begin(), first.end(), i) - first.begin() - 1;
         return absl::DataLossError(absl::StrCat(
             "MISMATCH at iteration ", it, ": tensor '", names[j], "' element ", i - first[j],
-            " is ", output[i], ", the ", compressed ? "compressed" : "exact", " sum is ",
+            " is ", get(output, i), ", the ", compressed ? "compressed" : "exact", " sum is ",
             expected));
       }
     }
@@ -170,14 +202,14 @@ absl::Status Run(const Flags& f, const Options& options, KVStore& kv) {
   std::sort(sorted.begin(), sorted.end());
   const size_t m = sorted.size();
   const double median = m % 2 ? sorted[m / 2] : (sorted[m / 2 - 1] + sorted[m / 2]) / 2;
-  const size_t bytes = total * sizeof(float);
+  const size_t bytes = total * es;
   const std::string backend(kv.type());
   std::printf(
       "RESULT model=%s backend=%s workers=%d servers=%d bytes=%zu tensors=%zu "
-      "median_ms=%.2f min_ms=%.2f max_ms=%.2f iters=%d compression=%s label=%s\n",
+      "median_ms=%.2f min_ms=%.2f max_ms=%.2f iters=%d compression=%s dtype=%s label=%s\n",
       f.model.c_str(), backend.c_str(), n, options.num_servers, bytes, counts.size(), median,
       sorted.front(), sorted.back(), f.iters, compressed ? "2bit" : "none",
-      f.label.empty() ? "-" : f.label.c_str());
+      std::string(DTypeName(f.dtype)).c_str(), f.label.empty() ? "-" : f.label.c_str());
   std::fflush(stdout);
   if (!f.csv.empty()) {
     const bool fresh = access(f.csv.c_str(), F_OK) != 0;

@@ -13,6 +13,7 @@
 #ifndef HYBRIDPS_WORKER_KVSTORE_H_
 #define HYBRIDPS_WORKER_KVSTORE_H_
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -65,6 +66,10 @@ class KVStore {
   virtual int num_workers() const = 0;
   virtual int local_rank() const = 0;
   virtual int local_size() const = 0;
+  // Horovod's cross_rank and cross_size: this worker's index among the job's workers with
+  // its local rank, and their number (the number of nodes when they are alike).
+  virtual int cross_rank() const { return rank() / std::max(1, local_size()); }
+  virtual int cross_size() const { return num_workers() / std::max(1, local_size()); }
 
   // Sets `tensor` on every worker to root_rank's value. Higher priority goes first.
   virtual absl::StatusOr<Handle> BroadcastAsync(absl::string_view name, TensorView tensor,

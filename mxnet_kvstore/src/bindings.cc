@@ -173,6 +173,8 @@ class PyStore {
   int num_workers() const { return store_->num_workers(); }
   int local_rank() const { return store_->local_rank(); }
   int local_size() const { return store_->local_size(); }
+  int cross_rank() const { return store_->cross_rank(); }
+  int cross_size() const { return store_->cross_size(); }
   bool optimizer_capable() const { return store_->IsCapable(Capability::kOptimizer); }
   // Where a pushpull of several device arrays sums them (HYBRIDPS_MXNET_MERGE).
   std::string merge() const {
@@ -330,6 +332,8 @@ PYBIND11_MODULE(_hybridps_core, m) {
       .def_property_readonly("num_workers", &PyStore::num_workers)
       .def_property_readonly("local_rank", &PyStore::local_rank)
       .def_property_readonly("local_size", &PyStore::local_size)
+      .def_property_readonly("cross_rank", &PyStore::cross_rank)
+      .def_property_readonly("cross_size", &PyStore::cross_size)
       .def_property_readonly("optimizer_capable", &PyStore::optimizer_capable)
       .def_property_readonly("merge", &PyStore::merge)
       .def("barrier", &PyStore::Barrier)

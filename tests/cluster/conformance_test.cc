@@ -112,6 +112,8 @@ class StagedStore : public KVStore {
   int num_workers() const override { return inner_->num_workers(); }
   int local_rank() const override { return inner_->local_rank(); }
   int local_size() const override { return inner_->local_size(); }
+  int cross_rank() const override { return inner_->cross_rank(); }
+  int cross_size() const override { return inner_->cross_size(); }
   absl::StatusOr<Handle> BroadcastAsync(absl::string_view name, TensorView tensor,
                                         int root_rank, int priority) override {
     return stager_->BroadcastAsync(name, OnGpu(tensor), root_rank, priority);

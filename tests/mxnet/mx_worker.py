@@ -21,6 +21,7 @@ SCENARIOS = sys.argv[2:]
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "mxnet_kvstore", "examples"))
 
+from mx_horovod_n import horovod_generic  # noqa: E402
 from mx_imagenet import imagenet_benchmark  # noqa: E402
 from mx_byteps import (byteps_api, byteps_module, byteps_trainer_broadcasts,  # noqa: E402
                        byteps_training)
@@ -746,6 +747,7 @@ def main():
         "horovod": horovod_api,
         "byteps": byteps_api,
         "imagenet_benchmark": lambda: imagenet_benchmark(new()),
+        "horovod_generic": horovod_generic,
         "byteps_training": byteps_training,
         "byteps_trainer_broadcasts": byteps_trainer_broadcasts,
         "byteps_module": byteps_module,

@@ -35,10 +35,10 @@ def env():
     return e
 
 
-def run_job(store, scenarios, state_dir, timeout=240):
+def run_job(store, scenarios, state_dir, timeout=240, placement=("-np", "2")):
     backend = ["--backend", "dist_allreduce"] if store == "dist_allreduce" else [
         "--servers", "2"]
-    cmd = [sys.executable, str(HYBRIDRUN), "-np", "2", *backend,
+    cmd = [sys.executable, str(HYBRIDRUN), *placement, *backend,
            "--bin-dir", str(BUILD), "--", sys.executable, str(WORKER), store, *scenarios]
     proc = subprocess.run(cmd, env=dict(env(), MXW_STATE_DIR=str(state_dir)),
                           capture_output=True, text=True, timeout=timeout)

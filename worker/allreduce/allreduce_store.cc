@@ -73,6 +73,7 @@ absl::Status AllreduceStore::Start() {
   rank_ = welcome.rank();
   num_workers_ = welcome.num_workers();
   SetLogTag(absl::StrCat("worker ", rank_));
+  cross_ = CrossPlaceOf(welcome, rank_);
   timeline_ = Timeline::OpenOrDormant(options_.timeline, absl::StrCat("worker ", rank_),
                                        100 + rank_,
                                        {"operations", "negotiation, collectives",

@@ -67,6 +67,7 @@
 #include "worker/kvstore.h"
 #include "worker/node/negotiation.h"
 #include "worker/allreduce/cpu_collectives.h"
+#include "worker/node/node_layout.h"
 #include "worker/node/shm_allreduce.h"
 
 namespace hybridps {
@@ -86,6 +87,8 @@ class AllreduceStore : public KVStore {
   int num_workers() const override { return num_workers_; }
   int local_rank() const override { return options_.local_rank; }
   int local_size() const override { return options_.local_size; }
+  int cross_rank() const override { return cross_.rank; }
+  int cross_size() const override { return cross_.size; }
 
   absl::StatusOr<Handle> BroadcastAsync(absl::string_view name, TensorView tensor,
                                         int root_rank, int priority) override;
@@ -226,6 +229,7 @@ class AllreduceStore : public KVStore {
 
   // The constructing thread until Start returns, then the I/O thread only.
   std::unique_ptr<ControlClient> control_;
+  CrossPlace cross_;  // set when the store connects
   // Records with HYBRIDPS_TIMELINE, or between StartTimeline and StopTimeline (any
   // thread: the Timeline locks itself). Set when the store connects.
   std::unique_ptr<Timeline> timeline_;

@@ -49,4 +49,16 @@ absl::StatusOr<NodeLayout> NodeLayoutFromWelcome(const wire::Welcome& w, int ran
   return l;
 }
 
+CrossPlace CrossPlaceOf(const wire::Welcome& welcome, int rank) {
+  CrossPlace c{0, 0};
+  if (rank < 0 || rank >= welcome.workers_size()) return CrossPlace{};
+  const int mine = welcome.workers(rank).local_rank();
+  for (int r = 0; r < welcome.workers_size(); ++r) {
+    if (welcome.workers(r).local_rank() != mine) continue;
+    ++c.size;
+    if (r < rank) ++c.rank;
+  }
+  return c;
+}
+
 }  // namespace hybridps

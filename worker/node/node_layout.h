@@ -32,6 +32,15 @@ struct NodeLayout {
 // ranks 0 .. local_size-1); the error names the node's ranks and what they said.
 absl::StatusOr<NodeLayout> NodeLayoutFromWelcome(const wire::Welcome& welcome, int rank);
 
+// Horovod's cross_rank and cross_size of worker `rank`: its index among the workers with
+// its local rank, in rank order, and their number (the nodes, when every node runs as
+// many workers).
+struct CrossPlace {
+  int rank = 0;
+  int size = 1;
+};
+CrossPlace CrossPlaceOf(const wire::Welcome& welcome, int rank);
+
 // The local rank that pushes partition `part` of tensor `key` for its node (spread over
 // the node's `local_size` ranks), when no local rank is a broadcast's root.
 inline int NodePusherOf(uint64_t key, uint32_t part, int local_size) {

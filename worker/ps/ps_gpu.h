@@ -44,6 +44,8 @@ class PsGpuStore : public KVStore {
   int num_workers() const override { return ps_->num_workers(); }
   int local_rank() const override { return ps_->local_rank(); }
   int local_size() const override { return ps_->local_size(); }
+  int cross_rank() const override { return ps_->cross_rank(); }
+  int cross_size() const override { return ps_->cross_size(); }
   absl::StatusOr<Handle> BroadcastAsync(absl::string_view name, TensorView tensor,
                                         int root_rank, int priority) override;
   absl::StatusOr<Handle> PushPullAsync(absl::string_view name, TensorView in, TensorView out,

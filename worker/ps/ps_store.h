@@ -51,6 +51,8 @@ class PsStore : public KVStore, public NodeSumSink {
   int num_workers() const override { return num_workers_; }
   int local_rank() const override { return options_.local_rank; }
   int local_size() const override { return options_.local_size; }
+  int cross_rank() const override { return cross_.rank; }
+  int cross_size() const override { return cross_.size; }
 
   absl::StatusOr<Handle> BroadcastAsync(absl::string_view name, TensorView tensor,
                                         int root_rank, int priority) override;
@@ -221,6 +223,7 @@ class PsStore : public KVStore, public NodeSumSink {
   // A user's StopTimeline reads control_'s clock offset; Shutdown resets control_ under it.
   absl::Mutex timeline_mu_;
   std::unique_ptr<ControlClient> control_;
+  CrossPlace cross_;  // set when the store connects
   // The data connections: server s's lanes are data_[lane_first_[s]] and the
   // lane_count_[s] - 1 after it (Options::max_server_lanes); lane_server_ maps back.
   // The three index vectors are set by ConnectServers when the store starts and only read

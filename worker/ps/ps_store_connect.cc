@@ -35,6 +35,7 @@ absl::Status PsStore::Start() {
   servers_.assign(welcome.servers().begin(), welcome.servers().end());
   SetLogTag(absl::StrCat("worker ", rank_));
   ASSIGN_OR_RETURN(layout_, NodeLayoutFromWelcome(welcome, rank_));
+  cross_ = CrossPlaceOf(welcome, rank_);
   if (num_servers_ < 1) {
     return absl::FailedPreconditionError("dist_hybrid needs at least one server");
   }

@@ -108,16 +108,16 @@ def local_size():
 
 
 def cross_rank():
-    """The index of this worker's node. hybridps knows a node only by local_rank and
-    local_size (set by the launcher, see docs/deployment.md); nodes hold local_size
-    workers each with consecutive ranks (as hybridrun, mpirun --map-by slot and Slurm's
-    block layout start them), so the node index is rank // local_size."""
-    return rank() // local_size()
+    """As Horovod's: this worker's index among the workers with its local rank (one per
+    node that has that many local ranks), in rank order; the node's index when every
+    node runs as many workers."""
+    return _store()._store.cross_rank
 
 
 def cross_size():
-    """The number of nodes: size() // local_size() (see cross_rank)."""
-    return size() // local_size()
+    """As Horovod's: the number of workers with this worker's local rank (the number of
+    nodes when every node runs as many workers)."""
+    return _store()._store.cross_size
 
 
 def mpi_built():

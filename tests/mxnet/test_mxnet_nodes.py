@@ -1,0 +1,60 @@
+"""The Horovod-style API with 3 workers on two nodes (2 + 1) of this host, both stores:
+what each call must give for n = 3, computed here; horovod_generic in mx_horovod_n.py
+makes the calls. Shares the job runner of test_mxnet_kvstore.py."""
+import pytest
+
+from test_mxnet_kvstore import check_job, run_job
+
+pytest.importorskip("mxnet")
+
+
+# 3 workers on two nodes of this host (2 + 1): hybridrun's hosts n0 and n1 are reached by
+# a "remote shell" that runs the command here, and each worker's node is its host's name.
+THREE_ON_TWO_NODES = ("-np", "3", "-H", "n0:2,n1:1", "--remote-shell",
+                      "env MXW_NODE={host} sh -c {command}")
+
+
+@pytest.fixture(scope="module", params=["dist_hybrid", "dist_allreduce"])
+def job3(request, tmp_path_factory):
+    """A job of 3 workers on two nodes (2 + 1) running horovod_generic."""
+    proc, results = run_job(request.param, ["horovod_generic"],
+                            tmp_path_factory.mktemp(f"job3-{request.param}"),
+                            placement=THREE_ON_TWO_NODES)
+    check_job(proc, results, 1)
+    return request.param, results
+
+
+def test_horovod_api_with_three_workers_on_two_nodes(job3):
+    """Every call's result computed for n = 3 (rank r gives values that tell it apart),
+    on a node of two local ranks and a node of one; a shape mismatch is named each time."""
+    store, results = job3
+    got = results["horovod_generic"]
+    assert sorted(got) == [0, 1, 2], sorted(got)
+    n = 3
+    t = [[[r + 1.0, -(r + 1.0)], [2.0 * r, 1.0]] for r in range(n)]
+    def reduce(f):
+        return [[f([t[r][i][j] for r in range(n)]) for j in range(2)] for i in range(2)]
+    product = lambda v: v[0] * v[1] * v[2]  # noqa: E731
+    for r, g in got.items():
+        # Nodes n0 (ranks 0, 1) and n1 (rank 2): local ranks 0, 1, 0; Horovod's cross
+        # communicators are the ranks of one local rank: {0, 2} and {1}.
+        assert g["size"] == 3 and g["local_size"] == (2 if r < 2 else 1), g
+        assert (g["cross_rank"], g["cross_size"]) == [(0, 2), (0, 1), (1, 2)][r], g
+        assert g["Sum"] == reduce(sum), g
+        assert g["Average"] == [[v / n for v in row] for row in reduce(sum)], g
+        assert g["Min"] == reduce(min) and g["Max"] == reduce(max), g
+        assert g["Product"] == reduce(product), g
+        assert g["broadcast"] == [20.0] * 3, g
+        assert g["allgather"] == [[float(q)] * 2 for q in range(n) for _ in range(q + 1)], g
+        splits = [[(q + j) % 2 + 1 for j in range(n)] for q in range(n)]
+        expect = []
+        for q in range(n):
+            begin = sum(splits[q][:r])
+            expect += [100.0 * q + i for i in range(begin, begin + splits[q][r])]
+        assert g["alltoall"] == [expect, [splits[q][r] for q in range(n)]], g
+        # 2n + 1 = 7 rows of i * (r + 1), summed 6 i: 3 rows to worker 0, 2 to each other.
+        first, mine = [(0, 3), (3, 2), (5, 2)][r]
+        assert g["reducescatter"] == [6.0 * i for i in range(first, first + mine)], g
+        assert g["objects"] == [{"rank": q} for q in range(n)], g
+        for err in g["mismatch"]:
+            assert err and "(2, 3)" in err and "(3, 2)" in err, (store, r, err)
