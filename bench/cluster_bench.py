@@ -203,6 +203,10 @@ def main() -> int:
                         help="redo <out>/cluster.md and cluster.png from <out>/cluster.csv "
                              "(e.g. after merging runs); run nothing")
     args = parser.parse_args()
+    unknown = {k.strip() for k in args.compression.split(",")} - {"none", "2bit", "fp16"}
+    if unknown:
+        parser.error(f"--compression {args.compression}: {sorted(unknown)} are not none, "
+                     "2bit or fp16")
     if args.report_only:
         with open(Path(args.out) / "cluster.csv", newline="") as f:
             rows = [{k: (float(v) if k.endswith("_ms") and v else int(v) if k == "n" else v)

@@ -5,7 +5,8 @@
 //   scripts/hybridrun -np 2 --servers 2 -- build/bench/hybridps-model-bench
 //       --model resnet50 --iters 5                       (one command line)
 //
-// Each iteration every worker push_pulls every parameter tensor of the model (float32,
+// Each iteration every worker push_pulls every parameter tensor of the model (float32, or
+// float16 with --dtype float16,
 // element counts in bench/models.h), submitted last layer first as a backward pass
 // produces them, with priority -index as MXNet gives them; then waits for all. Workers
 // meet at a barrier before each iteration, so the time is the exchange, not their skew.
@@ -18,7 +19,8 @@
 // the result checked is the threshold times the nodes.
 //
 // Rank 0 prints each iteration and a final line
-//   RESULT model=M backend=B workers=N servers=K bytes=S median_ms=T min_ms=T max_ms=T
+//   RESULT model=M backend=B workers=N servers=K bytes=S tensors=T median_ms=T min_ms=T
+//          max_ms=T iters=I compression=none|2bit dtype=D label=L
 // and, with --csv FILE, appends the same figures as a CSV row (header if new).
 #include <unistd.h>
 
@@ -129,8 +131,13 @@ absl::Status Run(const Flags& f, const Options& options, KVStore& kv) {
   for (size_t j = 0; j < counts.size(); ++j) first[j + 1] = first[j] + counts[j];
   const size_t total = first.back();
   const int rank = kv.rank(), n = kv.num_workers();
-  // The values are small integers: exact in float16 too, and so are their sums.
+  // The values are small integers: exact in float16 too, and so are their sums while they
+  // stay within float16's 2048 (7n + n(n-1)/2 at most: up to 58 workers).
   const bool half = f.dtype == DType::kFloat16;
+  if (half && 7 * n + n * (n - 1) / 2 > 2048) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dtype float16 checks exact sums, which float16 holds up to 58 workers, not ", n));
+  }
   const size_t es = DTypeSize(f.dtype);
   auto put = [&](std::vector<char>& v, size_t i, float x) {
     if (half) {
@@ -214,10 +221,14 @@ absl::Status Run(const Flags& f, const Options& options, KVStore& kv) {
   if (!f.csv.empty()) {
     const bool fresh = access(f.csv.c_str(), F_OK) != 0;
     std::ofstream out(f.csv, std::ios::app);
-    if (fresh) out << "label,model,backend,workers,servers,bytes,median_ms,min_ms,max_ms,iters\n";
+    if (fresh) {
+      out << "label,model,backend,workers,servers,bytes,median_ms,min_ms,max_ms,iters,"
+             "compression,dtype\n";
+    }
     out << f.label << "," << f.model << "," << backend << "," << n << ","
         << options.num_servers << "," << bytes << "," << median << "," << sorted.front() << ","
-        << sorted.back() << "," << f.iters << "\n";
+        << sorted.back() << "," << f.iters << "," << (compressed ? "2bit" : "none") << ","
+        << DTypeName(f.dtype) << "\n";
     if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", f.csv));
   }
   return absl::OkStatus();

@@ -67,7 +67,9 @@ class KVStore {
   virtual int local_rank() const = 0;
   virtual int local_size() const = 0;
   // Horovod's cross_rank and cross_size: this worker's index among the job's workers with
-  // its local rank, and their number (the number of nodes when they are alike).
+  // its local rank, and their number (the number of nodes when they are alike). The
+  // stores compute them from the scheduler's node list; this default assumes nodes of
+  // local_size workers with consecutive ranks.
   virtual int cross_rank() const { return rank() / std::max(1, local_size()); }
   virtual int cross_size() const { return num_workers() / std::max(1, local_size()); }
 

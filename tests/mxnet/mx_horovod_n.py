@@ -1,5 +1,5 @@
 """The Horovod-style API with any number of workers on any nodes, run by mx_worker.py in
-the 3-worker, two-node job of test_mxnet_kvstore.py (which computes what each call must
+the 3-worker, two-node job of test_mxnet_nodes.py (which computes what each call must
 give for that size)."""
 import mxnet as mx
 
@@ -32,5 +32,6 @@ def horovod_generic():
         _err(lambda rep=rep: hps.allreduce(mx.nd.ones((3, 2) if r == n - 1 else (2, 3)),
                                            name=f"gmm{rep}"))
         for rep in range(5)]
-    report("horovod_generic", rank=r, size=n, local_size=hps.local_size(),
+    report("horovod_generic", rank=r, size=n, local_rank=hps.local_rank(),
+           local_size=hps.local_size(),
            cross_rank=hps.cross_rank(), cross_size=hps.cross_size(), **got)

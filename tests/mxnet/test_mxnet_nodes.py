@@ -9,9 +9,10 @@ pytest.importorskip("mxnet")
 
 
 # 3 workers on two nodes of this host (2 + 1): hybridrun's hosts n0 and n1 are reached by
-# a "remote shell" that runs the command here, and each worker's node is its host's name.
-THREE_ON_TWO_NODES = ("-np", "3", "-H", "n0:2,n1:1", "--remote-shell",
-                      "env MXW_NODE={host} sh -c {command}")
+# a "remote shell" that runs the command here (the host name only fills sh's $0), each
+# worker's node is its host's name, and every process listens on loopback.
+THREE_ON_TWO_NODES = ("-np", "3", "-H", "n0:2,n1:1", "--network-interface", "lo",
+                      "--remote-shell", "sh -c {command} {host}")
 
 
 @pytest.fixture(scope="module", params=["dist_hybrid", "dist_allreduce"])
@@ -39,6 +40,7 @@ def test_horovod_api_with_three_workers_on_two_nodes(job3):
         # Nodes n0 (ranks 0, 1) and n1 (rank 2): local ranks 0, 1, 0; Horovod's cross
         # communicators are the ranks of one local rank: {0, 2} and {1}.
         assert g["size"] == 3 and g["local_size"] == (2 if r < 2 else 1), g
+        assert g["local_rank"] == [0, 1, 0][r], g
         assert (g["cross_rank"], g["cross_size"]) == [(0, 2), (0, 1), (1, 2)][r], g
         assert g["Sum"] == reduce(sum), g
         assert g["Average"] == [[v / n for v in row] for row in reduce(sum)], g

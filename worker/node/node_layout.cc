@@ -51,7 +51,9 @@ absl::StatusOr<NodeLayout> NodeLayoutFromWelcome(const wire::Welcome& w, int ran
 
 CrossPlace CrossPlaceOf(const wire::Welcome& welcome, int rank) {
   CrossPlace c{0, 0};
-  if (rank < 0 || rank >= welcome.workers_size()) return CrossPlace{};
+  if (rank < 0 || rank >= welcome.workers_size()) {
+    return CrossPlace{rank, std::max(1, welcome.workers_size())};  // no list: one group
+  }
   const int mine = welcome.workers(rank).local_rank();
   for (int r = 0; r < welcome.workers_size(); ++r) {
     if (welcome.workers(r).local_rank() != mine) continue;
