@@ -12,6 +12,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
 
 namespace hybridps::testing {
 
@@ -26,6 +28,12 @@ template <typename S>
   const absl::Status& status = StatusOf(s);
   if (status.ok()) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << text << " is not OK: " << status;
+}
+
+// Whether `text` contains `what`, printing the text when not.
+inline ::testing::AssertionResult Mentions(absl::string_view text, absl::string_view what) {
+  if (absl::StrContains(text, what)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << what << "' not in: " << text;
 }
 
 }  // namespace hybridps::testing

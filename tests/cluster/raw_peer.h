@@ -25,12 +25,6 @@
 
 namespace hybridps::testing {
 
-// Whether `text` contains `what`, printing the text when not.
-inline ::testing::AssertionResult Mentions(absl::string_view text, absl::string_view what) {
-  if (absl::StrContains(text, what)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "'" << what << "' not in: " << text;
-}
-
 // A hand-driven DEALER connected to a node's tcp endpoint, with a ZeroMQ monitor that
 // reports when the connection is dropped.
 class RawPeer {

@@ -568,6 +568,14 @@ def end_servers(pods: dict[str, Pod], deadline: float) -> dict[str, int]:
     return codes
 
 
+def kill_left(pods: dict[str, Pod]) -> str:
+    """Kills the pods' processes still running; returns every pod's output, for messages."""
+    for pod in pods.values():
+        if pod.proc.poll() is None:
+            pod.proc.kill()
+    return "\n\n".join(f"[{p.name}]\n{p.text()}" for p in pods.values())
+
+
 @pytest.fixture
 def marker() -> Iterator[str]:
     m = f"{os.getpid()}-{secrets.token_hex(4)}"
@@ -597,10 +605,7 @@ def test_a_job_through_the_entrypoint(cluster: Cluster, tmp_path: Path, marker: 
                  ("hybridps-worker-0", "hybridps-worker-1", "hybridps-scheduler")}
         codes.update(end_servers(pods, deadline))
     finally:
-        for pod in pods.values():
-            if pod.proc.poll() is None:
-                pod.proc.kill()
-    everything = "\n\n".join(f"[{p.name}]\n{p.text()}" for p in pods.values())
+        everything = kill_left(pods)
     assert codes == dict.fromkeys(pods, 0), f"{codes}\n{everything}"
     for rank in range(2):
         out = pods[f"hybridps-worker-{rank}"].lines
@@ -636,10 +641,7 @@ def test_a_killed_worker_ends_every_pod(cluster: Cluster, tmp_path: Path,
             codes[name] = pods[name].finish(bound)
         codes.update(end_servers(pods, bound))
     finally:
-        for pod in pods.values():
-            if pod.proc.poll() is None:
-                pod.proc.kill()
-    everything = "\n\n".join(f"[{p.name}]\n{p.text()}" for p in pods.values())
+        everything = kill_left(pods)
     # The killed rank's pod fails with 137 (the Job's failure), the survivor's with the
     # test worker's "an operation failed as expected" (3), the scheduler's with 1.
     assert codes["hybridps-worker-1"] == 128 + signal.SIGKILL, everything

@@ -278,9 +278,11 @@ absl::StatusOr<Handle> AllreduceStore::PushPullAsync(absl::string_view name, Ten
 
 absl::Status AllreduceStore::CheckTensor(absl::string_view name, const TensorView& t,
                                          absl::string_view what) {
-  RETURN_IF_ERROR(CheckShape(name, t, what));
 #if HYBRIDPS_WITH_NCCL
-  if (t.device == Device::kGPU) return CheckGpuTensor(name, t, what);
+  if (t.device == Device::kGPU) {
+    RETURN_IF_ERROR(CheckShape(name, t, what));  // CheckCpuTensor checks it for the rest
+    return CheckGpuTensor(name, t, what);
+  }
 #endif
   return CheckCpuTensor(name, t, what);
 }
