@@ -209,6 +209,44 @@ TEST(AllreduceTest, WaitingThreadsRunTheRoundsThemselves) {
   }
 }
 
+// With caller_rounds the executor leaves new work to a waiting thread for a moment
+// (AllreduceStore::kCallerGrace) and is not woken by submissions while it polls: an
+// operation that nobody waits on must still run, through the executor. Each rank polls
+// Done() only; the second operation is submitted while the executor polls for the first.
+TEST(AllreduceTest, OperationsNobodyWaitsOnRunThroughTheExecutor) {
+  auto cluster = StartAllreduce(2);
+  ASSERT_NE(cluster, nullptr);
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    std::vector<Buffer> bufs;
+    std::vector<Handle> handles;
+    for (int i = 0; i < 2; ++i) bufs.emplace_back(DType::kFloat32, 1000 + i);
+    for (int i = 0; i < 2; ++i) {
+      bufs[i].Fill(rank, i, 3);
+      auto h = kv->PushPullAsync(absl::StrCat("unwaited", i), bufs[i].view(), bufs[i].view());
+      ASSERT_OK(h);
+      handles.push_back(*h);
+    }
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    for (const Handle& h : handles) {
+      while (!h.Done()) {
+        ASSERT_LT(absl::Now(), deadline) << "an operation nobody waited on never ran";
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+      ASSERT_OK(h.Wait());  // done: returns its status at once
+    }
+    for (int i = 0; i < 2; ++i) {
+      for (size_t k = 0; k < bufs[i].count; ++k) {
+        ASSERT_EQ(bufs[i].at(k), Value(k, 0, i, 3) + Value(k, 1, i, 3)) << "element " << k;
+      }
+    }
+  });
+  for (int w = 0; w < 2; ++w) {
+    const AllreduceStore::Stats s = StatsOf(cluster->worker(w));
+    EXPECT_EQ(s.caller_rounds, 0u) << "worker " << w << ": nobody waited";
+    EXPECT_GE(s.eager + s.allreduces, 2u) << "worker " << w;
+  }
+}
+
 // Several threads per rank submit and wait at once, in a different order on every rank:
 // they take turns holding the round with each other and the executor, and every sum is
 // exact.

@@ -73,13 +73,19 @@ void AllreduceStore::ExecLoop() {
   io_waker_.Wake();
 }
 
-absl::Time AllreduceStore::NextRoundLocked() const {
+absl::Time AllreduceStore::NextRoundLocked(bool caller) const {
   // While the last round left work pending somewhere (or we must announce leaving), a
   // round every cycle: what is submitted meanwhile is batched (and fused). Otherwise new
-  // work starts a round at once, and without any, a round every idle tick (so a rank
-  // that never submits still joins the rounds of those waiting for it).
+  // work starts a round at once (for the executor, once a waiting thread has had
+  // kCallerGrace to start it), and without any, a round every idle tick (so a rank that
+  // never submits still joins the rounds of those waiting for it).
   const bool busy = job_active_ || stopping_;
-  if (!busy && !queued_.empty()) return absl::InfinitePast();
+  if (!busy && !queued_.empty()) {
+    // GPU work is the executor's alone (ListHeads): a store that has GPU tensors does not
+    // wait for callers.
+    if (caller || !LeavesWorkToCallersLocked()) return absl::InfinitePast();
+    return queued_.begin()->second->submitted + std::min(kCallerGrace, options_.cycle_time);
+  }
   return last_round_ + (busy ? options_.cycle_time : idle_tick_);
 }
 
@@ -95,7 +101,7 @@ bool AllreduceStore::WaitForRound() {
           this));
       continue;
     }
-    const absl::Time at = NextRoundLocked();
+    const absl::Time at = NextRoundLocked(/*caller=*/false);
     if (absl::Now() >= at) break;
     if (job_active_ || stopping_) {
       mu_.AwaitWithDeadline(absl::Condition(
@@ -105,7 +111,18 @@ bool AllreduceStore::WaitForRound() {
       auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return wake_ || !broken_.ok();
       };
-      mu_.AwaitWithDeadline(absl::Condition(&woken), at);
+      // With work queued, `at` is when the oldest of it is the executor's; without, while
+      // operations came within the idle tick, the executor looks again each cycle. Until
+      // then submissions leave it asleep (Submit): waking it would only compete with the
+      // threads that wait on them.
+      const absl::Time now = absl::Now();
+      exec_polling_ = LeavesWorkToCallersLocked() &&
+                      (!queued_.empty() || now - last_submit_ < idle_tick_);
+      mu_.AwaitWithDeadline(absl::Condition(&woken),
+                            exec_polling_ && queued_.empty()
+                                ? std::min(at, now + options_.cycle_time)
+                                : at);
+      exec_polling_ = false;
       wake_ = false;
     }
   }
@@ -140,7 +157,7 @@ void AllreduceStore::HelpWith(HandleState* state) {
     {
       absl::MutexLock lock(&mu_);
       if (round_busy_ || stopping_ || !broken_.ok()) return;
-      if (absl::Now() < NextRoundLocked()) return;
+      if (absl::Now() < NextRoundLocked(/*caller=*/true)) return;
       ClaimRoundLocked();
       ++stats_.caller_rounds;
     }

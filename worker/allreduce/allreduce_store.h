@@ -33,10 +33,15 @@
 //   round that is due itself while no other thread is in one (Options::caller_rounds,
 //   CPU-only stores): an isolated operation then costs no hand-off to the executor and
 //   back. One thread at a time holds the round (round_busy_) and with it the Gloo and
-//   NCCL communicators and the Op fields marked "round holder". GPU collectives of a round
-//   are enqueued on the NCCL stream as they come (CPU ones run meanwhile) and waited for
-//   at the end of the round (polling events, with the deadline; a broken store aborts
-//   the NCCL communicator);
+//   NCCL communicators and the Op fields marked "round holder". So that a waiting thread
+//   gets the chance, the executor leaves a new CPU operation to it for kCallerGrace
+//   before it runs the round itself, and a submission does not wake the executor while
+//   it is already due to look at the queue (exec_polling_): a woken executor thread
+//   competes for the cores with the ranks' waiting threads, and on a small host the
+//   ranks then settle into tens of microseconds per operation instead of one or two.
+//   GPU collectives of a round are enqueued on the NCCL stream as they come (CPU ones
+//   run meanwhile) and waited for at the end of the round (polling events, with the
+//   deadline; a broken store aborts the NCCL communicator);
 // - "hps-ar-io" owns the scheduler client once the store has started: heartbeats,
 //   barriers, finalisation, and the scheduler's notices (a peer died, the job ended),
 //   which break the store (Break).
@@ -120,6 +125,9 @@ class AllreduceStore : public KVStore {
   struct Op;  // an operation in progress (allreduce_op.h)
   // The smallest negotiation slot (bytes per rank in a round's allgather).
   static constexpr size_t kMinSlotBytes = 4096;
+  // How long the executor leaves a new CPU operation to a thread that may wait on it
+  // (Options::caller_rounds; at most Options::cycle_time).
+  static constexpr absl::Duration kCallerGrace = absl::Microseconds(200);
 
  private:
   AllreduceStore(std::shared_ptr<Context> ctx, const Options& options);
@@ -149,8 +157,14 @@ class AllreduceStore : public KVStore {
   // Waits until the next round is due and no other thread holds the round (or the store
   // broke); then holds it (round_busy_). False: stop.
   bool WaitForRound();
-  // When the next round is due (InfinitePast: now).
-  absl::Time NextRoundLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When the next round is due (InfinitePast: now), for a waiting thread (`caller`) or
+  // the executor (which leaves new CPU work to waiting threads for kCallerGrace).
+  absl::Time NextRoundLocked(bool caller) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the executor leaves new work to waiting threads for a while (kCallerGrace):
+  // with Options::caller_rounds, on a store without GPU tensors (those are the executor's).
+  bool LeavesWorkToCallersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return options_.caller_rounds && gpu_device_ < 0;
+  }
   // The calling thread holds the round from now (round_busy_, last_round_).
   void ClaimRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs one round as the holder (round_busy_ set), then lets the round go. False: stop.
@@ -263,6 +277,10 @@ class AllreduceStore : public KVStore {
   absl::flat_hash_map<std::string, uint32_t> occurrences_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;      // a submission since the executor looked
+  // The executor sleeps until a round it computed from the queue is due: a submission
+  // need not wake it (it wakes it when the executor sleeps until the idle tick).
+  bool exec_polling_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_submit_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // Shutdown was called
   bool exec_done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);    // non-OK: no operation can run any more
