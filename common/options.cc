@@ -98,6 +98,7 @@ absl::Status Options::Validate() const {
   }
   if (stall_warning <= absl::ZeroDuration()) return bad("stall_warning_ms", stall_warning);
   if (caller_rounds != 0 && caller_rounds != 1) return bad("caller_rounds", caller_rounds);
+  if (bind_to != "none" && bind_to != "core") return bad("bind_to", bind_to);
   if (eager_bytes > (2 << 20)) return bad("eager_bytes", eager_bytes);
   if (encrypt != 0 && encrypt != 1) return bad("encrypt", encrypt);
   if (local_allreduce != 0 && local_allreduce != 1) {
@@ -499,6 +500,7 @@ absl::StatusOr<Options> OptionsFromEnvironment(std::optional<Role> role) {
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_STALL_WARNING_MS", &o.stall_warning));
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_SUMMARY_EVERY_MS", &o.summary_every));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_CALLER_ROUNDS", &o.caller_rounds));
+  if (auto v = Get("HYBRIDPS_BIND_TO")) o.bind_to = *v;
   if (o.backend == "dist_allreduce" && !Get("HYBRIDPS_NUM_SERVERS")) o.num_servers = 0;
   RETURN_IF_ERROR(o.Validate());
   return o;

@@ -103,6 +103,7 @@ AGREE = {
                                "their halves)",
     "HYBRIDPS_CYCLE_TIME_MS": "each worker its own",
     "HYBRIDPS_CALLER_ROUNDS": "each worker its own",
+    "HYBRIDPS_BIND_TO": "each worker its own",
     "HYBRIDPS_STALL_WARNING_MS": ("each process its own: a server's and the scheduler's decide when "
                                   "they tell waiting workers, a worker's when it logs"),
 }
@@ -368,7 +369,7 @@ GROUPS = [
      "HYBRIDPS_SERVER_THREADS", "HYBRIDPS_TRANSPORT"]),
     ("Nodes of several local ranks, GPUs and MXNet", ["HYBRIDPS_LOCAL_SLOTS",
      "HYBRIDPS_LOCAL_INLINE_BYTES", "HYBRIDPS_GPU_LOCAL_REDUCE", "HYBRIDPS_MXNET_MERGE",
-     "HYBRIDPS_CALLER_ROUNDS"]),
+     "HYBRIDPS_CALLER_ROUNDS", "HYBRIDPS_BIND_TO"]),
     ("dist_allreduce", ["HYBRIDPS_FUSION_BYTES", "HYBRIDPS_FUSION_MAX_TENSOR_BYTES",
      "HYBRIDPS_LOCAL_ALLREDUCE", "HYBRIDPS_HIERARCHICAL_ALLREDUCE", "HYBRIDPS_EAGER_BYTES",
      "HYBRIDPS_TWO_SHOT_BYTES", "HYBRIDPS_CYCLE_TIME_MS"]),

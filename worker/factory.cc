@@ -1,6 +1,7 @@
 // KVStore::Create: the one place that knows every store. The stores below worker/ never
 // include each other; only this file sees them all.
 #include "absl/strings/str_cat.h"
+#include "common/affinity.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "worker/kvstore.h"
@@ -20,6 +21,16 @@ absl::StatusOr<std::unique_ptr<KVStore>> KVStore::Create(absl::string_view type,
   if (!ctx) ctx = std::make_shared<Context>();
   SetLogLevel(options.log_level);  // HYBRIDPS_LOG_LEVEL, as the scheduler and servers do
   HandleState::SetWaitSpin(options.spin);
+  if (options.bind_to == "core") {  // before the store starts its threads: they inherit it
+    absl::StatusOr<std::vector<int>> cpus =
+        BindLocalRank(options.local_rank, options.local_size);
+    if (!cpus.ok()) {
+      return absl::Status(cpus.status().code(), absl::StrCat("HYBRIDPS_BIND_TO=core: ",
+                                                             cpus.status().message()));
+    }
+    HPS_LOG(INFO) << "local rank " << options.local_rank << " of " << options.local_size
+                  << " bound to CPUs " << CpuList(*cpus) << " (HYBRIDPS_BIND_TO=core)";
+  }
   if (type == "dist_hybrid") {
 #if HYBRIDPS_WITH_CUDA  // GPU tensors staged through pinned host memory (ps_gpu.h)
     ASSIGN_OR_RETURN(auto store, PsGpuStore::Create(std::move(ctx), options, NewCudaCopier()));

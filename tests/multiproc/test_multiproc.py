@@ -50,6 +50,42 @@ def test_spinning_loops_keep_exact_sums(job: JobEnv, backend: str) -> None:
     assert_nothing_left(job.marker)
 
 
+def cpu_share(allowed: list[int], rank: int, size: int) -> list[int]:
+    """What common/affinity.h's CpuShare gives local rank `rank` of `size`."""
+    per_rank = max(1, len(allowed) // size)
+    first = rank * per_rank % len(allowed)
+    return [allowed[(first + i) % len(allowed)] for i in range(per_rank)]
+
+
+def cpu_list(cpus: list[int]) -> str:
+    """taskset's notation, as common/affinity.h's CpuList writes it."""
+    runs: list[list[int]] = []
+    for c in cpus:
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bind_to_core_gives_each_worker_its_share_of_the_cpus(job: JobEnv,
+                                                              backend: str) -> None:
+    """hybridrun --bind-to core: each worker (local rank r of 3 here) binds itself to its
+    share of the CPUs hybridrun may use, says so, and the job's sums stay exact."""
+    allowed = sorted(os.sched_getaffinity(0))
+    run = hybridrun(job, 3, 2, [str(TEST_WORKER), "--rounds", "3"], backend,
+                    options=("--bind-to", "core"))
+    code, out, err, _ = run.finish(RUN_TIMEOUT)
+    assert code == 0, f"{out}\n{err}"
+    for rank in range(3):
+        assert f"worker {rank}: all 3 rounds ok" in worker_lines(out, rank), out
+        said = (f"local rank {rank} of 3 bound to CPUs "
+                f"{cpu_list(cpu_share(allowed, rank, 3))} (HYBRIDPS_BIND_TO=core)")
+        assert said in out + err, f"worker {rank} should say {said!r}:\n{out}\n{err}"
+    assert_nothing_left(job.marker)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_killed_worker_stops_the_job(job: JobEnv, backend: str) -> None:
     # The pause after each round lets the others print "round 1 ok" before worker 1 dies

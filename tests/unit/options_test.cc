@@ -34,6 +34,7 @@ class OptionsTest : public ::testing::Test {
                           "HYBRIDPS_HEARTBEAT_TIMEOUT_MS", "HYBRIDPS_FUSION_BYTES",
                           "HYBRIDPS_CYCLE_TIME_MS", "HYBRIDPS_STALL_WARNING_MS",
                           "HYBRIDPS_CALLER_ROUNDS", "HYBRIDPS_FUSION_MAX_TENSOR_BYTES",
+                          "HYBRIDPS_BIND_TO",
                           "HYBRIDPS_EAGER_BYTES", "HYBRIDPS_TWO_SHOT_BYTES",
                           "HYBRIDPS_LOCAL_ALLREDUCE", "HYBRIDPS_HIERARCHICAL_ALLREDUCE",
                           "HYBRIDPS_GPU_LOCAL_REDUCE", "HYBRIDPS_MXNET_MERGE",
@@ -203,6 +204,17 @@ TEST_F(OptionsTest, AllreduceFusionCycleAndStallSettings) {
   ASSERT_FALSE(two.ok());
   EXPECT_NE(two.status().message().find("caller_rounds"), absl::string_view::npos) << two.status();
   unsetenv("HYBRIDPS_CALLER_ROUNDS");
+  EXPECT_EQ(d->bind_to, "none");
+  setenv("HYBRIDPS_BIND_TO", "core", 1);
+  auto core = OptionsFromEnvironment();
+  ASSERT_OK(core);
+  EXPECT_EQ(core->bind_to, "core");
+  setenv("HYBRIDPS_BIND_TO", "socket", 1);
+  auto socket = OptionsFromEnvironment();
+  ASSERT_FALSE(socket.ok());
+  EXPECT_NE(socket.status().message().find("bind_to"), absl::string_view::npos)
+      << socket.status();
+  unsetenv("HYBRIDPS_BIND_TO");
   EXPECT_EQ(d->eager_bytes, size_t{1} << 20);
   EXPECT_EQ(d->two_shot_bytes, 0u);
   EXPECT_EQ(d->local_allreduce, 1);

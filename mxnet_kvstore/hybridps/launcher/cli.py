@@ -28,7 +28,7 @@ USAGE = ("hybridrun -np N [-H HOST:SLOTS,... | --hostfile FILE | --[no-]slurm] [
          "                 [-x VAR[=VALUE]]... [--remote-shell TEMPLATE] [--start-timeout S]\n"
          "                 [--shutdown-timeout S] [--bin-dir DIR] [--dry-run] [--verbose]\n"
          "                 [--timeline-filename FILE] [--summary-every SECONDS]\n"
-         "                 [--output-filename DIR]\n"
+         "                 [--output-filename DIR] [--bind-to {none,core}]\n"
          "                 -- COMMAND [ARGS...]\n"
          "       hybridrun --check-build [--bin-dir DIR]\n"
          "       hybridrun --version")
@@ -155,6 +155,11 @@ def make_parser() -> argparse.ArgumentParser:
                              "spend their time (HYBRIDPS_TIMELINE); hybridrun "
                              "merges them into FILE, a Chrome trace (Perfetto, "
                              "chrome://tracing)")
+    parser.add_argument("--bind-to", choices=("none", "core"), default=None,
+                        help="core: each worker binds itself to its local rank's share "
+                             "of its host's CPUs, as mpirun --bind-to core "
+                             "(HYBRIDPS_BIND_TO); for latency-bound jobs of small "
+                             "tensors, not for workers that need many CPUs. Default: none")
     parser.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
 
@@ -224,6 +229,8 @@ def forwarded_environment(args: argparse.Namespace) -> dict[str, str]:
         env[name] = value if sep else os.environ[name]
     if args.timeline_filename:
         env["HYBRIDPS_TIMELINE"] = timeline.parts_prefix(args.timeline_filename)
+    if args.bind_to:
+        env["HYBRIDPS_BIND_TO"] = args.bind_to
     if args.summary_every:
         env["HYBRIDPS_SUMMARY_EVERY_MS"] = str(max(1, round(args.summary_every * 1000)))
     return env
