@@ -23,6 +23,9 @@
 // -index, all in flight at once (ours) or one blocking allreduce after the other (plain
 // Gloo); and plain Gloo on all parameters packed into one buffer (the ideal fusion,
 // packing not timed).
+//
+// --order blocks: each method's iterations of a size back to back instead of in turns
+// (bench/run_mpi_bench.sh times Open MPI the same way).
 #include <unistd.h>
 
 #include <algorithm>
@@ -65,6 +68,10 @@ struct Flags {
   // bench/results/allreduce/), run at least this many iterations.
   int small_iters = 200;
   std::string model;  // "" or "resnet50"
+  // "turns": the methods take turns iteration by iteration (the same load for both);
+  // "blocks": each method's iterations of a size run back to back, as MPI benchmarks
+  // time them (no other method's skew between two of ours).
+  std::string order = "turns";
 };
 
 absl::StatusOr<size_t> ParseBytes(std::string s) {
@@ -89,6 +96,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       ASSIGN_OR_RETURN(f.max_bytes, ParseBytes(v));
     } else if (k == "--model") {
       f.model = v;
+    } else if (k == "--order" && (v == "turns" || v == "blocks")) {
+      f.order = v;
     } else if (absl::SimpleAtoi(v, &x) && x >= 0 && k == "--factor" && x >= 2) {
       f.factor = static_cast<size_t>(x);
     } else if (absl::SimpleAtoi(v, &x) && x >= 1 && k == "--iters") {
@@ -197,7 +206,8 @@ class Bench {
   }
 
   // Runs the methods in turn, iteration by iteration (the order rotating), so that every
-  // method sees the same machine load; medians per method.
+  // method sees the same machine load, or with --order blocks each method's iterations
+  // back to back; medians per method.
   // Per method: {median, p10}.
   absl::StatusOr<std::vector<std::pair<double, double>>> Interleave(
       const std::vector<int>& methods, const std::vector<size_t>& sizes, float* work,
@@ -205,7 +215,16 @@ class Bench {
     std::vector<size_t> offset(sizes.size() + 1, 0);
     for (size_t i = 0; i < sizes.size(); ++i) offset[i + 1] = offset[i] + sizes[i];
     std::vector<std::vector<double>> us(methods.size());
-    for (int it = 0; it < f_.warmup + iters; ++it) {
+    if (f_.order == "blocks") {
+      for (size_t m = 0; m < methods.size(); ++m) {
+        for (int it = 0; it < f_.warmup + iters; ++it) {
+          ASSIGN_OR_RETURN(double t, Time(methods[m], sizes, offset, work, offset.back(), pat,
+                                          it % 2, name));
+          if (it >= f_.warmup) us[m].push_back(t);
+        }
+      }
+    }
+    for (int it = 0; f_.order == "turns" && it < f_.warmup + iters; ++it) {
       for (size_t k = 0; k < methods.size(); ++k) {
         const size_t m = (k + it) % methods.size();
         ASSIGN_OR_RETURN(double t, Time(methods[m], sizes, offset, work, offset.back(), pat,
@@ -226,13 +245,13 @@ class Bench {
       std::printf(
           "# hybridps-gloo-ref: %s vs plain Gloo allreduce, %d workers, float32, in place\n"
           "# time = median of %d iterations (%d for sizes <= 1 MiB; %d warmup); plain Gloo "
-          "and ours take turns iteration by iteration; every result checked; p10 = 10th "
-          "percentile\n"
+          "and ours %s; every result checked; p10 = 10th percentile\n"
           "# algbw = S / median time (GB/s, 1e9 B); busbw = algbw * 2(n-1)/n = algbw * %.3g; "
           "ours/gloo = our median / plain Gloo median\n#\n"
           "# %11s %10s | %10s %8s %8s %8s | %10s %8s %8s %8s | %9s\n",
           std::string(kv_.type()).c_str(), n_, f_.iters, std::max(f_.iters, f_.small_iters),
-          f_.warmup, busf, "size(B)", "count", "gloo(us)", "p10", "algbw", "busbw", "ours(us)",
+          f_.warmup,
+          f_.order == "blocks" ? "each back to back" : "take turns iteration by iteration", busf, "size(B)", "count", "gloo(us)", "p10", "algbw", "busbw", "ours(us)",
           "p10", "algbw", "busbw", "ours/gloo");
     }
     // dist_allreduce on rank 0: where its time went, per size.
@@ -368,7 +387,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "hybridps-gloo-ref: %s\nusage: hybridps-gloo-ref [--min-bytes 4K] "
                  "[--max-bytes 64M] [--factor 4] [--iters 30] [--small-iters 200] [--warmup 3] "
-                 "[--model resnet50]\n",
+                 "[--model resnet50] [--order turns|blocks]\n",
                  std::string(flags.status().message()).c_str());
     return 2;
   }
