@@ -251,7 +251,8 @@ class Bench {
           "# %11s %10s | %10s %8s %8s %8s | %10s %8s %8s %8s | %9s\n",
           std::string(kv_.type()).c_str(), n_, f_.iters, std::max(f_.iters, f_.small_iters),
           f_.warmup,
-          f_.order == "blocks" ? "each back to back" : "take turns iteration by iteration", busf, "size(B)", "count", "gloo(us)", "p10", "algbw", "busbw", "ours(us)",
+          f_.order == "blocks" ? "each back to back" : "take turns iteration by iteration",
+          busf, "size(B)", "count", "gloo(us)", "p10", "algbw", "busbw", "ours(us)",
           "p10", "algbw", "busbw", "ours/gloo");
     }
     // dist_allreduce on rank 0: where its time went, per size.
@@ -310,9 +311,10 @@ class Bench {
     const int iters = f_.warmup + f_.iters;
     std::printf(
         "# model resnet50: %zu float32 tensors, %zu parameters (%.1f MB), submitted last layer "
-        "first; %d workers; medians of %d iterations (%d warmup), the three methods taking "
-        "turns; every result checked\n",
-        sizes.size(), total, bytes / 1e6, n_, f_.iters, f_.warmup);
+        "first; %d workers; medians of %d iterations (%d warmup), the three methods %s; "
+        "every result checked\n",
+        sizes.size(), total, bytes / 1e6, n_, f_.iters, f_.warmup,
+        f_.order == "blocks" ? "each back to back" : "taking turns");
     std::printf("  plain Gloo, one allreduce per tensor        %10.1f ms  (%.3f GB/s algbw)\n",
                 t[0] / 1e3, bytes / t[0] / 1e3);
     std::printf("  plain Gloo, all packed in one buffer        %10.1f ms  (%.3f GB/s algbw)\n",

@@ -88,7 +88,9 @@ using bench::kMaxValue;
 using bench::kMiB;
 using bench::Load;
 using bench::MakePatterns;
+using bench::JobSwitches;
 using bench::MeasureIdle;
+using bench::ProcessSwitches;
 using bench::MeasurePushPull;
 using bench::Micros;
 using bench::Patterns;
@@ -232,6 +234,10 @@ struct Row {
   // The echo of S bytes as one message; as messages of the job's partition size (only
   // when S is larger); a memcpy of S bytes.
   std::optional<Timing> echo, echo_parts, memcpy;
+  // Context switches per iteration (sizes <= small_max_bytes, rank 0): of every thread of
+  // every process of the job during our push_pulls (warmup included), and of this process
+  // (the echo's two threads) during the echo of S bytes as one message.
+  std::optional<double> switches, echo_switches;
 };
 
 // The reference figures of every size (rank 0, before the sweep).
@@ -243,9 +249,14 @@ absl::Status MeasureReference(const Flags& f, const std::vector<size_t>& sizes,
     const size_t s = sizes[k];
     const int iters = ItersFor(f, s), warmup = WarmupFor(f, s);
     std::vector<double> echo_us, parts_us, copy_us;
+    const int64_t switches = ProcessSwitches(getpid());
     for (int i = 0; i < warmup + iters; ++i) {
       ASSIGN_OR_RETURN(double us, echo->RoundTripUs(src.get(), s, s));
       if (i >= warmup) echo_us.push_back(us);
+    }
+    if (s <= f.small_max_bytes) {
+      rows[k].echo_switches =
+          static_cast<double>(ProcessSwitches(getpid()) - switches) / (warmup + iters);
     }
     if (s > partition_bytes) {
       for (int i = 0; i < warmup + iters; ++i) {
@@ -436,9 +447,29 @@ absl::Status Run(const Flags& f, const Options& options, absl::string_view backe
   }
   RETURN_IF_ERROR(kv.Barrier());
   if (rank == 0) PrintHeader(f, backend, n, options.num_servers, options, busbw_factor);
+  const char* port = std::getenv("HYBRIDPS_SCHEDULER_PORT");
+  const std::string job_port = port ? port : "";
   for (Row& r : rows) {
+    const bool count = rank == 0 && r.bytes <= f.small_max_bytes;
+    const int64_t switches = count ? JobSwitches(job_port, options.job_token) : 0;
     ASSIGN_OR_RETURN(r.ours, MeasurePushPull(f, kv, r.bytes, pat, work));
+    if (count) {
+      r.switches = static_cast<double>(JobSwitches(job_port, options.job_token) - switches) /
+                   (ItersFor(f, r.bytes) + WarmupFor(f, r.bytes));
+    }
     if (rank == 0) PrintRow(f, r, busbw_factor);
+  }
+  if (rank == 0 && !rows.empty() && rows[0].switches) {
+    std::printf(
+        "#\n# context switches per round trip (every thread; %s), sizes <= %zu bytes:\n"
+        "# %11s %12s %12s\n",
+        "push_pull: all processes of the job, echo: its two threads", f.small_max_bytes,
+        "size(B)", "push_pull", "echo");
+    for (const Row& r : rows) {
+      if (!r.switches) continue;
+      std::printf("  %11zu %12.2f %12s\n", r.bytes, *r.switches,
+                  r.echo_switches ? absl::StrFormat("%.2f", *r.echo_switches).c_str() : "-");
+    }
   }
 
   // Idle: everyone waits at a barrier while rank 0 watches the job's processes.
@@ -447,7 +478,6 @@ absl::Status Run(const Flags& f, const Options& options, absl::string_view backe
   if (measure_idle) {
     RETURN_IF_ERROR(kv.Barrier());
     if (rank == 0) {
-      const char* port = std::getenv("HYBRIDPS_SCHEDULER_PORT");
       idle = MeasureIdle(f.idle_seconds, port ? port : "", options.job_token);
       std::printf(
           "#\n# idle CPU over %.1f s after a barrier, nothing sent (processes whose environment "

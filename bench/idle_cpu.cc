@@ -23,8 +23,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
-
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream ss;
@@ -134,5 +132,13 @@ std::vector<IdleFigure> MeasureIdle(double seconds, const std::string& port,
   }
   return out;
 }
+
+int64_t JobSwitches(const std::string& port, const std::string& token) {
+  int64_t n = 0;
+  for (const JobProcess& p : FindJobProcesses(port, token)) n += SampleCpu(p.pid).switches;
+  return n;
+}
+
+int64_t ProcessSwitches(int pid) { return SampleCpu(pid).switches; }
 
 }  // namespace hybridps::bench

@@ -1,8 +1,10 @@
 // The idle-CPU probe of hybridps-bench: CPU time and wake-ups of every process of a job
-// while nothing is sent (the check that an idle job does not busy-poll).
+// while nothing is sent (the check that an idle job does not busy-poll); and the
+// wake-up counts around a block of operations (context switches per round trip).
 #ifndef HYBRIDPS_BENCH_IDLE_CPU_H_
 #define HYBRIDPS_BENCH_IDLE_CPU_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,11 @@ struct IdleFigure {
 // token), samples them, sleeps `seconds`, samples again.
 std::vector<IdleFigure> MeasureIdle(double seconds, const std::string& port,
                                     const std::string& token);
+
+// Context switches (voluntary and involuntary, every thread) so far: of every process of
+// this job (as MeasureIdle finds them), and of process `pid` alone.
+int64_t JobSwitches(const std::string& port, const std::string& token);
+int64_t ProcessSwitches(int pid);
 
 }  // namespace hybridps::bench
 

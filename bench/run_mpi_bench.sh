@@ -59,6 +59,9 @@ for n in $nps; do
 done
 read -r -a sweep <<<"$sweep_args"
 
+# --out and --build-dir as given from the caller's folder; then the repo root.
+[[ -z "$out" ]] || { mkdir -p "$out" && out="$(cd "$out" && pwd)"; }
+[[ ! -d "$build_dir" ]] || build_dir="$(cd "$build_dir" && pwd)"
 cd "$(dirname "$0")/.."
 root="$PWD"
 hybrid_bind=()
@@ -113,7 +116,10 @@ mpicxx -O2 -std=c++17 -I"$root" bench/mpi_allreduce_ref.cc -o "$mpiref" || {
 
 if [[ -f "$build_dir/CMakeCache.txt" ]]; then  # a build tree (not a scripts/bundle folder)
   cmake --build "$build_dir" -j2 --target hybridps-gloo-ref hybridps-server hybridps-scheduler \
-    >/dev/null
+    >"$out/build.log" 2>&1 || {
+    echo "run_mpi_bench: building failed; see $out/build.log" >&2
+    exit 1
+  }
 fi
 ref="$build_dir/bench/hybridps-gloo-ref"
 [[ -x "$ref" ]] || { echo "run_mpi_bench: no $ref (build it, or see --build-dir)" >&2; exit 1; }

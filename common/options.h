@@ -229,13 +229,14 @@ struct Options {
   // the staging steps (copies to and from the host, hand-over to the CPU path), one thread
   // at a time, until the waited-for operation completed (worker/gpu/gpu_staging.h).
   int caller_rounds = 1;
-  // HYBRIDPS_BIND_TO: none | core. core: each worker binds itself, every thread it has
-  // and starts, to its local rank's share of the CPUs it may use (floor(CPUs / local
-  // size) consecutive ones; one core each with as many local ranks as cores), as mpirun
-  // --bind-to core does; hybridrun --bind-to core sets it. Small collectives on one host
-  // then spin on cores of their own (1-2 us where ranks that share a core take tens).
-  // Leave it off when the process needs more CPUs than its share (e.g. MXNet's CPU
-  // operators, data loading).
+  // HYBRIDPS_BIND_TO: "core" makes each worker bind itself, every thread it has and
+  // starts, to its local rank's share of the cores it may use (floor(cores / local
+  // size) whole cores; one hardware thread each with more local ranks than cores), as
+  // mpirun --bind-to core binds ranks to cores; hybridrun --bind-to core sets it. Small
+  // collectives on one host then spin on cores of their own (about 3 us for 4 KiB with 2
+  // workers, where unbound ones sharing a core take 15-30). "none" (default): no binding;
+  // keep it when a worker needs more CPUs than its share (MXNet's CPU operators, data
+  // loading) or its launcher already binds it.
   std::string bind_to = "none";
   // HYBRIDPS_TIMELINE: a path prefix; each worker and server then records where
   // its operations spend their time and writes PREFIX.worker-0.json, PREFIX.server-1.json,

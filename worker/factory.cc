@@ -14,23 +14,12 @@
 #endif
 
 namespace hybridps {
+namespace {
 
-absl::StatusOr<std::unique_ptr<KVStore>> KVStore::Create(absl::string_view type,
-                                                         const Options& options,
-                                                         std::shared_ptr<Context> ctx) {
-  if (!ctx) ctx = std::make_shared<Context>();
-  SetLogLevel(options.log_level);  // HYBRIDPS_LOG_LEVEL, as the scheduler and servers do
-  HandleState::SetWaitSpin(options.spin);
-  if (options.bind_to == "core") {  // before the store starts its threads: they inherit it
-    absl::StatusOr<std::vector<int>> cpus =
-        BindLocalRank(options.local_rank, options.local_size);
-    if (!cpus.ok()) {
-      return absl::Status(cpus.status().code(), absl::StrCat("HYBRIDPS_BIND_TO=core: ",
-                                                             cpus.status().message()));
-    }
-    HPS_LOG(INFO) << "local rank " << options.local_rank << " of " << options.local_size
-                  << " bound to CPUs " << CpuList(*cpus) << " (HYBRIDPS_BIND_TO=core)";
-  }
+// The store of `type` (the stores below worker/ never include each other).
+absl::StatusOr<std::unique_ptr<KVStore>> CreateStore(absl::string_view type,
+                                                     const Options& options,
+                                                     std::shared_ptr<Context> ctx) {
   if (type == "dist_hybrid") {
 #if HYBRIDPS_WITH_CUDA  // GPU tensors staged through pinned host memory (ps_gpu.h)
     ASSIGN_OR_RETURN(auto store, PsGpuStore::Create(std::move(ctx), options, NewCudaCopier()));
@@ -51,6 +40,29 @@ absl::StatusOr<std::unique_ptr<KVStore>> KVStore::Create(absl::string_view type,
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown KVStore type '", type, "' (known: dist_hybrid, dist_allreduce)"));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KVStore>> KVStore::Create(absl::string_view type,
+                                                         const Options& options,
+                                                         std::shared_ptr<Context> ctx) {
+  if (!ctx) ctx = std::make_shared<Context>();
+  SetLogLevel(options.log_level);  // HYBRIDPS_LOG_LEVEL, as the scheduler and servers do
+  HandleState::SetWaitSpin(options.spin);
+  if (options.bind_to == "core") {  // before the store starts its threads: they inherit it
+    absl::StatusOr<std::vector<int>> cpus =
+        BindLocalRank(options.local_rank, options.local_size);
+    if (!cpus.ok()) {
+      return absl::Status(cpus.status().code(), absl::StrCat("HYBRIDPS_BIND_TO=core: ",
+                                                             cpus.status().message()));
+    }
+    HPS_LOG(INFO) << "local rank " << options.local_rank << " of " << options.local_size
+                  << " bound to CPUs " << CpuList(*cpus) << " (HYBRIDPS_BIND_TO=core)";
+  }
+  absl::StatusOr<std::unique_ptr<KVStore>> store = CreateStore(type, options, std::move(ctx));
+  if (!store.ok() && options.bind_to == "core") UndoBinding();  // as it was before
+  return store;
 }
 
 }  // namespace hybridps

@@ -51,10 +51,27 @@ def test_spinning_loops_keep_exact_sums(job: JobEnv, backend: str) -> None:
 
 
 def cpu_share(allowed: list[int], rank: int, size: int) -> list[int]:
-    """What common/affinity.h's CpuShare gives local rank `rank` of `size`."""
-    per_rank = max(1, len(allowed) // size)
-    first = rank * per_rank % len(allowed)
-    return [allowed[(first + i) % len(allowed)] for i in range(per_rank)]
+    """What common/affinity.h's CpuShare(CoresOf(allowed), ...) gives local rank `rank` of
+    `size`: whole cores (sysfs topology) while there are enough, else one CPU each."""
+    def topology(cpu: int, what: str) -> str | None:
+        try:
+            return Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/{what}").read_text().strip()
+        except OSError:
+            return None
+    by_id: dict[tuple[str, str], list[int]] = {}
+    cores = []
+    for cpu in allowed:
+        package, core = topology(cpu, "physical_package_id"), topology(cpu, "core_id")
+        if package is None or core is None:
+            cores.append([cpu])
+        else:
+            by_id.setdefault((package, core), []).append(cpu)
+    cores = sorted(cores + list(by_id.values()))
+    if len(cores) >= size:
+        per_rank = len(cores) // size
+        return sorted(c for core in cores[rank * per_rank:(rank + 1) * per_rank] for c in core)
+    every = [c for core in cores for c in core]
+    return [every[rank % len(every)]]
 
 
 def cpu_list(cpus: list[int]) -> str:
@@ -72,7 +89,8 @@ def cpu_list(cpus: list[int]) -> str:
 def test_bind_to_core_gives_each_worker_its_share_of_the_cpus(job: JobEnv,
                                                               backend: str) -> None:
     """hybridrun --bind-to core: each worker (local rank r of 3 here) binds itself to its
-    share of the CPUs hybridrun may use, says so, and the job's sums stay exact."""
+    share of the CPUs hybridrun may use and says which mask it then has (read back from
+    the kernel), and the job's sums stay exact."""
     allowed = sorted(os.sched_getaffinity(0))
     run = hybridrun(job, 3, 2, [str(TEST_WORKER), "--rounds", "3"], backend,
                     options=("--bind-to", "core"))

@@ -76,9 +76,9 @@ void AllreduceStore::ExecLoop() {
 absl::Time AllreduceStore::NextRoundLocked(bool caller) const {
   // While the last round left work pending somewhere (or we must announce leaving), a
   // round every cycle: what is submitted meanwhile is batched (and fused). Otherwise new
-  // work starts a round at once (for the executor, once a waiting thread has had
-  // kCallerGrace to start it), and without any, a round every idle tick (so a rank that
-  // never submits still joins the rounds of those waiting for it).
+  // work starts a round at once (for the executor, while waiting threads run the rounds,
+  // once they have had kCallerGrace to start it), and without any, a round every idle
+  // tick (so a rank that never submits still joins the rounds of those waiting for it).
   const bool busy = job_active_ || stopping_;
   if (!busy && !queued_.empty()) {
     // GPU work is the executor's alone (ListHeads): a store that has GPU tensors does not
@@ -102,7 +102,12 @@ bool AllreduceStore::WaitForRound() {
       continue;
     }
     const absl::Time at = NextRoundLocked(/*caller=*/false);
-    if (absl::Now() >= at) break;
+    if (absl::Now() >= at) {
+      // New work nobody claimed within the grace: its submitter does not wait on it, so
+      // later submissions wake the executor at once.
+      if (!job_active_ && !stopping_ && !queued_.empty()) callers_active_ = false;
+      break;
+    }
     if (job_active_ || stopping_) {
       mu_.AwaitWithDeadline(absl::Condition(
                                 +[](absl::Status* b) { return !b->ok(); }, &broken_),
@@ -111,13 +116,13 @@ bool AllreduceStore::WaitForRound() {
       auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return wake_ || !broken_.ok();
       };
-      // With work queued, `at` is when the oldest of it is the executor's; without, while
-      // operations came within the idle tick, the executor looks again each cycle. Until
+      // With work queued, `at` is when the oldest of it is the executor's; without, within
+      // kPollWindow of the last submission, the executor looks again each cycle. Until
       // then submissions leave it asleep (Submit): waking it would only compete with the
       // threads that wait on them.
       const absl::Time now = absl::Now();
       exec_polling_ = LeavesWorkToCallersLocked() &&
-                      (!queued_.empty() || now - last_submit_ < idle_tick_);
+                      (!queued_.empty() || now - last_submit_ < kPollWindow);
       mu_.AwaitWithDeadline(absl::Condition(&woken),
                             exec_polling_ && queued_.empty()
                                 ? std::min(at, now + options_.cycle_time)
@@ -156,9 +161,18 @@ void AllreduceStore::HelpWith(HandleState* state) {
   while (!state->DoneFast()) {
     {
       absl::MutexLock lock(&mu_);
-      if (round_busy_ || stopping_ || !broken_.ok()) return;
-      if (absl::Now() < NextRoundLocked(/*caller=*/true)) return;
+      if (round_busy_ || stopping_ || !broken_.ok() ||
+          absl::Now() < NextRoundLocked(/*caller=*/true)) {
+        // This thread sleeps until its operation completes: the executor must not leave
+        // the operation to it (it runs its round as soon as one is due).
+        if (callers_active_) {
+          callers_active_ = false;
+          wake_ = true;
+        }
+        return;
+      }
       ClaimRoundLocked();
+      callers_active_ = true;
       ++stats_.caller_rounds;
     }
     if (!HoldRound(/*caller=*/true)) return;  // the executor sees the store broken and stops

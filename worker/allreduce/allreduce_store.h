@@ -33,12 +33,15 @@
 //   round that is due itself while no other thread is in one (Options::caller_rounds,
 //   CPU-only stores): an isolated operation then costs no hand-off to the executor and
 //   back. One thread at a time holds the round (round_busy_) and with it the Gloo and
-//   NCCL communicators and the Op fields marked "round holder". So that a waiting thread
-//   gets the chance, the executor leaves a new CPU operation to it for kCallerGrace
-//   before it runs the round itself, and a submission does not wake the executor while
-//   it is already due to look at the queue (exec_polling_): a woken executor thread
-//   competes for the cores with the ranks' waiting threads, and on a small host the
-//   ranks then settle into tens of microseconds per operation instead of one or two.
+//   NCCL communicators and the Op fields marked "round holder". While waiting threads
+//   run the rounds (callers_active_: the last round was a caller's), the executor leaves
+//   a new CPU operation to them for kCallerGrace before it runs the round itself, and a
+//   submission does not wake it while it polls the queue (exec_polling_): a woken
+//   executor competes for the cores with the ranks' waiting threads, and on a small host
+//   the ranks then settle into tens of microseconds per operation instead of one or two.
+//   When nobody claims an operation within the grace (callers that never Wait, such as
+//   MXNet's engine, which only takes completion callbacks), or a waiting thread could not
+//   help, callers_active_ ends and submissions wake the executor at once again.
 //   GPU collectives of a round are enqueued on the NCCL stream as they come (CPU ones
 //   run meanwhile) and waited for at the end of the round (polling events, with the
 //   deadline; a broken store aborts the NCCL communicator);
@@ -126,8 +129,11 @@ class AllreduceStore : public KVStore {
   // The smallest negotiation slot (bytes per rank in a round's allgather).
   static constexpr size_t kMinSlotBytes = 4096;
   // How long the executor leaves a new CPU operation to a thread that may wait on it
-  // (Options::caller_rounds; at most Options::cycle_time).
+  // while waiting threads run the rounds (callers_active_; at most Options::cycle_time).
   static constexpr absl::Duration kCallerGrace = absl::Microseconds(200);
+  // How long after the last submission the executor polls the queue each cycle instead of
+  // sleeping until a submission wakes it (while callers_active_).
+  static constexpr absl::Duration kPollWindow = absl::Milliseconds(10);
 
  private:
   AllreduceStore(std::shared_ptr<Context> ctx, const Options& options);
@@ -161,9 +167,10 @@ class AllreduceStore : public KVStore {
   // the executor (which leaves new CPU work to waiting threads for kCallerGrace).
   absl::Time NextRoundLocked(bool caller) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the executor leaves new work to waiting threads for a while (kCallerGrace):
-  // with Options::caller_rounds, on a store without GPU tensors (those are the executor's).
+  // while they run the rounds (callers_active_), on a store without GPU tensors (those
+  // are the executor's).
   bool LeavesWorkToCallersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return options_.caller_rounds && gpu_device_ < 0;
+    return callers_active_ && gpu_device_ < 0;
   }
   // The calling thread holds the round from now (round_busy_, last_round_).
   void ClaimRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -277,8 +284,12 @@ class AllreduceStore : public KVStore {
   absl::flat_hash_map<std::string, uint32_t> occurrences_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;      // a submission since the executor looked
-  // The executor sleeps until a round it computed from the queue is due: a submission
-  // need not wake it (it wakes it when the executor sleeps until the idle tick).
+  // The last round was run by a waiting thread (HelpWith), and none has since declined
+  // to help nor left an operation to the executor's grace: see the threading notes.
+  bool callers_active_ ABSL_GUARDED_BY(mu_) = false;
+  // The executor sleeps until a round it computed from the queue is due, or polls the
+  // queue each cycle within kPollWindow of the last submission: a submission need not
+  // wake it. Otherwise (it sleeps until the idle tick) a submission wakes it.
   bool exec_polling_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_submit_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // Shutdown was called

@@ -157,7 +157,7 @@ def make_parser() -> argparse.ArgumentParser:
                              "chrome://tracing)")
     parser.add_argument("--bind-to", choices=("none", "core"), default=None,
                         help="core: each worker binds itself to its local rank's share "
-                             "of its host's CPUs, as mpirun --bind-to core "
+                             "of its host's cores, like mpirun --bind-to core "
                              "(HYBRIDPS_BIND_TO); for latency-bound jobs of small "
                              "tensors, not for workers that need many CPUs. Default: none")
     parser.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
