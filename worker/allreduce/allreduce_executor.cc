@@ -147,6 +147,7 @@ bool AllreduceStore::HoldRound(bool caller) {
   absl::MutexLock lock(&mu_);
   round_busy_ = false;
   job_active_ = job_active;
+  if (queued_.empty()) declined_ = false;  // what a declining thread waited for is done
   // The executor may sleep until an idle tick computed before this round: what is left
   // is its work now (HelpWith runs only rounds due at once), so it re-reads the state.
   if (caller && (job_active || !queued_.empty())) wake_ = true;
@@ -164,9 +165,11 @@ void AllreduceStore::HelpWith(HandleState* state) {
       if (round_busy_ || stopping_ || !broken_.ok() ||
           absl::Now() < NextRoundLocked(/*caller=*/true)) {
         // This thread sleeps until its operation completes: the executor must not leave
-        // the operation to it (it runs its round as soon as one is due).
-        if (callers_active_) {
-          callers_active_ = false;
+        // the operation to it (it runs its round as soon as one is due). Threads do wait
+        // on their operations, so later ones are left to them again.
+        callers_active_ = true;
+        if (!declined_) {
+          declined_ = true;
           wake_ = true;
         }
         return;

@@ -33,15 +33,17 @@
 //   round that is due itself while no other thread is in one (Options::caller_rounds,
 //   CPU-only stores): an isolated operation then costs no hand-off to the executor and
 //   back. One thread at a time holds the round (round_busy_) and with it the Gloo and
-//   NCCL communicators and the Op fields marked "round holder". While waiting threads
-//   run the rounds (callers_active_: the last round was a caller's), the executor leaves
-//   a new CPU operation to them for kCallerGrace before it runs the round itself, and a
-//   submission does not wake it while it polls the queue (exec_polling_): a woken
-//   executor competes for the cores with the ranks' waiting threads, and on a small host
-//   the ranks then settle into tens of microseconds per operation instead of one or two.
-//   When nobody claims an operation within the grace (callers that never Wait, such as
-//   MXNet's engine, which only takes completion callbacks), or a waiting thread could not
-//   help, callers_active_ ends and submissions wake the executor at once again.
+//   NCCL communicators and the Op fields marked "round holder". While threads wait on
+//   their operations (callers_active_: one ran or tried to run a round since the executor
+//   last ran one nobody claimed), the executor leaves a new CPU operation to them for
+//   kCallerGrace before it runs the round itself, and a submission does not wake it
+//   while it polls the queue (exec_polling_): a woken executor competes for the cores
+//   with the ranks' waiting threads (on one core it preempts the thread it should leave
+//   the round to), and the ranks then settle into 5-30 microseconds per small operation
+//   instead of two. When nobody claims an operation within the grace (callers that never
+//   Wait, such as MXNet's engine, which only takes completion callbacks), callers_active_
+//   ends and submissions wake the executor at once again; a waiting thread that could
+//   not help (declined_) has the executor run its round as soon as one is due.
 //   GPU collectives of a round are enqueued on the NCCL stream as they come (CPU ones
 //   run meanwhile) and waited for at the end of the round (polling events, with the
 //   deadline; a broken store aborts the NCCL communicator);
@@ -170,7 +172,7 @@ class AllreduceStore : public KVStore {
   // while they run the rounds (callers_active_), on a store without GPU tensors (those
   // are the executor's).
   bool LeavesWorkToCallersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return callers_active_ && gpu_device_ < 0;
+    return callers_active_ && !declined_ && gpu_device_ < 0;
   }
   // The calling thread holds the round from now (round_busy_, last_round_).
   void ClaimRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -284,9 +286,13 @@ class AllreduceStore : public KVStore {
   absl::flat_hash_map<std::string, uint32_t> occurrences_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;      // a submission since the executor looked
-  // The last round was run by a waiting thread (HelpWith), and none has since declined
-  // to help nor left an operation to the executor's grace: see the threading notes.
+  // A waiting thread ran or tried to run a round (HelpWith) since the executor last ran
+  // one for work nobody claimed within kCallerGrace: see the threading notes.
   bool callers_active_ ABSL_GUARDED_BY(mu_) = false;
+  // A waiting thread could not run a round (another thread held it) and sleeps: until
+  // the queue is empty after a round, the executor runs rounds as soon as they are due,
+  // without a grace.
+  bool declined_ ABSL_GUARDED_BY(mu_) = false;
   // The executor sleeps until a round it computed from the queue is due, or polls the
   // queue each cycle within kPollWindow of the last submission: a submission need not
   // wake it. Otherwise (it sleeps until the idle tick) a submission wakes it.
