@@ -72,6 +72,8 @@ struct Flags {
   // "blocks": each method's iterations of a size run back to back, as MPI benchmarks
   // time them (no other method's skew between two of ours).
   std::string order = "turns";
+  // --gloo 0: ours alone (plain Gloo's columns read 0), e.g. under a profiler.
+  bool gloo = true;
 };
 
 absl::StatusOr<size_t> ParseBytes(std::string s) {
@@ -104,6 +106,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
       f.iters = x;
     } else if (absl::SimpleAtoi(v, &x) && x >= 1 && k == "--small-iters") {
       f.small_iters = x;
+    } else if (absl::SimpleAtoi(v, &x) && (x == 0 || x == 1) && k == "--gloo") {
+      f.gloo = x == 1;
     } else if (absl::SimpleAtoi(v, &x) && x >= 0 && k == "--warmup") {
       f.warmup = x;
     } else {
@@ -184,6 +188,7 @@ class Bench {
   absl::StatusOr<double> Time(int which, const std::vector<size_t>& sizes,
                               const std::vector<size_t>& offset, float* work, size_t count,
                               const Patterns& pat, int p, const std::string& name) {
+    if (!f_.gloo && which != kOurs) return 0.0;
     pat.Load(work, count, p);
     std::vector<Handle> handles;
     const Clock::time_point t0 = Clock::now();
@@ -389,7 +394,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "hybridps-gloo-ref: %s\nusage: hybridps-gloo-ref [--min-bytes 4K] "
                  "[--max-bytes 64M] [--factor 4] [--iters 30] [--small-iters 200] [--warmup 3] "
-                 "[--model resnet50] [--order turns|blocks]\n",
+                 "[--model resnet50] [--order turns|blocks] [--gloo 0|1]\n",
                  std::string(flags.status().message()).c_str());
     return 2;
   }
