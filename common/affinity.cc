@@ -144,15 +144,6 @@ absl::StatusOr<std::vector<int>> BindLocalRank(int local_rank, int local_size) {
   return AllowedCpus();
 }
 
-int UsableCpus() {
-  {
-    absl::MutexLock lock(&binding_mu);
-    if (original) return static_cast<int>(original->size());
-  }
-  absl::StatusOr<std::vector<int>> allowed = AllowedCpus();
-  return allowed.ok() ? static_cast<int>(allowed->size()) : 1;
-}
-
 void UndoBinding() {
   absl::MutexLock lock(&binding_mu);
   if (original) SetEveryThread(SetOf(*original), "its earlier CPUs").IgnoreError();

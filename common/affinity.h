@@ -43,10 +43,6 @@ absl::StatusOr<std::vector<int>> BindLocalRank(int local_rank, int local_size);
 // never bound).
 void UndoBinding();
 
-// How many CPUs this process may use: those of its mask before BindLocalRank bound it
-// (the host's share all local ranks divide), else of the calling thread's mask.
-int UsableCpus();
-
 }  // namespace hybridps
 
 #endif  // HYBRIDPS_COMMON_AFFINITY_H_

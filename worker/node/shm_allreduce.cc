@@ -17,7 +17,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "common/affinity.h"
 #include "common/reduce.h"
 #include "common/status.h"
 #include "worker/node/negotiation.h"
@@ -33,13 +32,13 @@ constexpr size_t kPage = 4096;
 // Spins before a barrier sleeps: a few microseconds, less than a futex round trip, and
 // short enough not to starve the rank it waits for on a machine with few cores.
 constexpr int kSpins = 256;
-// Then, while every local rank can have a CPU of its own, it spins on for up to this
-// long; with more ranks than CPUs it yields the CPU (sched_yield) for as long instead,
-// so that a rank it waits for on the same CPU runs. Longer than a futex wake-up: a rank
-// that sleeps at every barrier makes its peer's next barrier wait for its wake-up, and
-// the ranks then lock into taking turns at sleeping (2-3 us per small allreduce where
-// both spinning take about 1).
-constexpr absl::Duration kSpinFor = absl::Microseconds(50);
+// Then it yields its CPU (sched_yield: another thread that is ready there runs, else this
+// one goes on at once) for up to this long before it sleeps. Longer than a futex wake-up:
+// a rank that sleeps at every barrier makes its peer's next barrier wait for its wake-up,
+// and the ranks then lock into taking turns at sleeping (2-3x slower small allreduces);
+// yielding rather than spinning leaves the CPU to a rank, or the application's threads,
+// that need it.
+constexpr absl::Duration kYieldFor = absl::Microseconds(50);
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -113,7 +112,6 @@ absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Open(const std::stri
                         absl::StrCat("shared-memory allreduce: ", base.status().message()));
   }
   std::unique_ptr<ShmAllreduce> me(new ShmAllreduce(local_rank, local_size, chunk_bytes));
-  me->oversubscribed_ = UsableCpus() < local_size;
   me->header_ = static_cast<Header*>(*base);
   me->mapped_bytes_ = total;
   Header* h = me->header_;
@@ -256,24 +254,19 @@ absl::Status ShmAllreduce::Barrier(absl::Time deadline, absl::string_view step) 
     if (h->sleepers.load(std::memory_order_seq_cst) > 0) FutexWakeAll(&h->gen);
     return absl::OkStatus();
   }
-  absl::Time spin_until = absl::InfinitePast();
+  absl::Time yield_until = absl::InfinitePast();
   for (int n = 0; h->gen.load(std::memory_order_acquire) == g; ++n) {
     if (n < kSpins) {
       CpuRelax();
       continue;
     }
-    if (n % 64 != 0 && n > kSpins && absl::Now() < spin_until) {  // the clock now and then
-      if (oversubscribed_) {
-        sched_yield();
-      } else {
-        CpuRelax();
-      }
-      continue;
-    }
     if (absl::Status s = aborted(); !s.ok()) return s;
     const absl::Time now = absl::Now();
-    if (n == kSpins) spin_until = now + kSpinFor;
-    if (now < spin_until) continue;
+    if (n == kSpins) yield_until = now + kYieldFor;
+    if (now < yield_until) {
+      sched_yield();
+      continue;
+    }
     if (now >= deadline) {
       std::vector<int> missing;
       for (int r = 0; r < local_size_; ++r) {

@@ -19,8 +19,8 @@
 // same collectives in the same order (the negotiation's plan guarantees it, as it does
 // for Gloo's).
 //
-// Waits: a barrier spins (or, with more local ranks than CPUs, yields) for up to 50 us,
-// then sleeps on a futex in the segment, and fails at its
+// Waits: a barrier spins briefly, yields its CPU for up to 50 us, then sleeps on a futex
+// in the segment, and fails at its
 // deadline naming the local ranks that did not arrive; Abort() (any thread, e.g. when the
 // scheduler reports a dead peer) ends every wait at once, here and, through a flag in the
 // segment, in the other processes. After a failure the object must not be used again.
@@ -105,9 +105,6 @@ class ShmAllreduce {
   Header* header_ = nullptr;
   size_t mapped_bytes_ = 0;
   uint64_t exchanges_ = 0;  // Allgather calls so far (the same on every rank)
-  // Fewer CPUs than local ranks (UsableCpus, when the segment is opened): a barrier
-  // yields its CPU rather than spinning on it.
-  bool oversubscribed_ = false;
   std::atomic<bool> aborted_{false};
   absl::Mutex mu_;
   absl::Status abort_status_ ABSL_GUARDED_BY(mu_);
