@@ -162,6 +162,17 @@ void AllreduceStore::HelpWith(HandleState* state) {
   while (!state->DoneFast()) {
     {
       absl::MutexLock lock(&mu_);
+      if (round_busy_ && !stopping_ && broken_.ok()) {
+        // The holder may be just finishing its round: on one core, the executor that
+        // completed this thread's last operation is preempted by this thread before it
+        // lets the round go. Wait a moment for it, rather than sleeping until the
+        // operation completes and leaving the executor every round from now on.
+        auto free = [this, state]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return !round_busy_ || !broken_.ok() || state->DoneFast();
+        };
+        mu_.AwaitWithTimeout(absl::Condition(&free), kCallerGrace);
+        if (state->DoneFast()) return;
+      }
       if (round_busy_ || stopping_ || !broken_.ok() ||
           absl::Now() < NextRoundLocked(/*caller=*/true)) {
         // This thread sleeps until its operation completes: the executor must not leave
