@@ -232,9 +232,8 @@ struct Options {
   // HYBRIDPS_BIND_TO: "core" makes each worker bind itself, every thread it has and
   // starts, to its local rank's share of the cores it may use (floor(cores / local
   // size) whole cores; one hardware thread each with more local ranks than cores), as
-  // mpirun --bind-to core binds ranks to cores; hybridrun --bind-to core sets it. Small
-  // collectives on one host then spin on cores of their own (about 3 us for 4 KiB with 2
-  // workers, where unbound ones sharing a core take 15-30). "none" (default): no binding;
+  // mpirun --bind-to core binds ranks to cores; hybridrun --bind-to core sets it: small
+  // collectives on one host then wait on cores of their own. "none" (default): no binding;
   // keep it when a worker needs more CPUs than its share (MXNet's CPU operators, data
   // loading) or its launcher already binds it.
   std::string bind_to = "none";
