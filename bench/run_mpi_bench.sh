@@ -17,6 +17,8 @@
 #   scripts/hybridrun -np N --backend dist_allreduce [--bind-to core] -- hybridps-gloo-ref
 #       --order blocks SWEEP             (plain Gloo and dist_allreduce, side by side)
 # and the three again with --model resnet50 --iters N (--model-iters, default 10).
+# Binding: mpirun binds each rank to one core, hybridrun each worker to floor(cores / N)
+# whole cores: the same when there are as many ranks as cores (the 2-core VM, --np 2).
 # Logs stay in OUT (default: a new folder under /tmp). Prints per N the per-size medians
 # and the ResNet-50 medians of every method.
 set -euo pipefail
@@ -41,7 +43,7 @@ while [[ $# -gt 0 ]]; do
     --bind) bind="$2"; shift 2 ;;
     --sweep-args) sweep_args="$2"; shift 2 ;;
     --model-iters) model_iters="$2"; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_mpi_bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
