@@ -59,6 +59,7 @@ absl::Status SetEveryThread(const cpu_set_t& set, absl::string_view what) {
 absl::Mutex binding_mu(absl::kConstInit);
 // The process's mask before its first BindLocalRank.
 std::optional<std::vector<int>> original ABSL_GUARDED_BY(binding_mu);
+int bindings ABSL_GUARDED_BY(binding_mu) = 0;  // BindLocalRank calls not undone
 
 }  // namespace
 
@@ -90,8 +91,14 @@ std::vector<int> CpuShare(const std::vector<Core>& cores, int local_rank, int lo
       share.insert(share.end(), cores[i].begin(), cores[i].end());
     }
   } else {
-    std::vector<int> all;
-    for (const Core& c : cores) all.insert(all.end(), c.begin(), c.end());
+    size_t widest = 0;
+    for (const Core& c : cores) widest = std::max(widest, c.size());
+    std::vector<int> all;  // every core's first hardware thread, then every second one, ...
+    for (size_t t = 0; t < widest; ++t) {
+      for (const Core& c : cores) {
+        if (t < c.size()) all.push_back(c[t]);
+      }
+    }
     share.push_back(all[rank % all.size()]);
   }
   std::sort(share.begin(), share.end());
@@ -141,12 +148,15 @@ absl::StatusOr<std::vector<int>> BindLocalRank(int local_rank, int local_size) {
     SetEveryThread(SetOf(*original), "its earlier CPUs").IgnoreError();
     return s;
   }
+  ++bindings;
   return AllowedCpus();
 }
 
 void UndoBinding() {
   absl::MutexLock lock(&binding_mu);
-  if (original) SetEveryThread(SetOf(*original), "its earlier CPUs").IgnoreError();
+  if (bindings > 0 && --bindings == 0 && original) {
+    SetEveryThread(SetOf(*original), "its earlier CPUs").IgnoreError();
+  }
 }
 
 }  // namespace hybridps

@@ -1,8 +1,7 @@
 // Binding a worker process to its share of its host's cores (Options::bind_to, hybridrun
 // --bind-to core), as mpirun --bind-to core binds each rank to a core: on one host the
 // local ranks' waiting threads then never share a core, and the shared-memory
-// collectives' spinning barriers cost a microsecond or two instead of a scheduler round
-// trip.
+// collectives' barriers cost a microsecond or two instead of a scheduler round trip.
 #ifndef HYBRIDPS_COMMON_AFFINITY_H_
 #define HYBRIDPS_COMMON_AFFINITY_H_
 
@@ -22,9 +21,10 @@ using Core = std::vector<int>;
 std::vector<Core> CoresOf(const std::vector<int>& cpus);
 
 // The CPUs of local rank `local_rank` of `local_size` sharing `cores`: with at least as
-// many cores as ranks, floor(cores / local_size) consecutive whole cores; with fewer, the
-// cores' CPUs one per rank, taken in turn. Empty when there are no cores or the rank is
-// out of range.
+// many cores as ranks, floor(cores / local_size) consecutive whole cores; with fewer, one
+// CPU per rank, taken in turn from the cores' first hardware threads, then their second
+// ones, and so on (ranks spread over the cores first). Empty when there are no cores or
+// the rank is out of range.
 std::vector<int> CpuShare(const std::vector<Core>& cores, int local_rank, int local_size);
 
 // "0-3,8" for {0, 1, 2, 3, 8}.
@@ -39,8 +39,8 @@ absl::StatusOr<std::vector<int>> AllowedCpus();
 // thread's mask read back.
 absl::StatusOr<std::vector<int>> BindLocalRank(int local_rank, int local_size);
 
-// Gives every thread back the mask the process had before BindLocalRank (nothing when it
-// never bound).
+// Undoes one BindLocalRank (a store that failed to start): when no other binding is
+// left, gives every thread back the mask the process had before the first.
 void UndoBinding();
 
 }  // namespace hybridps

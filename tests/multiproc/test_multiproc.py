@@ -52,7 +52,8 @@ def test_spinning_loops_keep_exact_sums(job: JobEnv, backend: str) -> None:
 
 def cpu_share(allowed: list[int], rank: int, size: int) -> list[int]:
     """What common/affinity.h's CpuShare(CoresOf(allowed), ...) gives local rank `rank` of
-    `size`: whole cores (sysfs topology) while there are enough, else one CPU each."""
+    `size`: whole cores (sysfs topology) while there are enough, else one CPU each, every
+    core's first hardware thread before any core's second."""
     def topology(cpu: int, what: str) -> str | None:
         try:
             return Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/{what}").read_text().strip()
@@ -70,7 +71,8 @@ def cpu_share(allowed: list[int], rank: int, size: int) -> list[int]:
     if len(cores) >= size:
         per_rank = len(cores) // size
         return sorted(c for core in cores[rank * per_rank:(rank + 1) * per_rank] for c in core)
-    every = [c for core in cores for c in core]
+    widest = max(len(core) for core in cores)
+    every = [core[t] for t in range(widest) for core in cores if t < len(core)]
     return [every[rank % len(every)]]
 
 

@@ -36,9 +36,13 @@ TEST(AffinityTest, HardwareThreadsOfOneCoreStayTogether) {
   EXPECT_EQ(CpuShare(smt, 0, 4), (std::vector<int>{0, 4}));
   EXPECT_EQ(CpuShare(smt, 2, 4), (std::vector<int>{2, 6}));
   EXPECT_EQ(CpuShare(smt, 1, 2), (std::vector<int>{2, 3, 6, 7}));
-  // More ranks than cores: one hardware thread each, in turn.
-  EXPECT_EQ(CpuShare(smt, 0, 8), (std::vector<int>{0}));
-  EXPECT_EQ(CpuShare(smt, 1, 8), (std::vector<int>{4}));
+  // More ranks than cores: one hardware thread each, every core's first before any
+  // core's second.
+  EXPECT_EQ(CpuShare(smt, 0, 6), (std::vector<int>{0}));
+  EXPECT_EQ(CpuShare(smt, 1, 6), (std::vector<int>{1}));
+  EXPECT_EQ(CpuShare(smt, 3, 6), (std::vector<int>{3}));
+  EXPECT_EQ(CpuShare(smt, 4, 6), (std::vector<int>{4}));
+  EXPECT_EQ(CpuShare(smt, 5, 6), (std::vector<int>{5}));
   EXPECT_EQ(CpuShare(smt, 7, 8), (std::vector<int>{7}));
 }
 
@@ -117,6 +121,8 @@ TEST(AffinityTest, BindingCoversEveryThreadAndIsUndone) {
   ASSERT_OK(again);
   EXPECT_EQ(*again, want);
   EXPECT_FALSE(BindLocalRank(3, 2).ok());
+  UndoBinding();  // the second store failed: the first one's binding stays
+  EXPECT_EQ(*AllowedCpus(), want);
   UndoBinding();
   EXPECT_EQ(*AllowedCpus(), *allowed);
 }

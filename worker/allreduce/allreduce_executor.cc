@@ -104,8 +104,11 @@ bool AllreduceStore::WaitForRound() {
     const absl::Time at = NextRoundLocked(/*caller=*/false);
     if (absl::Now() >= at) {
       // New work nobody claimed within the grace: its submitter does not wait on it, so
-      // later submissions wake the executor at once.
-      if (!job_active_ && !stopping_ && !queued_.empty()) callers_active_ = false;
+      // later submissions wake the executor at once. (Not when no grace was offered:
+      // a waiting thread declined, or the store has GPU tensors.)
+      if (!job_active_ && !stopping_ && !queued_.empty() && LeavesWorkToCallersLocked()) {
+        callers_active_ = false;
+      }
       break;
     }
     if (job_active_ || stopping_) {
@@ -162,6 +165,7 @@ void AllreduceStore::HelpWith(HandleState* state) {
   while (!state->DoneFast()) {
     {
       absl::MutexLock lock(&mu_);
+      callers_active_ = true;  // this thread waits on its operation
       if (round_busy_ && !stopping_ && broken_.ok()) {
         // The holder may be just finishing its round: on one core, the executor that
         // completed this thread's last operation is preempted by this thread before it
@@ -178,7 +182,6 @@ void AllreduceStore::HelpWith(HandleState* state) {
         // This thread sleeps until its operation completes: the executor must not leave
         // the operation to it (it runs its round as soon as one is due). Threads do wait
         // on their operations, so later ones are left to them again.
-        callers_active_ = true;
         if (!declined_) {
           declined_ = true;
           wake_ = true;
@@ -186,7 +189,6 @@ void AllreduceStore::HelpWith(HandleState* state) {
         return;
       }
       ClaimRoundLocked();
-      callers_active_ = true;
       ++stats_.caller_rounds;
     }
     if (!HoldRound(/*caller=*/true)) return;  // the executor sees the store broken and stops

@@ -313,7 +313,7 @@ absl::StatusOr<Handle> AllreduceStore::Submit(std::shared_ptr<Op> op) {
   op->occurrence = occurrences_[op->name]++;
   op->seq = next_seq_++;
   // An executor that polls the queue (waiting threads run the rounds) looks at this one
-  // within the grace anyway; waking it now would only compete with the thread that may
+  // within a cycle anyway; waking it now would only compete with the thread that may
   // wait on it.
   if (!exec_polling_ || op->in.device == Device::kGPU) wake_ = true;
   last_submit_ = op->submitted;

@@ -34,10 +34,11 @@
 //   CPU-only stores): an isolated operation then costs no hand-off to the executor and
 //   back. One thread at a time holds the round (round_busy_) and with it the Gloo and
 //   NCCL communicators and the Op fields marked "round holder". While threads wait on
-//   their operations (callers_active_: one ran or tried to run a round since the executor
-//   last ran one nobody claimed), the executor leaves a new CPU operation to them for
+//   their operations (callers_active_: one waited since the executor last ran a round
+//   for work nobody claimed), the executor leaves a new CPU operation to them for
 //   kCallerGrace before it runs the round itself, and a submission does not wake it
-//   while it polls the queue (exec_polling_): a woken executor competes for the cores
+//   while it polls the queue each cycle (exec_polling_; an operation nobody waits on
+//   thus starts within a cycle and the grace): a woken executor competes for the cores
 //   with the ranks' waiting threads (on one core it preempts the thread it should leave
 //   the round to), and the ranks then settle into 5-30 microseconds per small operation
 //   instead of two. When nobody claims an operation within the grace (callers that never
@@ -180,7 +181,8 @@ class AllreduceStore : public KVStore {
   // `caller`: a waiting thread, not the executor.
   bool HoldRound(bool caller);
   // A thread waiting on `state` (Options::caller_rounds): runs the rounds that are due
-  // while the round is free, until the operation completed or it cannot help.
+  // while the round is free (waiting up to kCallerGrace for a held one to be let go),
+  // until the operation completed or it cannot help.
   void HelpWith(HandleState* state);
   void ExpireDeadlines(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One round: list, exchange, decide, run. False: stop. A `caller` (HelpWith) lists no
@@ -286,12 +288,12 @@ class AllreduceStore : public KVStore {
   absl::flat_hash_map<std::string, uint32_t> occurrences_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;      // a submission since the executor looked
-  // A waiting thread ran or tried to run a round (HelpWith) since the executor last ran
-  // one for work nobody claimed within kCallerGrace: see the threading notes.
+  // A thread waited on its operation (HelpWith) since the executor last ran a round for
+  // work nobody claimed within kCallerGrace: see the threading notes.
   bool callers_active_ ABSL_GUARDED_BY(mu_) = false;
-  // A waiting thread could not run a round (another thread held it) and sleeps: until
-  // the queue is empty after a round, the executor runs rounds as soon as they are due,
-  // without a grace.
+  // A waiting thread could not run a round (another thread held it, none was due, or the
+  // store is stopping) and sleeps: until the queue is empty after a round, the executor
+  // runs rounds as soon as they are due, without a grace.
   bool declined_ ABSL_GUARDED_BY(mu_) = false;
   // The executor sleeps until a round it computed from the queue is due, or polls the
   // queue each cycle within kPollWindow of the last submission: a submission need not

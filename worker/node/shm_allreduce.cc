@@ -29,7 +29,7 @@ constexpr uint64_t kMagic = 0x6879627073617273ull;  // "hybpsars"
 constexpr int kMaxLocal = 256;
 constexpr size_t kReasonBytes = 512;  // of an abort's error, shared with the other ranks
 constexpr size_t kPage = 4096;
-// Spins before a barrier sleeps: a few microseconds, less than a futex round trip, and
+// Spins before a barrier yields: a few microseconds, less than a futex round trip, and
 // short enough not to starve the rank it waits for on a machine with few cores.
 constexpr int kSpins = 256;
 // Then it yields its CPU (sched_yield: another thread that is ready there runs, else this

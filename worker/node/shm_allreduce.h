@@ -20,10 +20,10 @@
 // for Gloo's).
 //
 // Waits: a barrier spins briefly, yields its CPU for up to 50 us, then sleeps on a futex
-// in the segment, and fails at its
-// deadline naming the local ranks that did not arrive; Abort() (any thread, e.g. when the
-// scheduler reports a dead peer) ends every wait at once, here and, through a flag in the
-// segment, in the other processes. After a failure the object must not be used again.
+// in the segment, and fails at its deadline naming the local ranks that did not arrive;
+// Abort() (any thread, e.g. when the scheduler reports a dead peer) ends every wait at
+// once, here and, through a flag in the segment, in the other processes. After a failure
+// the object must not be used again.
 #ifndef HYBRIDPS_WORKER_NODE_SHM_ALLREDUCE_H_
 #define HYBRIDPS_WORKER_NODE_SHM_ALLREDUCE_H_
 
