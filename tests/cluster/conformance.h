@@ -205,6 +205,13 @@ class ConformanceTest : public ::testing::TestWithParam<Param> {
   int n() const { return GetParam().workers; }
 };
 
+// The same checks for what needs two workers or more (mismatches between them, a worker
+// missing or leaving): instantiated on the layouts of several workers only.
+class MultiWorkerTest : public ConformanceTest {};
+
+// Every layout the suites run on (conformance_test.cc).
+std::vector<Param> Params();
+
 // The exact sum over ranks of element i of tensor `salt` in `round`.
 inline double Sum(size_t i, int n, int round, int salt) {
   double want = 0;

@@ -16,8 +16,7 @@
 namespace hybridps::testing {
 namespace {
 
-TEST_P(ConformanceTest, MismatchedSizesFailEveryRankNamingTheTensorAndSizes) {
-  if (n() < 2) GTEST_SKIP() << "needs two workers";
+TEST_P(MultiWorkerTest, MismatchedSizesFailEveryRankNamingTheTensorAndSizes) {
   auto cluster = Start(Config());
   ASSERT_NE(cluster, nullptr);
   std::vector<absl::Status> status(n());
@@ -156,8 +155,7 @@ TEST_P(ConformanceTest, TwoBitCompressionSendsMultiplesOfTheThresholdAndLosesNot
   });
 }
 
-TEST_P(ConformanceTest, MismatchedDTypesFailEveryRankNamingBoth) {
-  if (n() < 2) GTEST_SKIP() << "needs two workers";
+TEST_P(MultiWorkerTest, MismatchedDTypesFailEveryRankNamingBoth) {
   auto cluster = Start(Config());
   ASSERT_NE(cluster, nullptr);
   std::vector<absl::Status> status(n());
@@ -179,8 +177,7 @@ TEST_P(ConformanceTest, MismatchedDTypesFailEveryRankNamingBoth) {
 // size or on the root fail on every rank with an error naming the tensor and what
 // differs, never hand out the root's bytes. Each case runs 20 times; every other time the
 // disagreeing rank arrives late, after the root's part of the round could have ended.
-TEST_P(ConformanceTest, MismatchedBroadcastsFailEveryRankNamingWhatDiffers) {
-  if (n() < 2) GTEST_SKIP() << "needs two workers";
+TEST_P(MultiWorkerTest, MismatchedBroadcastsFailEveryRankNamingWhatDiffers) {
   auto cluster = Start(Config());
   ASSERT_NE(cluster, nullptr);
   constexpr int kRepeats = 20;

@@ -229,8 +229,7 @@ TEST_P(ConformanceTest, BadArgumentsFailAtSubmissionNamingTheTensor) {
   });
 }
 
-TEST_P(ConformanceTest, RankThatNeverSubmitsFailsTheOthersAtTheDeadline) {
-  if (n() < 2) GTEST_SKIP() << "needs two workers";
+TEST_P(MultiWorkerTest, RankThatNeverSubmitsFailsTheOthersAtTheDeadline) {
   ClusterConfig c = Config();
   c.op_timeout = absl::Milliseconds(1500);
   c.stall_warning = absl::Milliseconds(500);
@@ -261,8 +260,7 @@ TEST_P(ConformanceTest, RankThatNeverSubmitsFailsTheOthersAtTheDeadline) {
 // A worker that leaves the job (its store shut down, as when its process ends early):
 // the others' operations that need it fail soon, naming it, instead of waiting for the
 // deadline.
-TEST_P(ConformanceTest, WorkerThatLeavesFailsTheOthersNamingIt) {
-  if (n() < 2) GTEST_SKIP() << "needs two workers";
+TEST_P(MultiWorkerTest, WorkerThatLeavesFailsTheOthersNamingIt) {
   auto cluster = Start(Config());  // op_timeout 60 s
   ASSERT_NE(cluster, nullptr);
   const int gone = n() - 1;
@@ -333,6 +331,21 @@ TEST_P(ConformanceTest, GpuTensorsAreAClearError) {
     EXPECT_TRUE(Mentions(h.status().message(), "cudaGetDeviceCount"));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, ConformanceTest, ::testing::ValuesIn(Params()), Name);
+
+std::vector<Param> MultiWorkerParams() {
+  std::vector<Param> p;
+  for (const Param& q : Params()) {
+    if (q.workers >= 2) p.push_back(q);
+  }
+  return p;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, MultiWorkerTest, ::testing::ValuesIn(MultiWorkerParams()),
+                         Name);
+
+}  // namespace
 
 std::vector<Param> Params() {
   std::vector<Param> p = {{"dist_hybrid", "inproc", 1, 1}, {"dist_hybrid", "inproc", 2, 2},
@@ -406,7 +419,4 @@ std::vector<Param> Params() {
   return p;
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, ConformanceTest, ::testing::ValuesIn(Params()), Name);
-
-}  // namespace
 }  // namespace hybridps::testing
