@@ -41,6 +41,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/allreduce_patterns.h"
 #include "bench/models.h"
 #include "common/log.h"
 #include "common/options.h"
@@ -122,48 +123,17 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   return f;
 }
 
-// Rank r's value of element i on iterations of parity p: 1..8, exact in float32 sums.
-float Contribution(int r, size_t i, int p) {
-  return static_cast<float>(1 + (((i * 2654435761u) >> 7) + static_cast<size_t>(r)) % 4 + 4 * p);
-}
+using bench::Median;
+using bench::Patterns;
+using bench::Quantile;
 
-// This rank's inputs and the exact sums for both parities, `count` elements each; an
-// iteration copies its input in (untimed) and compares its result with the sum.
-struct Patterns {
-  std::vector<float> input[2], sum[2];
-  Patterns(size_t count, int rank, int n) {
-    for (int p = 0; p < 2; ++p) {
-      input[p].resize(count);
-      sum[p].assign(count, 0.f);
-      for (size_t i = 0; i < count; ++i) {
-        input[p][i] = Contribution(rank, i, p);
-        for (int r = 0; r < n; ++r) sum[p][i] += Contribution(r, i, p);
-      }
-    }
-  }
-  void Load(float* x, size_t count, int p) const {
-    std::memcpy(x, input[p].data(), count * sizeof(float));
-  }
-  absl::Status Check(const float* x, size_t count, int p, const std::string& what) const {
-    if (std::memcmp(x, sum[p].data(), count * sizeof(float)) == 0) return absl::OkStatus();
-    size_t i = 0;
-    while (x[i] == sum[p][i]) ++i;
-    return absl::DataLossError(absl::StrCat("MISMATCH in ", what, " element ", i, ": got ", x[i],
-                                            ", expected ", sum[p][i]));
-  }
-};
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
-// The q-quantile (nearest rank) of v.
-double Quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+// OK when work[0, count) is parity p's sum, else the first wrong element.
+absl::Status CheckResult(const Patterns& pat, const float* x, size_t count, int p,
+                         const std::string& what) {
+  const size_t i = pat.FirstWrong(x, count, p);
+  if (i == count) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("MISMATCH in ", what, " element ", i, ": got ", x[i],
+                                          ", expected ", pat.sum[p][i]));
 }
 
 double Micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
@@ -206,7 +176,7 @@ class Bench {
       for (const Handle& h : handles) RETURN_IF_ERROR(h.Wait());
     }
     const double us = Micros(Clock::now() - t0);
-    RETURN_IF_ERROR(pat.Check(work, count, p, absl::StrCat(kNames[which], " ", name)));
+    RETURN_IF_ERROR(CheckResult(pat, work, count, p, absl::StrCat(kNames[which], " ", name)));
     return us;
   }
 

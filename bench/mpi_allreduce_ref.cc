@@ -35,11 +35,15 @@
 #include <string>
 #include <vector>
 
+#include "bench/allreduce_patterns.h"
 #include "bench/models.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using hybridps::bench::Median;
+using hybridps::bench::Patterns;
+using hybridps::bench::Quantile;
 
 constexpr const char* kUsage =
     "usage: hybridps-mpi-ref [--min-bytes 4K] [--max-bytes 64M] [--factor 4] [--iters 30] "
@@ -115,12 +119,6 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
   return "";
 }
 
-// Rank r's value of element i on iterations of parity p: 1..8, exact in float32 sums
-// (the same as hybridps-gloo-ref's).
-float Contribution(int r, size_t i, int p) {
-  return static_cast<float>(1 + (((i * 2654435761u) >> 7) + static_cast<size_t>(r)) % 4 + 4 * p);
-}
-
 int g_rank = 0;
 
 [[noreturn]] void Fail(const std::string& msg) {
@@ -138,42 +136,13 @@ void Check(int rc, const char* what) {
   Fail(std::string(what) + " failed: " + std::string(msg, static_cast<size_t>(len)));
 }
 
-// This rank's inputs and the exact sums for both parities, `count` elements each.
-struct Patterns {
-  std::vector<float> input[2], sum[2];
-  Patterns(size_t count, int rank, int n) {
-    for (int p = 0; p < 2; ++p) {
-      input[p].resize(count);
-      sum[p].assign(count, 0.f);
-      for (size_t i = 0; i < count; ++i) {
-        input[p][i] = Contribution(rank, i, p);
-        for (int r = 0; r < n; ++r) sum[p][i] += Contribution(r, i, p);
-      }
-    }
-  }
-  void Load(float* x, size_t count, int p) const {
-    std::memcpy(x, input[p].data(), count * sizeof(float));
-  }
-  void CheckResult(const float* x, size_t count, int p, const std::string& what) const {
-    if (std::memcmp(x, sum[p].data(), count * sizeof(float)) == 0) return;
-    size_t i = 0;
-    while (x[i] == sum[p][i]) ++i;
-    Fail("MISMATCH in " + what + " element " + std::to_string(i) + ": got " +
-         std::to_string(x[i]) + ", expected " + std::to_string(sum[p][i]));
-  }
-};
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
-}
-
-// The q-quantile (nearest rank) of v.
-double Quantile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+// Ends the job when x[0, count) is not parity p's sum.
+void CheckResult(const Patterns& pat, const float* x, size_t count, int p,
+                 const std::string& what) {
+  const size_t i = pat.FirstWrong(x, count, p);
+  if (i == count) return;
+  Fail("MISMATCH in " + what + " element " + std::to_string(i) + ": got " +
+       std::to_string(x[i]) + ", expected " + std::to_string(pat.sum[p][i]));
 }
 
 double Micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
@@ -199,7 +168,7 @@ std::vector<double> Time(const Flags& f, int iters, const std::vector<size_t>& s
     const Clock::time_point t0 = Clock::now();
     for (size_t i = sizes.size(); i-- > 0;) Allreduce(work + offset[i], sizes[i]);
     const double t = Micros(Clock::now() - t0);
-    pat.CheckResult(work, count, p, name + " iteration " + std::to_string(it));
+    CheckResult(pat, work, count, p, name + " iteration " + std::to_string(it));
     if (it >= f.warmup) us.push_back(t);
   }
   return us;
