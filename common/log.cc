@@ -13,6 +13,7 @@ namespace {
 std::atomic<int> g_level{2};
 std::mutex g_tag_mu;
 std::string g_tag;  // Guarded by g_tag_mu.
+thread_local const std::string* t_pinned = nullptr;  // ScopedLogTag's tag on this thread
 }  // namespace
 
 void SetLogLevel(int level) { g_level.store(level, std::memory_order_relaxed); }
@@ -20,9 +21,21 @@ bool LogEnabled(LogLevel level) {
   return static_cast<int>(level) <= g_level.load(std::memory_order_relaxed);
 }
 void SetLogTag(std::string tag) {
+  if (t_pinned != nullptr) return;
   std::lock_guard<std::mutex> lock(g_tag_mu);
   g_tag = std::move(tag);
 }
+
+std::string LogTag() {
+  std::lock_guard<std::mutex> lock(g_tag_mu);
+  return g_tag;
+}
+
+ScopedLogTag::ScopedLogTag(std::string tag) : tag_(std::move(tag)), previous_(t_pinned) {
+  t_pinned = &tag_;
+}
+
+ScopedLogTag::~ScopedLogTag() { t_pinned = previous_; }
 
 LogMessage::LogMessage(LogLevel level, const char* file, int line, uint64_t dropped)
     : level_(level), dropped_(dropped) {
@@ -30,7 +43,9 @@ LogMessage::LogMessage(LogLevel level, const char* file, int line, uint64_t drop
   absl::string_view f(file);
   if (auto p = f.rfind('/'); p != absl::string_view::npos) f.remove_prefix(p + 1);
   std::string tag;
-  {
+  if (t_pinned != nullptr) {
+    tag = *t_pinned;
+  } else {
     std::lock_guard<std::mutex> lock(g_tag_mu);
     tag = g_tag;
   }

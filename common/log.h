@@ -22,6 +22,23 @@ enum class LogLevel { ERROR = 0, WARNING = 1, INFO = 2, DEBUG = 3 };
 void SetLogLevel(int level);
 bool LogEnabled(LogLevel level);
 void SetLogTag(std::string tag);
+// The process's tag as SetLogTag last set it.
+std::string LogTag();
+
+// While it lives, the calling thread's lines carry `tag` and its SetLogTag calls change
+// nothing: a process set's store or scheduler, made inside a worker, leaves the
+// process's tag ("worker 3") as it is.
+class ScopedLogTag {
+ public:
+  explicit ScopedLogTag(std::string tag);
+  ~ScopedLogTag();
+  ScopedLogTag(const ScopedLogTag&) = delete;
+  ScopedLogTag& operator=(const ScopedLogTag&) = delete;
+
+ private:
+  std::string tag_;
+  const std::string* previous_;
+};
 
 class LogMessage {
  public:

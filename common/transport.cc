@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace hybridps {
@@ -181,6 +182,25 @@ std::string EndpointHost(absl::string_view endpoint) {
   endpoint.remove_prefix(kTcp.size());
   auto colon = endpoint.rfind(':');
   return std::string(endpoint.substr(0, colon));
+}
+
+std::string PeerBindEndpoint(absl::string_view interface,
+                             absl::string_view scheduler_endpoint) {
+  std::string host(interface);
+  if (host.empty()) {
+    const std::string sched = EndpointHost(scheduler_endpoint);
+    const bool local = sched.empty() || absl::StartsWith(sched, "127.") || sched == "localhost";
+    host = local ? "127.0.0.1" : "0.0.0.0";
+  }
+  return absl::StrCat("tcp://", host, ":*");
+}
+
+std::string DialableEndpoint(absl::string_view bound) {
+  constexpr absl::string_view kAny = "tcp://0.0.0.0:";
+  if (!absl::StartsWith(bound, kAny)) return std::string(bound);
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return absl::StrCat("tcp://", host, ":", bound.substr(kAny.size()));
 }
 
 }  // namespace hybridps

@@ -138,6 +138,16 @@ class Poller {
 // "tcp://127.0.0.1:5000" -> "127.0.0.1". Empty for non-tcp endpoints.
 std::string EndpointHost(absl::string_view endpoint);
 
+// The tcp endpoint a process binds to take its peers' connections, port chosen by the
+// system: `interface` (HYBRIDPS_INTERFACE: an address or an interface name) when set,
+// else loopback when the job's scheduler (its endpoint) is on loopback or not on tcp (a
+// local job), else every interface.
+std::string PeerBindEndpoint(absl::string_view interface,
+                             absl::string_view scheduler_endpoint);
+// `bound` (Socket::Bind's answer) as peers on other hosts dial it: a wildcard address
+// becomes this host's name.
+std::string DialableEndpoint(absl::string_view bound);
+
 }  // namespace hybridps
 
 #endif  // HYBRIDPS_COMMON_TRANSPORT_H_

@@ -26,13 +26,7 @@ std::string DataBindEndpoint(const Options& o) {
     // Linux's abstract namespace ("@"): no file to leave behind, even when killed.
     return absl::StrCat("ipc://@hybridps-server-", getpid(), "-", counter++);
   }
-  std::string host = o.interface;
-  if (host.empty()) {
-    const bool local = absl::StartsWith(o.scheduler_addr, "127.") ||
-                       o.scheduler_addr == "localhost";
-    host = local ? "127.0.0.1" : "0.0.0.0";
-  }
-  return absl::StrCat("tcp://", host, ":*");
+  return PeerBindEndpoint(o.interface, o.SchedulerEndpoint());
 }
 
 // Engine thread of a partition: a hash of (key, part). Uses the low bits of the key.
@@ -51,12 +45,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(const Context& ctx,
                    Socket::Create(ctx, SocketType::kRouter, options.max_message_bytes));
   const std::string bind = DataBindEndpoint(options);
   RETURN_IF_ERROR(EncryptAsServer(*s->data_, options, bind));
-  ASSIGN_OR_RETURN(s->endpoint_, s->data_->Bind(bind));
-  if (absl::StartsWith(s->endpoint_, "tcp://0.0.0.0:")) {
-    char host[256] = {0};
-    gethostname(host, sizeof host - 1);
-    s->endpoint_ = absl::StrCat("tcp://", host, s->endpoint_.substr(13));
-  }
+  ASSIGN_OR_RETURN(const std::string bound, s->data_->Bind(bind));
+  s->endpoint_ = DialableEndpoint(bound);
   ControlClient::Callbacks cb;
   Server* self = s.get();
   cb.node_failed = [self](const wire::NodeFailed& f) {

@@ -25,6 +25,7 @@
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
 #include "tests/status_matchers.h"
+#include "worker/forwarding_store.h"
 #include "worker/gpu/gpu_staging.h"
 #include "worker/ps/local/node_gpu_reduce.h"
 #include "worker/ps/ps_store.h"
@@ -68,7 +69,7 @@ inline constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat64, DType::
 // copied to a staging buffer, reduced by the worker's store and copied back. With a node
 // reducer (AttachNode), push_pulls take the node's GPU reduction instead, routed as
 // PsGpuStore routes them.
-class StagedStore : public KVStore {
+class StagedStore : public ForwardingStore {
  public:
   StagedStore(KVStore* inner, absl::Duration timeout, bool helpers)
       : inner_(inner), shared_(std::make_shared<HostCopier::Shared>()) {
@@ -95,13 +96,6 @@ class StagedStore : public KVStore {
     return absl::OkStatus();
   }
 
-  absl::string_view type() const override { return inner_->type(); }
-  int rank() const override { return inner_->rank(); }
-  int num_workers() const override { return inner_->num_workers(); }
-  int local_rank() const override { return inner_->local_rank(); }
-  int local_size() const override { return inner_->local_size(); }
-  int cross_rank() const override { return inner_->cross_rank(); }
-  int cross_size() const override { return inner_->cross_size(); }
   absl::StatusOr<Handle> BroadcastAsync(absl::string_view name, TensorView tensor,
                                         int root_rank, int priority) override {
     return stager_->BroadcastAsync(name, OnGpu(tensor), root_rank, priority);
@@ -114,14 +108,6 @@ class StagedStore : public KVStore {
     }
     return stager_->PushPullAsync(name, OnGpu(in), OnGpu(out), priority);
   }
-  absl::Status Barrier() override { return inner_->Barrier(); }
-  absl::Status SetGradientCompression(const GradientCompression& c,
-                                      absl::string_view prefix = "") override {
-    return inner_->SetGradientCompression(c, prefix);
-  }
-  bool IsCapable(Capability capability) const override {
-    return inner_->IsCapable(capability);
-  }
   absl::Status Shutdown() override {
     if (node_) node_->Shutdown();
     stager_->Shutdown();
@@ -129,6 +115,7 @@ class StagedStore : public KVStore {
   }
 
  private:
+  KVStore& target() const override { return *inner_; }
   TensorView OnGpu(TensorView t) {
     if (t.data != nullptr && t.count > 0) {
       absl::MutexLock lock(&shared_->mu);

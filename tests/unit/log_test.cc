@@ -52,5 +52,25 @@ TEST(LogRateTest, ALineSaysHowManyWereLeftOutBeforeIt) {
       << out;
 }
 
+// A process set's store and scheduler run inside a worker: their SetLogTag calls leave
+// the process's tag alone, and the pinning thread's lines carry its own tag.
+TEST(LogTagTest, AScopedTagPinsTheThreadAndLeavesTheProcessTag) {
+  SetLogTag("worker 3");
+  ::testing::internal::CaptureStderr();
+  {
+    ScopedLogTag pin("worker 3 process set 1");
+    SetLogTag("worker 0");  // what the set's store would set: ignored on this thread
+    HPS_LOG(ERROR) << "pinned line";
+  }
+  HPS_LOG(ERROR) << "process line";
+  const std::string out = ::testing::internal::GetCapturedStderr();
+  std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << out;
+  EXPECT_TRUE(absl::StrContains(lines[0], " worker 3 process set 1 log_test.cc")) << out;
+  EXPECT_TRUE(absl::StrContains(lines[1], " worker 3 log_test.cc")) << out;
+  EXPECT_EQ(LogTag(), "worker 3");
+  SetLogTag("");
+}
+
 }  // namespace
 }  // namespace hybridps

@@ -15,13 +15,14 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "worker/forwarding_store.h"
 #include "worker/gpu/gpu_staging.h"
 #include "worker/ps/local/node_gpu_reduce.h"
 #include "worker/ps/ps_store.h"
 
 namespace hybridps {
 
-class PsGpuStore : public KVStore {
+class PsGpuStore : public ForwardingStore {
  public:
   // What the node's GPU reduction (HYBRIDPS_GPU_LOCAL_REDUCE=nccl) is built from: the
   // CUDA runtime's copier and NCCL unless a test (without a GPU) sets stand-ins, for the
@@ -39,39 +40,10 @@ class PsGpuStore : public KVStore {
   // Finishes the staged operations and leaves the job.
   ~PsGpuStore() override;
 
-  absl::string_view type() const override { return ps_->type(); }
-  int rank() const override { return ps_->rank(); }
-  int num_workers() const override { return ps_->num_workers(); }
-  int local_rank() const override { return ps_->local_rank(); }
-  int local_size() const override { return ps_->local_size(); }
-  int cross_rank() const override { return ps_->cross_rank(); }
-  int cross_size() const override { return ps_->cross_size(); }
   absl::StatusOr<Handle> BroadcastAsync(absl::string_view name, TensorView tensor,
                                         int root_rank, int priority) override;
   absl::StatusOr<Handle> PushPullAsync(absl::string_view name, TensorView in, TensorView out,
                                        int priority) override;
-  absl::Status Barrier() override { return ps_->Barrier(); }
-  bool IsCapable(Capability capability) const override { return ps_->IsCapable(capability); }
-  absl::Status SetOptimizer(const ServerOptimizer& optimizer) override {
-    return ps_->SetOptimizer(optimizer);
-  }
-  absl::Status SetOptimizerParam(absl::string_view param, double value) override {
-    return ps_->SetOptimizerParam(param, value);
-  }
-  absl::Status SaveOptimizerStates(const std::string& path) override {
-    return ps_->SaveOptimizerStates(path);
-  }
-  absl::Status LoadOptimizerStates(const std::string& path) override {
-    return ps_->LoadOptimizerStates(path);
-  }
-  absl::Status SetGradientCompression(const GradientCompression& compression,
-                                      absl::string_view name_prefix = "") override {
-    return ps_->SetGradientCompression(compression, name_prefix);
-  }
-  absl::Status StartTimeline(const std::string& path) override {
-    return ps_->StartTimeline(path);
-  }
-  absl::Status StopTimeline() override { return ps_->StopTimeline(); }
   absl::Status Shutdown() override;
 
   GpuStager::Stats staging_stats() { return stager_->stats(); }
@@ -81,6 +53,7 @@ class PsGpuStore : public KVStore {
   PsStore* ps() { return ps_.get(); }
 
  private:
+  KVStore& target() const override { return *ps_; }
   PsGpuStore() = default;
 
   // The PsStore broke (its I/O thread): stops the node's GPU reduction with it.
