@@ -7,7 +7,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #if HYBRIDPS_WITH_NCCL
@@ -22,6 +24,7 @@
 #include "optimizers/lr_schedule.h"
 #include "optimizers/update_rule.h"
 #include "worker/kvstore.h"
+#include "worker/process_set.h"
 
 namespace py = pybind11;
 
@@ -54,6 +57,10 @@ struct Global {
   std::string type ABSL_GUARDED_BY(mu);
   bool shut_down ABSL_GUARDED_BY(mu) = false;
   std::string merge ABSL_GUARDED_BY(mu);  // Options::mxnet_merge of the job's environment
+  Options options ABSL_GUARDED_BY(mu);    // the job's, which process sets derive theirs from
+  // This worker's process sets by id (Horovod's add_process_set), shut down before the
+  // store.
+  std::map<int, std::shared_ptr<KVStore>> sets ABSL_GUARDED_BY(mu);
 };
 Global& G() {
   static Global* g = new Global();  // never destroyed: Python's atexit shuts the store down
@@ -104,7 +111,7 @@ void CallReleased(Fn fn) {
   ThrowIfError(s);
 }
 
-// The Python object: a reference to the process's store.
+// The Python object: a reference to the process's store, or to one of its process sets.
 class PyStore {
  public:
   explicit PyStore(std::shared_ptr<KVStore> store) : store_(std::move(store)) {}
@@ -147,25 +154,80 @@ class PyStore {
     g.store = std::shared_ptr<KVStore>(std::move(*store));
     g.type = type;
     g.merge = options->mxnet_merge;
+    g.options = *options;
     return PyStore(g.store);
   }
 
   static void ShutdownProcessStore() {
     std::shared_ptr<KVStore> store;
+    std::map<int, std::shared_ptr<KVStore>> sets;
     {
       Global& g = G();
       absl::MutexLock lock(&g.mu);
       store = std::move(g.store);
       g.store.reset();
+      sets.swap(g.sets);
       if (store) g.shut_down = true;
     }
-    if (!store) return;
     absl::Status s;
     {
       py::gil_scoped_release release;
-      s = store->Shutdown();
+      for (auto& [id, set] : sets) s.Update(set->Shutdown());
+      if (store) s.Update(store->Shutdown());
     }
     ThrowIfError(s);
+  }
+
+  // Collective over the job's workers (see worker/process_set.h): the process set `id` of
+  // `ranks`; None on a worker that is not one of them.
+  std::optional<PyStore> AddProcessSet(const std::vector<int>& ranks, int id) {
+    Options options;
+    {
+      Global& g = G();
+      absl::MutexLock lock(&g.mu);
+      if (g.store != store_) {
+        throw py::value_error("process sets are made from the job's store only");
+      }
+      options = g.options;
+    }
+    absl::StatusOr<std::unique_ptr<KVStore>> set;
+    {
+      py::gil_scoped_release release;
+      set = CreateProcessSet(*store_, options, ranks, id);
+    }
+    ThrowIfError(set.status());
+    if (!*set) return std::nullopt;
+    std::shared_ptr<KVStore> shared(std::move(*set));
+    std::string refused;
+    {
+      Global& g = G();
+      absl::MutexLock lock(&g.mu);
+      if (g.shut_down) {
+        refused = "the store was shut down while the set was being added";
+      } else if (!g.sets.emplace(id, shared).second) {
+        // hybridps.mxnet numbers its sets once each, so this is a caller's mistake.
+        refused = absl::StrCat("process set ", id, " exists already");
+      }
+    }
+    if (!refused.empty()) {
+      CallReleased([&] { return shared->Shutdown(); });
+      throw std::runtime_error(absl::StrCat("process set ", id, ": ", refused));
+    }
+    return PyStore(shared);
+  }
+
+  // Leaves process set `id` (a no-op when this worker is not in it or left it already).
+  static void RemoveProcessSet(int id) {
+    std::shared_ptr<KVStore> set;
+    {
+      Global& g = G();
+      absl::MutexLock lock(&g.mu);
+      auto it = g.sets.find(id);
+      if (it == g.sets.end()) return;
+      set = std::move(it->second);
+      g.sets.erase(it);
+    }
+    CallReleased([&] { return set->Shutdown(); });
   }
 
   std::string type() const { return std::string(store_->type()); }
@@ -327,6 +389,11 @@ PYBIND11_MODULE(_hybridps_core, m) {
   py::class_<PyStore>(m, "Store")
       .def_static("open", &PyStore::Open, py::arg("type"),
                   "The process's store of `type`, joining the job on first use.")
+      .def("add_process_set", &PyStore::AddProcessSet, py::arg("ranks"), py::arg("id"),
+           "Collective: the process set `id` of the workers `ranks` (a dist_allreduce "
+           "store over them), or None on the others.")
+      .def_static("remove_process_set", &PyStore::RemoveProcessSet, py::arg("id"),
+                  "Leaves process set `id` (nothing when this worker is not in it).")
       .def_property_readonly("type", &PyStore::type)
       .def_property_readonly("rank", &PyStore::rank)
       .def_property_readonly("num_workers", &PyStore::num_workers)

@@ -21,7 +21,7 @@ SCENARIOS = sys.argv[2:]
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "mxnet_kvstore", "examples"))
 
-from mx_horovod_n import horovod_generic  # noqa: E402
+from mx_horovod_n import horovod_generic, horovod_process_sets  # noqa: E402
 from mx_imagenet import imagenet_benchmark  # noqa: E402
 from mx_byteps import (byteps_api, byteps_module, byteps_trainer_broadcasts,  # noqa: E402
                        byteps_training)
@@ -609,9 +609,7 @@ def horovod_more():
     got["adasum"] = _err(lambda: hps.allreduce(t(), op=hps.Adasum))
     got["refused_"] = _err(lambda: hps.allreduce_(t(), op=hps.Adasum))
     got["both"] = _err(lambda: hps.allreduce(t(), average=True, op=hps.Sum))
-    got["missing"] = {"add_process_set": _err(lambda: hps.add_process_set([0])),
-                      "remove_process_set": _err(lambda: hps.remove_process_set(None)),
-                      "join": _err(hps.join)}
+    got["missing"] = {"join": _err(hps.join)}
     # alltoall: rank r's row i holds 10 r + i; rank 0 sends 1 row to itself and 2 to rank
     # 1, rank 1 sends 2 to rank 0 and 1 to itself.
     rows = mx.nd.array([[10 * r + i] * 2 for i in range(3)])
@@ -721,6 +719,31 @@ def horovod_objects():
            gathered_none=repr(hps.allgather_object(None if r else "x" * 1000, name="o")))
 
 
+def horovod_process_sets_two():
+    """Process sets of one worker each on a node of 2: a set's plain sums work also once
+    dist_hybrid's servers run an optimizer (a set is a dist_allreduce store of its own);
+    the job's set cannot be added again; a worker outside a set is refused; one set is
+    removed, the other is left for shutdown() to leave."""
+    hps.init(STORE)
+    r = hps.rank()
+    alone = [hps.add_process_set([0]), hps.add_process_set(hps.ProcessSet([1]))]
+    mine, other = alone[r], alone[1 - r]
+    report("horovod_process_sets_two", rank=r,
+           sum=hps.allreduce(mx.nd.full((3,), r + 1.0), op=hps.Sum, name="s",
+                             process_set=mine).asnumpy().tolist(),
+           average=hps.allreduce(mx.nd.full((2,), 4.0 * (r + 1)), name="a",
+                                 process_set=mine).asnumpy().tolist(),
+           gathered=hps.allgather(mx.nd.full((2, 1), float(r)),
+                                  process_set=mine).asnumpy().ravel().tolist(),
+           set_rank=mine.rank(), other_rank=_err(other.rank),
+           duplicate=_err(lambda: hps.add_process_set([1, 0])),
+           other=_err(lambda: hps.broadcast(mx.nd.ones((1,)), root_rank=1 - r,
+                                            process_set=other)),
+           job=hps.broadcast(mx.nd.full((2,), r + 1.0), root_rank=1,
+                             name="after_sets").asnumpy().tolist(),
+           removed=hps.remove_process_set(alone[0]))
+
+
 def horovod_shutdown():
     """shutdown() leaves the job: is_initialized turns False, init() again is refused."""
     hps.init(STORE)
@@ -748,6 +771,7 @@ def main():
         "byteps": byteps_api,
         "imagenet_benchmark": lambda: imagenet_benchmark(new()),
         "horovod_generic": horovod_generic,
+        "horovod_process_sets": horovod_process_sets,
         "byteps_training": byteps_training,
         "byteps_trainer_broadcasts": byteps_trainer_broadcasts,
         "byteps_module": byteps_module,
@@ -755,6 +779,7 @@ def main():
         "horovod_fp16": horovod_fp16,
         "horovod_timeline": horovod_timeline,
         "horovod_objects": horovod_objects,
+        "horovod_process_sets_two": horovod_process_sets_two,
         "horovod_shutdown": horovod_shutdown,
         "deferred": deferred_broadcast,
         "devices": lambda: devices(new(), False),

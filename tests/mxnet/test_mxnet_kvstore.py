@@ -74,7 +74,8 @@ def job(request, tmp_path_factory):
                  "save", "sync_sgd", "compressed_sgd", "imagenet_benchmark",
                  "devices_trainer", "devices_trainer_staged", "digits", "overlap",
                  "classic_optimizer", "module_fit", "plain_sum",
-                 "horovod_objects", "horovod_shutdown"]  # shutdown ends the store: last
+                 "horovod_objects", "horovod_process_sets_two",
+                 "horovod_shutdown"]  # shutdown ends the store: last
     proc, results = run_job(request.param, scenarios, state_dir)
     check_job(proc, results, len(scenarios))
     proc, loaded = run_job(request.param, ["load"], state_dir)
@@ -414,6 +415,22 @@ def test_horovod_allgather(job):
         assert r["allgather_int"] == [7, 14], r
         assert r["allgather_1d"] == [0.0, 10.0, 11.0], r
         assert r["allgather_again"] == [[0.0] * 3, [1.0] * 3], r
+
+
+def test_horovod_process_sets_on_one_node(job):
+    """Sets [0] and [1] on a node of 2 workers: each reduces alone (plain sums also after
+    dist_hybrid's servers took an optimizer), [0, 1] is the job's set, a worker outside a
+    set gets a named error, and the job goes on."""
+    store, results = job
+    for r, g in enumerate(both(results, "horovod_process_sets_two")):
+        assert g["sum"] == [r + 1.0] * 3 and g["average"] == [4.0 * (r + 1)] * 2, g
+        assert g["gathered"] == [float(r)] * 2 and g["set_rank"] == 0, g
+        assert g["other_rank"].startswith("ValueError") and \
+            f"worker {r} is not part of" in g["other_rank"], g
+        assert "duplicate process set" in g["duplicate"], g
+        assert g["other"].startswith("InvalidArgument") and \
+            f"worker {r} is not part of" in g["other"], g
+        assert g["job"] == [2.0, 2.0] and g["removed"] is True, g
 
 
 def test_horovod_objects(job):

@@ -29,7 +29,8 @@ os.environ.setdefault("MXNET_EXEC_BULK_EXEC_TRAIN", "0")
 from .kvstore import (DistAllreduce, DistHybrid, now_ns, register,  # noqa: E402
                       timeline_mark, timeline_start, timeline_stop, timeline_take)
 from .horovod import (Adasum, Average, Compression, DistributedOptimizer,  # noqa: E402
-                      DistributedTrainer, Max, Min, Product, Sum, add_process_set,
+                      DistributedTrainer, Max, Min, ProcessSet, Product, Sum,
+                      add_process_set, global_process_set,
                       allgather, allgather_object, allreduce, allreduce_, alltoall,
                       broadcast, broadcast_, broadcast_object, broadcast_parameters,
                       ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
@@ -53,4 +54,5 @@ __all__ = ["DistHybrid", "DistAllreduce", "now_ns", "timeline_mark", "timeline_s
            "broadcast_object", "allgather_object", "Compression",
            "start_timeline", "stop_timeline", "alltoall", "reducescatter",
            "add_process_set", "remove_process_set", "join", "ccl_built", "ddl_built",
-           "grouped_allgather", "grouped_reducescatter"]
+           "grouped_allgather", "grouped_reducescatter", "ProcessSet",
+           "global_process_set"]

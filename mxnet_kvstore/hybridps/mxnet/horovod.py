@@ -11,10 +11,12 @@ Offered: init, shutdown, is_initialized, rank/size/local_*/cross_*, the build qu
 (*_built, *_enabled), allreduce(_) with op=Average/Sum/Min/Max/Product and pre/postscale
 factors, grouped_allreduce(_), allgather, alltoall, reducescatter, broadcast(_),
 broadcast_parameters, broadcast_object, allgather_object, Compression.none/fp16,
-DistributedTrainer, DistributedOptimizer, start_timeline/stop_timeline. Refused with
-NotImplementedError: op=Adasum, add/remove_process_set, join (see docs/horovod-api.md);
-the process_set= argument does not exist.
+DistributedTrainer, DistributedOptimizer, start_timeline/stop_timeline, and process
+sets (ProcessSet, add_process_set, remove_process_set, init(process_sets=...), the
+process_set= argument). Refused with NotImplementedError: op=Adasum, join (see
+docs/horovod-api.md).
 """
+import collections
 import io
 import itertools
 import os
@@ -31,10 +33,9 @@ from .kvstore import DistAllreduce, DistHybrid
 _kv = None
 _shut_down = False
 _timeline_path = None  # start_timeline's file, until stop_timeline
-_counters = {k: itertools.count() for k in ("allreduce", "broadcast", "grouped_allreduce",
-                                            "broadcast_object", "allgather_object",
-                                            "allgather", "alltoall", "reducescatter",
-                                            "grouped_allgather", "grouped_reducescatter")}
+# Unnamed operations are numbered per (process set id, kind): a process set's operations
+# do not advance the numbers of the workers outside it.
+_counters = collections.defaultdict(itertools.count)
 
 # Horovod's reduction ops (horovod.common.basics' values). The stores reduce by sum:
 # Average and Sum are sums (Average divides afterwards); Min, Max and Product reduce
@@ -44,9 +45,13 @@ _OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: 
              Product: "Product"}
 
 
-def init(backend=None):
+def init(backend=None, process_sets=None):
     """Joins the job (once per process). backend: 'dist_hybrid' (default, or
-    $HYBRIDPS_BACKEND) or 'dist_allreduce'."""
+    $HYBRIDPS_BACKEND) or 'dist_allreduce'. process_sets: as Horovod's, a list of
+    ProcessSet objects (or rank lists) added right away, in order, by add_process_set
+    (the objects given become the added sets);
+    "dynamic" (Horovod's switch for adding them later) changes nothing: sets may always be
+    added later."""
     global _kv
     if _shut_down:
         raise RuntimeError("hybridps.mxnet.init: this process called shutdown(), which left "
@@ -62,6 +67,10 @@ def init(backend=None):
         raise ValueError(f"hybridps.mxnet.init: unknown backend {backend!r} "
                          "(dist_hybrid or dist_allreduce)")
     _kv = classes[backend]()
+    global_process_set.ranks = list(range(_kv.num_workers))
+    if process_sets is not None and process_sets != "dynamic":
+        for ps in process_sets:
+            add_process_set(ps)
 
 
 def is_initialized():
@@ -79,7 +88,10 @@ def shutdown():
     mx.nd.waitall()
     _kv = None
     _shut_down = True
-    core.shutdown()
+    for ps in _sets.values():
+        ps._invalidate()
+    _sets.clear()
+    core.shutdown()  # leaves the process sets, then the job
 
 
 def _store():
@@ -173,8 +185,146 @@ def ddl_built():
     return False
 
 
-def _name(kind, name):
-    return f"{kind}.{name}" if name is not None else f"{kind}.noname.{next(_counters[kind])}"
+def _name(kind, name, group=None):
+    if name is not None:
+        return f"{kind}.{name}"
+    return f"{kind}.noname.{next(_counters[(group.id if group else 0, kind)])}"
+
+
+class ProcessSet:
+    """Horovod's process set: workers, by their ranks in the job, that run operations
+    among themselves while the others do something else. ProcessSet(ranks) (or a plain
+    list) is added on every worker by add_process_set, or by init(process_sets=[...]), and
+    then passed as process_set= to the operations. Each set is a dist_allreduce store of
+    its own over its members, whatever the job's store (docs/horovod-api.md)."""
+    process_set_id = None
+    ranks = None
+
+    def __init__(self, ranks):
+        try:
+            ranks = sorted(ranks)
+        except TypeError:
+            raise ValueError(f"ProcessSet takes a list of ranks, not {ranks!r}") from None
+        if any(isinstance(r, bool) or not isinstance(r, (int, np.integer)) for r in ranks):
+            raise ValueError(f"ProcessSet takes a list of integer ranks, not {ranks!r}")
+        self.ranks = [int(r) for r in ranks]
+        self._kv = None  # this worker's store of the set, once added (members only)
+
+    def _invalidate(self):
+        self.process_set_id = None
+        self._kv = None
+
+    def size(self):
+        """The number of workers in the set; None before it is added."""
+        return None if self.process_set_id is None else len(self.ranks)
+
+    def rank(self):
+        """This worker's index in the set (its rank in allgather's order); None before
+        the set is added; a ValueError on a worker outside it. Operations' root_rank is the
+        job's rank (hvd.rank()), as in Horovod."""
+        if self.process_set_id is None:
+            return None
+        me = rank()
+        if me not in self.ranks:
+            raise ValueError(f"worker {me} is not part of {self}")
+        return self.ranks.index(me)
+
+    def included(self):
+        """Whether this worker is in the set; None before the set is added."""
+        return None if self.process_set_id is None else rank() in self.ranks
+
+    def __str__(self):
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+    __repr__ = __str__
+
+
+global_process_set = ProcessSet([])  # every worker; its ranks are filled in by init()
+global_process_set.process_set_id = 0
+_sets = {}  # id -> the added ProcessSet (not the global one)
+_set_ids = itertools.count(1)  # the same on every worker: adding is collective
+
+
+def add_process_set(process_set):
+    """Collective (every worker of the job, the same sets in the same order, as in
+    Horovod): adds `process_set` (a ProcessSet or a list of ranks) and returns it. The
+    set's lowest member runs the set's rendezvous; the members connect to each other
+    (Gloo, and shared memory between those on one host). A set with the ranks of one
+    that exists is a ValueError; so are ranks outside the job or that differ between
+    workers (raised on every worker)."""
+    store = _store()
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.process_set_id is not None:
+        raise ValueError(f"add_process_set: {process_set} was added already")
+    for existing in [global_process_set] + list(_sets.values()):
+        if existing.ranks == process_set.ranks:
+            raise ValueError(f"add_process_set: attempted to add a duplicate process set: "
+                             f"{process_set} has the ranks of {existing}")
+    set_id = next(_set_ids)
+    mx.nd.waitall()  # the exchange runs on the job's store, after what was pushed before
+    try:
+        member = store._store.add_process_set(process_set.ranks, set_id)
+    except ValueError as exc:
+        raise InvalidArgument(str(exc)) from None
+    process_set.process_set_id = set_id
+    if member is not None:
+        process_set._kv = DistAllreduce(_process_set=member)
+    _sets[set_id] = process_set
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Removes an added process set on every worker (collective, as adding is): its
+    operations must be complete, and the set object is invalidated. Returns False for the
+    global set or a set that is not added, as Horovod does. The set's lowest member waits
+    (up to HYBRIDPS_OP_TIMEOUT) for the other members to leave."""
+    set_id = getattr(process_set, "process_set_id", None)
+    if not set_id or _sets.get(set_id) is not process_set:
+        return False
+    mx.nd.waitall()
+    del _sets[set_id]
+    process_set._invalidate()
+    core.Store.remove_process_set(set_id)
+    return True
+
+
+class _Group:
+    """Where an operation runs: the job's store, or a process set's that this worker is
+    a member of. size/rank are within it; ranks: its members' job ranks (None: all)."""
+
+    def __init__(self, kv, ranks=None, set_id=0, label="the job"):
+        self.kv = kv
+        self.ranks = ranks
+        self.id = set_id
+        self.label = label
+        self.size = kv.num_workers
+        self.rank = kv.rank
+
+    def root(self, root_rank, what):
+        """The set's index of job rank `root_rank` (the rank itself for the job)."""
+        if self.ranks is None:
+            return root_rank
+        if root_rank not in self.ranks:
+            raise InvalidArgument(f"{what}: root rank {root_rank} is not part of "
+                                  f"{self.label}")
+        return self.ranks.index(root_rank)
+
+
+def _group(process_set, what):
+    kv = _store()
+    if process_set is None or process_set.process_set_id == 0:
+        return _Group(kv)
+    if not isinstance(process_set, ProcessSet):
+        raise ValueError(f"{what}: process_set must be a ProcessSet, not "
+                         f"{type(process_set).__name__}")
+    added = _sets.get(process_set.process_set_id)
+    if added is None or added.ranks != process_set.ranks:
+        raise ValueError(f"{what}: {process_set} is not an added process set "
+                         "(add_process_set), or it was removed")
+    if added._kv is None:
+        raise InvalidArgument(f"{what}: worker {rank()} is not part of {added}")
+    return _Group(added._kv, added.ranks, added.process_set_id, str(added))
 
 
 def _resolve_op(op, average, what):
@@ -219,112 +369,132 @@ def _scale(x, factor, out=None):
     return out
 
 
-def _allreduce_into(tensor, out, op, name, priority, prescale_factor, postscale_factor):
-    """out = postscale * reduce(prescale * tensor) (Average also divides by size())."""
+def _allreduce_into(tensor, out, op, name, priority, prescale_factor, postscale_factor,
+                    group):
+    """out = postscale * reduce(prescale * tensor) over `group` (Average also divides by
+    its size)."""
     if op in _GATHERED:
         src = _scale(tensor, prescale_factor) if prescale_factor != 1.0 else tensor
-        rows = _gather_rows(src.reshape((1,) + tuple(src.shape)), name, priority,
-                            counts=[1] * size())
+        rows = _gather_rows(src.reshape((1,) + tuple(src.shape)), name, priority, group,
+                            counts=[1] * group.size)
         out[:] = _GATHERED[op](rows, axis=0).astype(out.dtype)
         if postscale_factor != 1.0:
             _scale(out, postscale_factor, out=out)
         return out
+    scale = float(postscale_factor)
+    if op == Average:
+        scale /= group.size
+    if scale != 1.0 and out.dtype == np.float16:
+        # A float16 sum that is scaled afterwards is summed in float32 and rounded once,
+        # after the scaling, as Horovod's CPU path computes it (a float16 sum rounded
+        # before the scaling can be 1 ulp off that): twice the bytes of a float16 sum.
+        src = _scale(tensor, prescale_factor) if prescale_factor != 1.0 else tensor
+        wide = src.astype("float32")
+        # A name of its own: the same name may also be reduced unscaled, as float16.
+        group.kv.pushpull(f"{name}.f32", wide, priority=priority)
+        wide *= scale
+        out[:] = wide.astype("float16")
+        return out
     if out is tensor:  # in place
         if prescale_factor != 1.0:
             _scale(tensor, prescale_factor, out=tensor)
-        _store().pushpull(name, tensor, priority=priority)
+        group.kv.pushpull(name, tensor, priority=priority)
     else:
         src = _scale(tensor, prescale_factor) if prescale_factor != 1.0 else tensor
-        _store().pushpull(name, src, out=out, priority=priority)
-    scale = float(postscale_factor)
-    if op == Average:
-        scale /= size()
+        group.kv.pushpull(name, src, out=out, priority=priority)
     if scale != 1.0:
         _scale(out, scale, out=out)
     return out
 
 
 def allreduce_(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
-               postscale_factor=1.0, op=None):
+               postscale_factor=1.0, process_set=global_process_set, op=None):
     """In place: tensor = the sum (op=Sum) or the mean (op=Average, the default; or the
-    deprecated average=True) over the workers of prescale_factor * tensor, times
-    postscale_factor."""
+    deprecated average=True) over the workers (of `process_set`) of prescale_factor *
+    tensor, times postscale_factor."""
     op = _resolve_op(op, average, "allreduce_")
-    return _allreduce_into(tensor, tensor, op, _name("allreduce", name), priority,
-                           prescale_factor, postscale_factor)
+    group = _group(process_set, "allreduce_")
+    return _allreduce_into(tensor, tensor, op, _name("allreduce", name, group), priority,
+                           prescale_factor, postscale_factor, group)
 
 
 def allreduce(tensor, average=None, name=None, priority=0, prescale_factor=1.0,
-              postscale_factor=1.0, op=None):
+              postscale_factor=1.0, process_set=global_process_set, op=None):
     """A new NDArray: allreduce_ of a copy (`tensor` is left as it is)."""
     op = _resolve_op(op, average, "allreduce")
+    group = _group(process_set, "allreduce")
     out = mx.nd.empty(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
-    return _allreduce_into(tensor, out, op, _name("allreduce", name), priority,
-                           prescale_factor, postscale_factor)
+    return _allreduce_into(tensor, out, op, _name("allreduce", name, group), priority,
+                           prescale_factor, postscale_factor, group)
 
 
 def grouped_allreduce_(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
-                       postscale_factor=1.0, op=None):
+                       postscale_factor=1.0, process_set=global_process_set, op=None):
     """allreduce_ of each of `tensors` (in place), submitted back to back so that they run
     together (each is an asynchronous operation of MXNet's engine). Returns `tensors`."""
     op = _resolve_op(op, average, "grouped_allreduce_")
-    base = _name("grouped_allreduce", name)
+    group = _group(process_set, "grouped_allreduce_")
+    base = _name("grouped_allreduce", name, group)
     for i, t in enumerate(tensors):
         _allreduce_into(t, t, op, f"{base}.{i}", priority, prescale_factor,
-                        postscale_factor)
+                        postscale_factor, group)
     return tensors
 
 
 def grouped_allreduce(tensors, average=None, name=None, priority=0, prescale_factor=1.0,
-                      postscale_factor=1.0, op=None):
+                      postscale_factor=1.0, process_set=global_process_set, op=None):
     """allreduce of each of `tensors`, submitted together: a list of new NDArrays."""
     op = _resolve_op(op, average, "grouped_allreduce")
-    base = _name("grouped_allreduce", name)
+    group = _group(process_set, "grouped_allreduce")
+    base = _name("grouped_allreduce", name, group)
     outs = []
     for i, t in enumerate(tensors):
         out = mx.nd.empty(t.shape, ctx=t.context, dtype=t.dtype)
         outs.append(_allreduce_into(t, out, op, f"{base}.{i}", priority, prescale_factor,
-                                    postscale_factor))
+                                    postscale_factor, group))
     return outs
 
 
-def allgather(tensor, name=None, priority=0):
+def allgather(tensor, name=None, priority=0, process_set=global_process_set):
     """A new NDArray: every worker's `tensor` concatenated along the first dimension, in
     rank order. The first dimension may differ between workers (the others and the dtype
     must agree). Two sum-allreduces: of the first dimensions (each worker's at its rank),
     then of a zero buffer of all rows holding this worker's rows in its slot (exact: the
     other slots add zeros). On dist_hybrid after a Trainer put the optimizer on the
-    servers, plain sums (so allgather) are refused."""
-    return _gather_rows(tensor, _name("allgather", name), priority)
+    servers, plain sums (so allgather) are refused on the job's store (a process set's
+    store is a dist_allreduce one)."""
+    group = _group(process_set, "allgather")
+    return _gather_rows(tensor, _name("allgather", name, group), priority, group)
 
 
-def _gather_rows(tensor, base, priority, counts=None):
-    """allgather's work, under the names `base`.*. `counts`: every worker's first
-    dimension, when the caller knows them already (no exchange of them then)."""
-    n, r = size(), rank()
+def _gather_rows(tensor, base, priority, group, counts=None):
+    """allgather's work over `group`, under the names `base`.*. `counts`: every worker's
+    first dimension, when the caller knows them already (no exchange of them then)."""
+    n, r = group.size, group.rank
     shape = tensor.shape if tensor.shape else (1,)
     if counts is None:
         rows = mx.nd.zeros((n,), dtype="int64")
         rows[r] = shape[0]
-        _store().pushpull(f"{base}.rows", rows, priority=priority)
+        group.kv.pushpull(f"{base}.rows", rows, priority=priority)
         counts = [int(c) for c in rows.asnumpy()]
     total, offset = sum(counts), sum(counts[:r])
     buf = mx.nd.zeros((total,) + tuple(shape[1:]), ctx=tensor.context, dtype=tensor.dtype)
     if shape[0]:
         buf[offset:offset + shape[0]] = tensor.reshape(shape)
     # The rows in the name: a later allgather of another total is another tensor.
-    _store().pushpull(f"{base}.data.{total}", buf, priority=priority)
+    group.kv.pushpull(f"{base}.data.{total}", buf, priority=priority)
     buf.wait_to_read()  # as Horovod's: a mismatch raises here, not at a later read
     return buf
 
 
-def grouped_allgather(tensors, name=None, priority=0):
+def grouped_allgather(tensors, name=None, priority=0, process_set=global_process_set):
     """allgather of each of `tensors`: a list of new NDArrays."""
-    base = _name("grouped_allgather", name)
-    return [_gather_rows(t, f"{base}.{i}", priority) for i, t in enumerate(tensors)]
+    group = _group(process_set, "grouped_allgather")
+    base = _name("grouped_allgather", name, group)
+    return [_gather_rows(t, f"{base}.{i}", priority, group) for i, t in enumerate(tensors)]
 
 
-def alltoall(tensor, splits=None, name=None, priority=0):
+def alltoall(tensor, splits=None, name=None, priority=0, process_set=global_process_set):
     """Horovod's alltoall: this worker sends rows splits[j] of `tensor` (along the first
     dimension, in order) to worker j, and gets back the rows every worker sent it,
     concatenated in rank order. splits: a list or an int NDArray of size() counts that
@@ -334,9 +504,10 @@ def alltoall(tensor, splits=None, name=None, priority=0):
 
     The stores sum and broadcast, so this is an allgather of the counts and of the rows
     (every worker receives all rows, size() times the traffic of a true all-to-all); the
-    result is exact."""
-    n, r = size(), rank()
-    base = _name("alltoall", name)
+    result is exact. With a process set, j counts the set's workers (ProcessSet.rank())."""
+    group = _group(process_set, "alltoall")
+    n, r = group.size, group.rank
+    base = _name("alltoall", name, group)
     shape = tuple(tensor.shape) if tensor.shape else (1,)
     given = splits is not None
     if splits is None:
@@ -354,9 +525,10 @@ def alltoall(tensor, splits=None, name=None, priority=0):
                                   f"negative, adding up to the first dimension {shape[0]}")
     table = mx.nd.zeros((n, n), dtype="int64")
     table[r] = mx.nd.array(mine, dtype="int64")
-    _store().pushpull(f"{base}.splits", table, priority=priority)
+    group.kv.pushpull(f"{base}.splits", table, priority=priority)
     table = table.asnumpy().astype(np.int64)  # table[i][j]: rows worker i sends to j
-    rows = _gather_rows(tensor, base, priority, counts=[int(v) for v in table.sum(axis=1)])
+    rows = _gather_rows(tensor, base, priority, group,
+                        counts=[int(v) for v in table.sum(axis=1)])
     pieces, start = [], 0
     for i in range(n):
         begin = start + int(table[i, :r].sum())
@@ -370,8 +542,8 @@ def alltoall(tensor, splits=None, name=None, priority=0):
     return out
 
 
-def reducescatter(tensor, op=None, name=None, priority=0, prescale_factor=1.0,
-                  postscale_factor=1.0):
+def reducescatter(tensor, op=None, name=None, priority=0, process_set=global_process_set,
+                  prescale_factor=1.0, postscale_factor=1.0):
     """Horovod's reducescatter: the reduction (op=Average by default, or Sum, Min, Max,
     Product) of `tensor` over the workers, of which this worker keeps its part of the
     first dimension: rows split evenly, the first shape[0] % size() workers one more.
@@ -380,9 +552,11 @@ def reducescatter(tensor, op=None, name=None, priority=0, prescale_factor=1.0,
     op = _resolve_op(op, None, "reducescatter")
     if not tensor.shape or tensor.ndim == 0:
         raise InvalidArgument("reducescatter: a scalar has no first dimension to scatter")
-    n, r = size(), rank()
-    whole = allreduce(tensor, name=_name("reducescatter", name), priority=priority, op=op,
-                      prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+    group = _group(process_set, "reducescatter")
+    n, r = group.size, group.rank
+    whole = mx.nd.empty(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
+    _allreduce_into(tensor, whole, op, _name("reducescatter", name, group), priority,
+                    prescale_factor, postscale_factor, group)
     rows = whole.shape[0] if whole.shape else 1
     each, extra = divmod(rows, n)
     begin = each * r + min(r, extra)
@@ -392,12 +566,14 @@ def reducescatter(tensor, op=None, name=None, priority=0, prescale_factor=1.0,
     return whole[begin:begin + mine].copy()
 
 
-def grouped_reducescatter(tensors, op=None, name=None, priority=0, prescale_factor=1.0,
+def grouped_reducescatter(tensors, op=None, name=None, priority=0,
+                          process_set=global_process_set, prescale_factor=1.0,
                           postscale_factor=1.0):
     """reducescatter of each of `tensors`: a list of new NDArrays."""
-    base = _name("grouped_reducescatter", name)
+    base = _name("grouped_reducescatter", name, _group(process_set, "grouped_reducescatter"))
     return [reducescatter(t, op=op, name=f"{base}.{i}", priority=priority,
-                          prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+                          process_set=process_set, prescale_factor=prescale_factor,
+                          postscale_factor=postscale_factor)
             for i, t in enumerate(tensors)]
 
 
@@ -418,49 +594,57 @@ def _pickled(obj):
     return np.frombuffer(data.getvalue(), dtype=np.uint8)
 
 
-def _broadcast_bytes(base, payload, root_rank):
-    """root_rank's bytes (a uint8 numpy array there; ignored elsewhere) on every worker:
-    first their count (an int64 tensor of one element), then the bytes."""
-    mine = rank() == root_rank
+def _broadcast_bytes(base, payload, root_rank, group):
+    """root_rank's bytes (a uint8 numpy array there; ignored elsewhere) on every worker of
+    `group` (root_rank: its index there): first their count (an int64 tensor of one
+    element), then the bytes."""
+    mine = group.rank == root_rank
     length = mx.nd.array([len(payload) if mine else 0], dtype="int64")
-    _store().broadcast(f"{base}.len", length, length, root_rank=root_rank)
+    group.kv.broadcast(f"{base}.len", length, length, root_rank=root_rank)
     count = int(length.asnumpy()[0])
     data = mx.nd.array(payload, dtype="uint8") if mine else mx.nd.zeros((count,),
                                                                         dtype="uint8")
     # The count in the name: every broadcast of one name has one size.
-    _store().broadcast(f"{base}.data.{count}", data, data, root_rank=root_rank)
+    group.kv.broadcast(f"{base}.data.{count}", data, data, root_rank=root_rank)
     return data.asnumpy().tobytes()
 
 
-def broadcast_object(obj, root_rank=0, name=None):
-    """root_rank's `obj` (any picklable object) on every worker."""
-    base = _name("broadcast_object", name)
-    payload = _pickled(obj) if rank() == root_rank else None
-    return pickle.loads(_broadcast_bytes(base, payload, root_rank))
+def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
+    """root_rank's `obj` (any picklable object) on every worker (of `process_set`)."""
+    group = _group(process_set, "broadcast_object")
+    root = group.root(root_rank, "broadcast_object")
+    base = _name("broadcast_object", name, group)
+    payload = _pickled(obj) if group.rank == root else None
+    return pickle.loads(_broadcast_bytes(base, payload, root, group))
 
 
-def allgather_object(obj, name=None):
+def allgather_object(obj, name=None, process_set=global_process_set):
     """The list of every worker's `obj` (picklable), in rank order: each worker broadcasts
     its pickled object in turn (size() broadcasts, so it works on dist_hybrid also after
     a Trainer put the optimizer on its servers, and sends each object once)."""
-    base = _name("allgather_object", name)
+    group = _group(process_set, "allgather_object")
+    base = _name("allgather_object", name, group)
     mine = _pickled(obj)
-    return [pickle.loads(_broadcast_bytes(f"{base}.{root}", mine, root))
-            for root in range(size())]
+    return [pickle.loads(_broadcast_bytes(f"{base}.{root}", mine, root, group))
+            for root in range(group.size)]
 
 
-def broadcast_(tensor, root_rank, name=None, priority=0):
-    """In place: tensor = root_rank's tensor."""
-    _store().broadcast(_name("broadcast", name), tensor, tensor, priority=priority,
-                       root_rank=root_rank)
+def broadcast_(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
+    """In place: tensor = root_rank's tensor (root_rank: a job rank, also with a process
+    set, as in Horovod)."""
+    group = _group(process_set, "broadcast_")
+    group.kv.broadcast(_name("broadcast", name, group), tensor, tensor, priority=priority,
+                       root_rank=group.root(root_rank, "broadcast_"))
     return tensor
 
 
-def broadcast(tensor, root_rank, name=None, priority=0):
-    """A new NDArray holding root_rank's `tensor`."""
+def broadcast(tensor, root_rank, name=None, priority=0, process_set=global_process_set):
+    """A new NDArray holding root_rank's `tensor` (root_rank: a job rank, also with a
+    process set, as in Horovod)."""
+    group = _group(process_set, "broadcast")
     out = mx.nd.empty(tensor.shape, ctx=tensor.context, dtype=tensor.dtype)
-    _store().broadcast(_name("broadcast", name), tensor, out, priority=priority,
-                       root_rank=root_rank)
+    group.kv.broadcast(_name("broadcast", name, group), tensor, out, priority=priority,
+                       root_rank=group.root(root_rank, "broadcast"))
     return out
 
 
@@ -508,17 +692,6 @@ class InvalidArgument(ValueError, mx.base.MXNetError):
 
 def _refuse(call, why):
     raise NotImplementedError(f"hybridps.mxnet.{call} is not available: {why}")
-
-
-def add_process_set(process_set):
-    """Refused: one hybridps job is one group of workers (no process sets)."""
-    _refuse("add_process_set", "a hybridps job is one group of all its workers; there are "
-            "no process sets")
-
-
-def remove_process_set(process_set):
-    """Refused: no process sets (see add_process_set)."""
-    _refuse("remove_process_set", "a hybridps job has no process sets")
 
 
 def join():
@@ -614,14 +787,15 @@ class Compression:
     fp16 = FP16Compressor
 
 
-def _reduce_compressed(name, grads, compression, priority):
-    """Sums `grads` (one per device) over the devices and workers, in place, reducing
-    compression.compress's tensors."""
+def _reduce_compressed(name, grads, compression, priority, kv=None):
+    """Sums `grads` (one per device) over the devices and workers (of store `kv`, the
+    job's by default), in place, reducing compression.compress's tensors."""
+    kv = kv or _store()
     if compression is NoneCompressor:
-        _store().pushpull(name, grads, priority=priority)
+        kv.pushpull(name, grads, priority=priority)
         return
     packed = [compression.compress(g) for g in grads]
-    _store().pushpull(name, [c for c, _ in packed], priority=priority)
+    kv.pushpull(name, [c for c, _ in packed], priority=priority)
     for g, (c, ctx) in zip(grads, packed):
         d = compression.decompress(c, ctx)
         if d is not g:
@@ -629,18 +803,26 @@ def _reduce_compressed(name, grads, compression, priority):
 
 
 class DistributedOptimizer(mx.optimizer.Optimizer):
-    """Wraps an optimizer: each update first averages the gradient over the workers.
-    Use with gluon.Trainer(params, DistributedOptimizer(opt), kvstore=None)."""
+    """Wraps an optimizer: each update first averages the gradient over the workers (of
+    `process_set`; a worker outside it updates with its own gradient, as in Horovod).
+    Use with gluon.Trainer(params, DistributedOptimizer(opt), kvstore=None). num_groups
+    changes nothing (every gradient is its own operation)."""
 
     # The gradient of index i is reduced under f"{_name_base}.{i}" (hybridps.mxnet.byteps'
     # optimizer sets its own, so that the two never share a tensor name).
     _name_base = "allreduce.gradient"
 
-    def __init__(self, optimizer, gradient_predivide_factor=1.0,
-                 compression=Compression.none):
+    def __init__(self, optimizer, gradient_predivide_factor=1.0, num_groups=0,
+                 process_set=global_process_set, *, compression=Compression.none):
+        if isinstance(num_groups, bool) or not isinstance(num_groups, (int, np.integer)):
+            raise TypeError("DistributedOptimizer: num_groups must be an int, not "
+                            f"{num_groups!r} (Horovod's order: optimizer, "
+                            "gradient_predivide_factor, num_groups, process_set; give "
+                            "compression= by name)")
         object.__setattr__(self, "_optimizer", optimizer)
         object.__setattr__(self, "_predivide", float(gradient_predivide_factor))
         object.__setattr__(self, "_compression", compression)
+        object.__setattr__(self, "_process_set", process_set)
 
     def __getattr__(self, item):
         return getattr(self._optimizer, item)
@@ -655,15 +837,19 @@ class DistributedOptimizer(mx.optimizer.Optimizer):
         return self._optimizer.create_state_multi_precision(index, weight)
 
     def _allreduce(self, index, grad):
-        if size() == 1:
+        if self._process_set.process_set_id and not self._process_set.included():
+            return  # not a member: its own gradient, as Horovod
+        group = _group(self._process_set, "DistributedOptimizer")
+        if group.size == 1:
             return
         indices = index if isinstance(index, (tuple, list)) else [index]
         grads = grad if isinstance(grad, (tuple, list)) else [grad]
         for i, g in zip(indices, grads):
             if self._predivide != 1.0:
                 g /= self._predivide
-            _reduce_compressed(f"{self._name_base}.{i}", [g], self._compression, -i)
-            g *= self._predivide / size()
+            _reduce_compressed(f"{self._name_base}.{i}", [g], self._compression, -i,
+                               group.kv)
+            g *= self._predivide / group.size
 
     def update(self, index, weight, grad, state):
         self._allreduce(index, grad)
@@ -689,7 +875,7 @@ class DistributedTrainer(gluon.Trainer):
 
     def __init__(self, params, optimizer, optimizer_params=None,
                  compression=Compression.none, gradient_predivide_factor=1.0, prefix=None,
-                 num_groups=0):
+                 num_groups=0, process_set=global_process_set):
         # num_groups (Horovod's grouping of the gradients) changes nothing here: every
         # gradient is its own operation and all of them are submitted together.
         if isinstance(optimizer, DistributedOptimizer):
@@ -697,12 +883,17 @@ class DistributedTrainer(gluon.Trainer):
                              "optimizer, not a DistributedOptimizer")
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
         self._hps_predivide = float(gradient_predivide_factor)
-        self._scale *= self._hps_predivide / size()
+        self._hps_process_set = process_set
         self._hps_prefix = prefix or ""
         self._hps_compression = compression
+        if process_set.process_set_id and not process_set.included():
+            self._hps_group = None  # not a member: trains on its own gradients
+            return
+        self._hps_group = _group(process_set, "DistributedTrainer")
+        self._scale *= self._hps_predivide / self._hps_group.size
 
     def _allreduce_grads(self):
-        if size() == 1:
+        if self._hps_group is None or self._hps_group.size == 1:
             return
         for i, param in enumerate(self._params):
             if param.grad_req == "null":
@@ -712,4 +903,4 @@ class DistributedTrainer(gluon.Trainer):
                 for g in grads:
                     g /= self._hps_predivide
             _reduce_compressed(f"gradient.{self._hps_prefix}{i}", grads,
-                               self._hps_compression, -i)
+                               self._hps_compression, -i, self._hps_group.kv)

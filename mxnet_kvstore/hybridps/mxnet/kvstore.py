@@ -192,17 +192,26 @@ class _HybridKVStore(KVStoreBase):
 
     _TYPE = None
 
-    def __init__(self):
+    def __init__(self, _process_set=None):
         super().__init__()
         _attach()
         global _process_store, _instances
-        self._store = core.Store.open(self._TYPE)
-        _process_store = self._store
-        # Keys are small ints (parameter indices) that every Trainer reuses: the tensor
-        # names of the n-th store object of the process are "n/key", so two Trainers
-        # never mix their tensors. Every worker must create its stores in the same order.
-        self._prefix = f"{_instances}/"
-        _instances += 1
+        if _process_set is not None:
+            # A process set's store (hybridps.mxnet.add_process_set): a job of its own, so
+            # its names need no prefix, and the job's stores keep their numbering.
+            self._store = _process_set
+            self._prefix = ""
+            self._in_process_set = True
+        else:
+            self._store = core.Store.open(self._TYPE)
+            _process_store = self._store
+            # Keys are small ints (parameter indices) that every Trainer reuses: the tensor
+            # names of the n-th store object of the process are "n/key", so two Trainers
+            # never mix their tensors. Every worker must create its stores in the same
+            # order.
+            self._prefix = f"{_instances}/"
+            _instances += 1
+            self._in_process_set = False
         self._optimizer_on_servers = False
         self._optimizer = None
         self._updater = None
@@ -369,7 +378,7 @@ class _HybridKVStore(KVStoreBase):
         _timeline_names.note(name, key, self._store.rank)
         if self._optimizer_on_servers:
             self._sync_optimizer_params()
-        elif _servers_optimizer is not None:
+        elif _servers_optimizer is not None and not self._in_process_set:
             raise RuntimeError(
                 f"pushpull of key {key!r}: the servers of this dist_hybrid job run an "
                 f"optimizer ({_servers_optimizer}, set by a Trainer or set_optimizer), and "
