@@ -26,6 +26,7 @@
 //
 // --order blocks: each method's iterations of a size back to back instead of in turns
 // (bench/run_mpi_bench.sh times Open MPI the same way).
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -338,8 +339,16 @@ absl::Status Run(const Flags& f, const Options& options) {
   const std::string path(reinterpret_cast<const char*>(dir.data()));
   std::shared_ptr<gloo::Context> ctx;
   if (n > 1) {
+    // HYBRIDPS_INTERFACE as the store reads it: an IPv4 address, or an interface name.
     gloo::transport::tcp::attr attr;
-    attr.hostname = options.interface.empty() ? "127.0.0.1" : options.interface;
+    in_addr ip{};
+    if (options.interface.empty()) {
+      attr.hostname = "127.0.0.1";
+    } else if (inet_pton(AF_INET, options.interface.c_str(), &ip) == 1) {
+      attr.hostname = options.interface;
+    } else {
+      attr.iface = options.interface;
+    }
     auto device = gloo::transport::tcp::CreateDevice(attr);
     gloo::rendezvous::FileStore store(path);
     auto c = std::make_shared<gloo::rendezvous::Context>(rank, n);

@@ -1,13 +1,19 @@
 #include "common/transport.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace hybridps {
 namespace {
@@ -201,6 +207,52 @@ std::string DialableEndpoint(absl::string_view bound) {
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   return absl::StrCat("tcp://", host, ":", bound.substr(kAny.size()));
+}
+
+absl::StatusOr<std::string> LocalAddressOf(const std::string& host, bool* loopback_only) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res); rc != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this host's name '", host, "' does not resolve (", gai_strerror(rc), ")"));
+  }
+  std::vector<std::string> all;
+  std::string loopback, found;
+  for (const addrinfo* p = res; p != nullptr && found.empty(); p = p->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {0};
+    if (getnameinfo(p->ai_addr, p->ai_addrlen, text, sizeof text, nullptr, 0,
+                    NI_NUMERICHOST) != 0) {
+      continue;
+    }
+    all.push_back(text);
+    // An address of this host is one a socket can bind (as Gloo's own lookup requires).
+    const int fd = socket(p->ai_family, SOCK_STREAM, 0);
+    if (fd < 0) continue;
+    const bool bindable = bind(fd, p->ai_addr, p->ai_addrlen) == 0;
+    close(fd);
+    if (!bindable) continue;
+    const bool is_loopback =
+        (p->ai_family == AF_INET &&
+         (ntohl(reinterpret_cast<const sockaddr_in*>(p->ai_addr)->sin_addr.s_addr) >> 24) ==
+             127) ||
+        (p->ai_family == AF_INET6 &&
+         IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(p->ai_addr)->sin6_addr));
+    if (!is_loopback) {
+      found = text;
+    } else if (loopback.empty()) {
+      loopback = text;
+    }
+  }
+  freeaddrinfo(res);
+  if (loopback_only != nullptr) *loopback_only = found.empty() && !loopback.empty();
+  if (!found.empty()) return found;
+  if (!loopback.empty()) return loopback;
+  return absl::FailedPreconditionError(
+      absl::StrCat("this host's name '", host, "' resolves to ",
+                   all.empty() ? std::string("no address") : absl::StrJoin(all, ", "),
+                   ", none of them an address of this host"));
 }
 
 }  // namespace hybridps

@@ -148,6 +148,13 @@ std::string PeerBindEndpoint(absl::string_view interface,
 // becomes this host's name.
 std::string DialableEndpoint(absl::string_view bound);
 
+// The numeric address of `host` (this host's name) that a listener of this process can
+// bind: the first of its addresses that is not a loopback one, else a loopback one (only
+// peers on this machine reach it; *loopback_only is then set). FailedPrecondition, naming
+// the name and what it resolves to, when it resolves to no address of this host: the
+// caller should say to set HYBRIDPS_INTERFACE.
+absl::StatusOr<std::string> LocalAddressOf(const std::string& host, bool* loopback_only);
+
 }  // namespace hybridps
 
 #endif  // HYBRIDPS_COMMON_TRANSPORT_H_

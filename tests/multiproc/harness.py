@@ -212,7 +212,9 @@ class DirectJob:
     def __init__(self, job: JobEnv, tmp: Path, workers: int, servers: int,
                  worker_args: list[str], backend: str = "dist_hybrid",
                  worker_env: Callable[[int], dict[str, str]] = lambda rank: {},
-                 before_workers: Callable[[int], None] = lambda port: None) -> None:
+                 before_workers: Callable[[int], None] = lambda port: None,
+                 scheduler_addr: str = "127.0.0.1",
+                 worker_wrap: Callable[[int], list[str]] = lambda rank: []) -> None:
         if backend in (ONE_NODE, HYBRID_ONE_NODE):
             backend = "dist_allreduce" if backend == ONE_NODE else "dist_hybrid"
             worker_env = lambda rank: {"HYBRIDPS_LOCAL_RANK": str(rank),  # noqa: E731
@@ -228,7 +230,7 @@ class DirectJob:
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.output: dict[str, Lines] = {}
         self.exited: dict[str, float] = {}
-        common = {"HYBRIDPS_SCHEDULER_ADDR": "127.0.0.1",
+        common = {"HYBRIDPS_SCHEDULER_ADDR": scheduler_addr,
                   "HYBRIDPS_NUM_WORKERS": str(workers),
                   "HYBRIDPS_NUM_SERVERS": str(servers),
                   "HYBRIDPS_JOB_TOKEN": job.marker,
@@ -249,7 +251,7 @@ class DirectJob:
             self._start(f"server {i}", [str(SERVER)],
                         {**common, "HYBRIDPS_ROLE": "server", "HYBRIDPS_RANK": str(i)})
         for r in range(workers):
-            self._start(f"worker {r}", [str(TEST_WORKER), *worker_args],
+            self._start(f"worker {r}", [*worker_wrap(r), str(TEST_WORKER), *worker_args],
                         {**common, "HYBRIDPS_ROLE": "worker", "HYBRIDPS_RANK": str(r),
                          **worker_env(r)})
 

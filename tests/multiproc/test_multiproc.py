@@ -425,6 +425,43 @@ def test_workers_with_other_settings_fail_the_job_at_start(job: JobEnv, tmp_path
     assert_nothing_left(job.marker)
 
 
+def non_loopback_address() -> str:
+    """An IPv4 address of this machine other than loopback (the one its default route
+    leaves from); the test fails if the machine has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("240.0.0.1", 9))  # no packet is sent: this only picks the route
+        addr = s.getsockname()[0]
+    assert not addr.startswith("127."), f"this machine has no address but loopback ({addr})"
+    return addr
+
+
+def test_allreduce_workers_on_hosts_that_cannot_reach_each_other_fail_at_start(
+        job: JobEnv, tmp_path: Path, direct: list[DirectJob]) -> None:
+    """A dist_allreduce job across hosts (the scheduler not on loopback) whose workers
+    would give Gloo an address the others cannot reach: worker 1's host name (in a UTS
+    namespace of its own) resolves to nothing, worker 0's to loopback while worker 1 is on
+    another host. Each fails at once, naming the host name and HYBRIDPS_INTERFACE,
+    instead of hanging until the start timeout (or Gloo crashing on the name)."""
+    slow_start = {"HYBRIDPS_START_TIMEOUT_MS": "3600000"}  # only the refusal can end it
+    j = DirectJob(job, tmp_path, workers=2, servers=0, worker_args=["--rounds", "1"],
+                  backend="dist_allreduce", scheduler_addr=non_loopback_address(),
+                  worker_env=lambda rank: slow_start,
+                  worker_wrap=lambda rank: [] if rank == 0 else [
+                      "unshare", "--uts", "sh", "-c",
+                      'hostname hps-unresolvable-host && exec "$@"', "sh"])
+    direct.append(j)
+    codes = j.wait_all(RUN_TIMEOUT)
+    assert codes["worker 0"] != 0 and codes["worker 1"] != 0, (codes, j.text())
+    zero = "\n".join(j.lines("worker 0"))
+    one = "\n".join(j.lines("worker 1"))
+    assert "'hps-unresolvable-host' does not resolve" in one, j.text()
+    assert "HYBRIDPS_INTERFACE" in one, j.text()
+    if "resolves to the loopback address" in zero:  # this host's name is a loopback one
+        assert "worker 1 on host hps-unresolvable-host cannot reach" in zero, j.text()
+    assert "round 0 ok" not in zero + one, j.text()
+    assert_nothing_left(job.marker)
+
+
 def test_killed_local_rank_fails_its_node_peers(job: JobEnv, tmp_path: Path,
                                                 direct: list[DirectJob]) -> None:
     j = DirectJob(job, tmp_path, workers=4, servers=1,

@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "common/transport.h"
 #include "worker/allreduce/allreduce_op.h"
 #include "worker/comm/gloo_comm.h"
 #include "worker/node/node_layout.h"
@@ -88,9 +89,31 @@ absl::Status AllreduceStore::Start() {
     if (sched.empty() || absl::StartsWith(sched, "127.") || sched == "localhost") {
       gloo_host_ = "127.0.0.1";
     } else {
+      // This host's name, resolved here: Gloo's own lookup of a name that has no address
+      // of this host fails, or crashes, inside the library.
       char host[256] = {0};
       gethostname(host, sizeof host - 1);
-      gloo_host_ = host;
+      bool loopback_only = false;
+      absl::StatusOr<std::string> address = LocalAddressOf(host, &loopback_only);
+      if (!address.ok()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "dist_allreduce cannot choose the address its peers connect to: ",
+            address.status().message(), "; set HYBRIDPS_INTERFACE (hybridrun "
+            "--network-interface) to the interface or address the workers reach each other "
+            "on"));
+      }
+      // A loopback address serves a job on this host alone: the workers on other hosts
+      // would never connect.
+      for (const wire::NodeInfo& w : welcome.workers()) {
+        if (!loopback_only || w.host() == host) continue;
+        return absl::FailedPreconditionError(absl::StrCat(
+            "dist_allreduce cannot choose the address its peers connect to: this host's "
+            "name '", host, "' resolves to the loopback address ", *address, ", which "
+            "worker ", w.rank(), " on host ", w.host(), " cannot reach; set "
+            "HYBRIDPS_INTERFACE (hybridrun --network-interface) to the interface or "
+            "address the workers reach each other on"));
+      }
+      gloo_host_ = *address;
     }
   }
   SchedulerStore store(control_.get(), "gloo/", absl::Now() + options_.start_timeout);
