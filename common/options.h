@@ -209,7 +209,9 @@ struct Options {
   // HYBRIDPS_EAGER_BYTES (dist_allreduce, CPU tensors): a push_pull of up to this size
   // divided by (workers - 1), or a broadcast, travels inside the negotiation message and
   // is summed from it: no collective after the negotiation. At most 2 MiB; 0: off
-  // (docs/design/defaults.md).
+  // (docs/design/defaults.md). With 3 workers or more each sends n - 1 copies of the
+  // tensor where the ring moves 2(n - 1)/n of it: slow links (about 1 Gbit/s) favour a
+  // lower value, fast ones this one (docs/performance.md, across hosts).
   size_t eager_bytes = 1 << 20;
   // HYBRIDPS_TWO_SHOT_BYTES (dist_allreduce, 2 workers, CPU tensors): push_pulls larger
   // than the eager ones and up to this size are two-shots: each worker sends the other's
