@@ -29,17 +29,18 @@ while [[ $# -gt 0 ]]; do
     --bandwidth) bandwidths="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --build-dir) build_dir="$2"; shift 2 ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_hosts_allreduce_bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
 cd "$(dirname "$0")/.."
+build_dir="$(cd "$build_dir" && pwd)"  # absolute: the job runs from the namespaces
 if [[ -f "$build_dir/CMakeCache.txt" ]]; then
   cmake --build "$build_dir" -j2 --target hybridps-gloo-ref hybridps-server hybridps-scheduler \
     >/dev/null
 fi
-ref="$(pwd)/$build_dir/bench/hybridps-gloo-ref"
+ref="$build_dir/bench/hybridps-gloo-ref"
 [[ -n "$out" ]] || out="$(mktemp -d /tmp/hybridps-hosts-bench.XXXXXX)"
 mkdir -p "$out"
 echo "date $(date -u +%FT%TZ); $(nproc) cores; $(uname -sr); load at start: $(cut -d' ' -f1-3 /proc/loadavg)" \
@@ -52,7 +53,7 @@ n=\$1; shift
 hosts=\$(echo "\$EMU_HOSTS" | tr ',' '\n' | head -n "\$n" | sed 's/\$/:1/' | paste -sd,)
 exec "$(pwd)/.venv/bin/python" "$(pwd)/scripts/hybridrun" -np "\$n" -H "\$hosts" \
   --network-interface "\$EMU_IFACE" --remote-shell "\$EMU_REMOTE_SHELL" \
-  --backend dist_allreduce --bin-dir "$(pwd)/$build_dir" -- "$ref" "\$@"
+  --backend dist_allreduce --bin-dir "$build_dir" -- "$ref" "\$@"
 EOF
 chmod +x "$out/job.sh"
 
@@ -62,7 +63,7 @@ for run in $(seq 1 "$runs"); do
       echo "run $run, $bw, $n workers (load $(cut -d' ' -f1 /proc/loadavg))"
       scripts/emulated-cluster run --hosts "$n" --bandwidth "$bw" -- "$out/job.sh" "$n" \
         --min-bytes 4K --max-bytes 16M --factor 4 --iters 20 --small-iters 100 \
-        >"$out/$bw.n$n.run$run.log" 2>&1
+        >"$out/$bw.n$n.run$run.log" 2>&1 || echo "  failed: see $out/$bw.n$n.run$run.log"
     done
   done
 done

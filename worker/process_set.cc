@@ -187,11 +187,11 @@ constexpr uint8_t kAnswerFailed = 2;
 absl::StatusOr<std::unique_ptr<KVStore>> CreateProcessSet(KVStore& parent,
                                                          const Options& options,
                                                          const std::vector<int>& ranks,
-                                                         int id) {
+                                                         int id, const std::string& refusal) {
   const int n = parent.num_workers();
   const int me = parent.rank();
-  const std::string problem = RanksProblem(ranks, n);
-  // This worker's view: [its node key, whether its ranks are wrong, one flag per rank].
+  const std::string problem = refusal.empty() ? RanksProblem(ranks, n) : refusal;
+  // This worker's view: [its node key, whether it refuses the set, one flag per rank].
   std::vector<int64_t> mine(2 + n, 0);
   mine[0] = NodeKey(options, me);
   mine[1] = problem.empty() ? 0 : 1;
@@ -207,10 +207,11 @@ absl::StatusOr<std::unique_ptr<KVStore>> CreateProcessSet(KVStore& parent,
   }
   if (!wrong.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ": ", problem.empty() ? "" : absl::StrCat("this worker's ranks are wrong: ",
-                                                         problem, "; "),
+        what, ": ", problem.empty() ? "" : absl::StrCat("refused on this worker: ", problem,
+                                                         "; "),
         "worker", wrong.size() > 1 ? "s " : " ", absl::StrJoin(wrong, ", "),
-        " gave ranks that are not distinct workers of this job of ", n));
+        " refused it (ranks that are not distinct workers of this job of ", n,
+        ", or a set that exists already)"));
   }
   for (int r = 1; r < n; ++r) {
     if (!std::equal(views[r].begin() + 2, views[r].end(), views[0].begin() + 2)) {
@@ -247,6 +248,7 @@ absl::StatusOr<std::unique_ptr<KVStore>> CreateProcessSet(KVStore& parent,
   sub.mpi_world_rank = -1;
   sub.port_file.clear();
   sub.timeline.clear();
+  sub.bind_to = "none";  // the job's store bound the process already
 
   const std::string tag = LogTag();
   std::unique_ptr<SetScheduler> scheduler;

@@ -18,6 +18,7 @@
 #define HYBRIDPS_WORKER_PROCESS_SET_H_
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -34,10 +35,14 @@ namespace hybridps {
 // range, repeated or disagreeing between the workers, and a member that cannot join,
 // fail on every worker with an error that names them. Needs a build with Gloo
 // (dist_allreduce).
+// `refusal`: non-empty when the caller refuses this set on this worker (e.g. it has a
+// set of these ranks already); every worker then fails with it, through the same
+// exchange, so that none waits for the others.
 absl::StatusOr<std::unique_ptr<KVStore>> CreateProcessSet(KVStore& parent,
                                                          const Options& options,
                                                          const std::vector<int>& ranks,
-                                                         int id);
+                                                         int id,
+                                                         const std::string& refusal = "");
 
 }  // namespace hybridps
 

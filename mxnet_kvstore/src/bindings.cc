@@ -180,11 +180,15 @@ class PyStore {
 
   // Collective over the job's workers (see worker/process_set.h): the process set `id` of
   // `ranks`; None on a worker that is not one of them.
-  std::optional<PyStore> AddProcessSet(const std::vector<int>& ranks, int id) {
+  std::optional<PyStore> AddProcessSet(const std::vector<int>& ranks, int id,
+                                       const std::string& refusal) {
     Options options;
     {
       Global& g = G();
       absl::MutexLock lock(&g.mu);
+      if (g.shut_down) {
+        throw std::runtime_error("the store was shut down: it makes no more process sets");
+      }
       if (g.store != store_) {
         throw py::value_error("process sets are made from the job's store only");
       }
@@ -193,7 +197,7 @@ class PyStore {
     absl::StatusOr<std::unique_ptr<KVStore>> set;
     {
       py::gil_scoped_release release;
-      set = CreateProcessSet(*store_, options, ranks, id);
+      set = CreateProcessSet(*store_, options, ranks, id, refusal);
     }
     ThrowIfError(set.status());
     if (!*set) return std::nullopt;
@@ -390,8 +394,10 @@ PYBIND11_MODULE(_hybridps_core, m) {
       .def_static("open", &PyStore::Open, py::arg("type"),
                   "The process's store of `type`, joining the job on first use.")
       .def("add_process_set", &PyStore::AddProcessSet, py::arg("ranks"), py::arg("id"),
+           py::arg("refusal") = "",
            "Collective: the process set `id` of the workers `ranks` (a dist_allreduce "
-           "store over them), or None on the others.")
+           "store over them), or None on the others; a non-empty `refusal` fails it on "
+           "every worker.")
       .def_static("remove_process_set", &PyStore::RemoveProcessSet, py::arg("id"),
                   "Leaves process set `id` (nothing when this worker is not in it).")
       .def_property_readonly("type", &PyStore::type)

@@ -441,7 +441,12 @@ def test_allreduce_workers_on_hosts_that_cannot_reach_each_other_fail_at_start(
     would give Gloo an address the others cannot reach: worker 1's host name (in a UTS
     namespace of its own) resolves to nothing, worker 0's to loopback while worker 1 is on
     another host. Each fails at once, naming the host name and HYBRIDPS_INTERFACE,
-    instead of hanging until the start timeout (or Gloo crashing on the name)."""
+    instead of hanging until the start timeout (or Gloo crashing on the name). Needs
+    root (a UTS namespace) and a host-name lookup that does not resolve any current host
+    name (Debian's: files, then DNS)."""
+    probe = subprocess.run(["unshare", "--uts", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.fail(f"this test needs `unshare --uts` (root): {probe.stderr.strip()}")
     slow_start = {"HYBRIDPS_START_TIMEOUT_MS": "3600000"}  # only the refusal can end it
     j = DirectJob(job, tmp_path, workers=2, servers=0, worker_args=["--rounds", "1"],
                   backend="dist_allreduce", scheduler_addr=non_loopback_address(),

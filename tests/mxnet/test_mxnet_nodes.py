@@ -1,6 +1,7 @@
 """The Horovod-style API with 3 workers on two nodes (2 + 1) of this host, both stores:
 what each call must give for n = 3, computed here; horovod_generic and
-horovod_process_sets in mx_horovod_n.py make the calls. Shares the job runner of test_mxnet_kvstore.py."""
+horovod_process_sets in mx_horovod_n.py make the calls. Shares the job runner of
+test_mxnet_kvstore.py."""
 import pytest
 
 from test_mxnet_kvstore import check_job, run_job

@@ -250,23 +250,26 @@ def add_process_set(process_set):
     Horovod): adds `process_set` (a ProcessSet or a list of ranks) and returns it. The
     set's lowest member runs the set's rendezvous; the members connect to each other
     (Gloo, and shared memory between those on one host). A set with the ranks of one
-    that exists is a ValueError; so are ranks outside the job or that differ between
-    workers (raised on every worker)."""
+    that exists, ranks outside the job, or ranks that differ between workers raise a
+    ValueError on every worker."""
     store = _store()
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
-    if process_set.process_set_id is not None:
-        raise ValueError(f"add_process_set: {process_set} was added already")
-    for existing in [global_process_set] + list(_sets.values()):
-        if existing.ranks == process_set.ranks:
-            raise ValueError(f"add_process_set: attempted to add a duplicate process set: "
-                             f"{process_set} has the ranks of {existing}")
+    # The id first and the refusals through the exchange: should the workers' sets differ,
+    # every worker still takes part, fails alike, and counts ids alike.
     set_id = next(_set_ids)
+    refusal = ""
+    if process_set.process_set_id is not None:
+        refusal = f"{process_set} was added already"
+    for existing in [global_process_set] + list(_sets.values()):
+        if not refusal and existing.ranks == process_set.ranks:
+            refusal = (f"attempted to add a duplicate process set: {process_set} has the "
+                       f"ranks of {existing}")
     mx.nd.waitall()  # the exchange runs on the job's store, after what was pushed before
     try:
-        member = store._store.add_process_set(process_set.ranks, set_id)
+        member = store._store.add_process_set(process_set.ranks, set_id, refusal)
     except ValueError as exc:
-        raise InvalidArgument(str(exc)) from None
+        raise InvalidArgument(f"add_process_set: {exc}") from None
     process_set.process_set_id = set_id
     if member is not None:
         process_set._kv = DistAllreduce(_process_set=member)
@@ -278,7 +281,7 @@ def remove_process_set(process_set):
     """Removes an added process set on every worker (collective, as adding is): its
     operations must be complete, and the set object is invalidated. Returns False for the
     global set or a set that is not added, as Horovod does. The set's lowest member waits
-    (up to HYBRIDPS_OP_TIMEOUT) for the other members to leave."""
+    (up to HYBRIDPS_TIMEOUT_MS) for the other members to leave."""
     set_id = getattr(process_set, "process_set_id", None)
     if not set_id or _sets.get(set_id) is not process_set:
         return False
