@@ -33,12 +33,25 @@ constexpr size_t kPage = 4096;
 // short enough not to starve the rank it waits for on a machine with few cores.
 constexpr int kSpins = 256;
 // Then it yields its CPU (sched_yield: another thread that is ready there runs, else this
-// one goes on at once) for up to this long before it sleeps. Longer than a futex wake-up:
-// a rank that sleeps at every barrier makes its peer's next barrier wait for its wake-up,
-// and the ranks then lock into taking turns at sleeping (2-3x slower small allreduces);
-// yielding rather than spinning leaves the CPU to a rank, or the application's threads,
-// that need it.
-constexpr absl::Duration kYieldFor = absl::Microseconds(50);
+// one goes on at once) for a while before it sleeps. Longer than a futex wake-up: a rank
+// that sleeps at every barrier makes its peer's next barrier wait for its wake-up, and the
+// ranks then lock into taking turns at sleeping (2-3x slower small allreduces); yielding
+// rather than spinning leaves the CPU to a rank, or the application's threads, that need
+// it. How long: kYieldLong while the node's ranks are no more than the CPUs a rank may
+// run on, so that a peer that shares this rank's CPU for a moment (unbound threads) does
+// its chunk and this rank goes on without a sleep between; kYieldShort when the ranks
+// outnumber the CPUs, where a waiting rank that keeps yielding takes turns from the ranks
+// it waits for.
+constexpr absl::Duration kYieldLong = absl::Microseconds(500);
+constexpr absl::Duration kYieldShort = absl::Microseconds(50);
+
+// The CPUs this process may run on (1 when it cannot tell).
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
 
 size_t RoundUp(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -152,6 +165,12 @@ absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Open(const std::stri
   return me;
 }
 
+ShmAllreduce::ShmAllreduce(int local_rank, int local_size, size_t chunk_bytes)
+    : local_rank_(local_rank),
+      local_size_(local_size),
+      yield_for_(local_size <= UsableCpus() ? kYieldLong : kYieldShort),
+      chunk_bytes_(chunk_bytes) {}
+
 ShmAllreduce::~ShmAllreduce() {
   if (header_ != nullptr) munmap(header_, mapped_bytes_);
 }
@@ -262,7 +281,7 @@ absl::Status ShmAllreduce::Barrier(absl::Time deadline, absl::string_view step) 
     }
     if (absl::Status s = aborted(); !s.ok()) return s;
     const absl::Time now = absl::Now();
-    if (n == kSpins) yield_until = now + kYieldFor;
+    if (n == kSpins) yield_until = now + yield_for_;
     if (now < yield_until) {
       sched_yield();
       continue;

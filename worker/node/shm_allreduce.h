@@ -90,8 +90,7 @@ class ShmAllreduce {
   struct Header;  // the segment's layout (shm_allreduce.cc)
 
  private:
-  ShmAllreduce(int local_rank, int local_size, size_t chunk_bytes)
-      : local_rank_(local_rank), local_size_(local_size), chunk_bytes_(chunk_bytes) {}
+  ShmAllreduce(int local_rank, int local_size, size_t chunk_bytes);
   absl::Status Barrier(absl::Time deadline, absl::string_view step);
   absl::Status Run(DType dtype, const void* in, void* out, size_t count, absl::Duration timeout,
                    const AcrossNodes* across_nodes);
@@ -101,6 +100,7 @@ class ShmAllreduce {
 
   int local_rank_;
   int local_size_;
+  absl::Duration yield_for_;  // a barrier's yielding before it sleeps (shm_allreduce.cc)
   size_t chunk_bytes_;
   Header* header_ = nullptr;
   size_t mapped_bytes_ = 0;
