@@ -133,14 +133,24 @@ int64_t NodeKey(const Options& options, int rank) {
   return static_cast<int64_t>(Fnv1a64(key));
 }
 
+// Broadcasts `t` from `root` under hybridps.process_set.<id>.<what>. `owner` holds `t`'s
+// memory and lives until the operation completes: one whose wait ran out of time may
+// still write to it (kvstore.h).
+absl::StatusOr<Handle> BroadcastOwned(KVStore& parent, int id, absl::string_view what,
+                                      std::shared_ptr<const void> owner, TensorView t,
+                                      int root) {
+  ASSIGN_OR_RETURN(Handle h, parent.BroadcastAsync(
+                                 absl::StrCat("hybridps.process_set.", id, ".", what), t, root));
+  h.OnComplete([owner = std::move(owner)](const absl::Status&) {});
+  return h;
+}
+
 // Every worker's `mine` (all of one length), by one broadcast from each worker under
 // names hybridps.process_set.<id>.<step>.<rank>.
 absl::StatusOr<std::vector<std::vector<int64_t>>> ShareViews(KVStore& parent, int id,
                                                             absl::string_view step,
                                                             std::vector<int64_t> mine) {
   const int n = parent.num_workers();
-  // Shared with the operations: one whose wait ran out of time may still write to it
-  // (kvstore.h), so it lives until every operation completed.
   auto all = std::make_shared<std::vector<std::vector<int64_t>>>(
       n, std::vector<int64_t>(mine.size(), 0));
   (*all)[parent.rank()] = std::move(mine);
@@ -151,10 +161,9 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> ShareViews(KVStore& parent, in
     t.data = (*all)[r].data();
     t.count = (*all)[r].size();
     t.dtype = DType::kInt64;
-    absl::StatusOr<Handle> h = parent.BroadcastAsync(
-        absl::StrCat("hybridps.process_set.", id, ".", step, ".", r), t, r);
+    absl::StatusOr<Handle> h =
+        BroadcastOwned(parent, id, absl::StrCat(step, ".", r), all, t, r);
     if (h.ok()) {
-      h->OnComplete([all](const absl::Status&) {});
       handles.push_back(std::move(*h));
     } else {
       status = h.status();
@@ -250,9 +259,10 @@ absl::StatusOr<std::unique_ptr<KVStore>> CreateProcessSet(KVStore& parent,
   sub.timeline.clear();
   sub.bind_to = "none";  // the job's store bound the process already
 
+  // The tag of the lines about this set: the process's, and the set.
   const std::string tag = LogTag();
+  const std::string set_tag = absl::StrCat(tag, tag.empty() ? "" : " ", what);
   std::unique_ptr<SetScheduler> scheduler;
-  // Shared with the broadcast, as in ShareViews.
   auto answer = std::make_shared<std::vector<uint8_t>>(kAnswerBytes, 0);
   if (me == leader) {
     Options sched = sub;
@@ -260,8 +270,7 @@ absl::StatusOr<std::unique_ptr<KVStore>> CreateProcessSet(KVStore& parent,
     sched.rank = -1;
     sched.scheduler_endpoint = PeerBindEndpoint(options.interface, options.SchedulerEndpoint());
     absl::StatusOr<std::unique_ptr<SetScheduler>> started =
-        SetScheduler::Start(sched, absl::StrCat(tag, tag.empty() ? "" : " ", what,
-                                                " scheduler"));
+        SetScheduler::Start(sched, absl::StrCat(set_tag, " scheduler"));
     std::string text;
     if (started.ok()) {
       scheduler = std::move(*started);
@@ -278,10 +287,7 @@ absl::StatusOr<std::unique_ptr<KVStore>> CreateProcessSet(KVStore& parent,
     t.data = answer->data();
     t.count = answer->size();
     t.dtype = DType::kUInt8;
-    ASSIGN_OR_RETURN(Handle h, parent.BroadcastAsync(
-                                   absl::StrCat("hybridps.process_set.", id, ".scheduler"),
-                                   t, leader));
-    h.OnComplete([answer](const absl::Status&) {});
+    ASSIGN_OR_RETURN(Handle h, BroadcastOwned(parent, id, "scheduler", answer, t, leader));
     RETURN_IF_ERROR(h.Wait());
   }
   // The members join the set's job; then every worker learns which members could, so
@@ -296,7 +302,7 @@ absl::StatusOr<std::unique_ptr<KVStore>> CreateProcessSet(KVStore& parent,
       sub.scheduler_endpoint = text;
       // The set's store does not rename the process's lines; its own joining ones say
       // which set they are about.
-      ScopedLogTag pin(absl::StrCat(tag, tag.empty() ? "" : " ", what));
+      ScopedLogTag pin(set_tag);
       store = KVStore::Create("dist_allreduce", sub);
     }
   }
