@@ -1,6 +1,7 @@
-"""The Horovod-style API with any number of workers on any nodes, run by mx_worker.py in
-the 3-worker, two-node job of test_mxnet_nodes.py (which computes what each call must
-give for that size)."""
+"""The Horovod-style API with any number of workers on any nodes, and its process sets,
+run by mx_worker.py: in the 3-worker, two-node job of test_mxnet_nodes.py (which computes
+what each call must give for that size), and horovod_process_sets_two in the 2-worker
+job of test_mxnet_kvstore.py."""
 import mxnet as mx
 
 import hybridps.mxnet as hps
@@ -100,3 +101,28 @@ def horovod_process_sets():
     got["use_removed"] = _err(lambda: hps.allreduce(t, process_set=c))
     got["after"] = hps.allreduce(t, op=hps.Sum, name="after").asnumpy().tolist()
     report("horovod_process_sets", rank=r, **got)
+
+
+def horovod_process_sets_two():
+    """Process sets of one worker each on a node of 2: a set's plain sums work also once
+    dist_hybrid's servers run an optimizer (a set is a dist_allreduce store of its own);
+    the job's set cannot be added again; a worker outside a set is refused; one set is
+    removed, the other is left for shutdown() to leave."""
+    hps.init(STORE)
+    r = hps.rank()
+    alone = [hps.add_process_set([0]), hps.add_process_set(hps.ProcessSet([1]))]
+    mine, other = alone[r], alone[1 - r]
+    report("horovod_process_sets_two", rank=r,
+           sum=hps.allreduce(mx.nd.full((3,), r + 1.0), op=hps.Sum, name="s",
+                             process_set=mine).asnumpy().tolist(),
+           average=hps.allreduce(mx.nd.full((2,), 4.0 * (r + 1)), name="a",
+                                 process_set=mine).asnumpy().tolist(),
+           gathered=hps.allgather(mx.nd.full((2, 1), float(r)),
+                                  process_set=mine).asnumpy().ravel().tolist(),
+           set_rank=mine.rank(), other_rank=_err(other.rank),
+           duplicate=_err(lambda: hps.add_process_set([1, 0])),
+           other=_err(lambda: hps.broadcast(mx.nd.ones((1,)), root_rank=1 - r,
+                                            process_set=other)),
+           job=hps.broadcast(mx.nd.full((2,), r + 1.0), root_rank=1,
+                             name="after_sets").asnumpy().tolist(),
+           removed=hps.remove_process_set(alone[0]))

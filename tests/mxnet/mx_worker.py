@@ -21,7 +21,8 @@ SCENARIOS = sys.argv[2:]
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "mxnet_kvstore", "examples"))
 
-from mx_horovod_n import horovod_generic, horovod_process_sets  # noqa: E402
+from mx_horovod_n import (horovod_generic, horovod_process_sets,  # noqa: E402
+                          horovod_process_sets_two)
 from mx_imagenet import imagenet_benchmark  # noqa: E402
 from mx_byteps import (byteps_api, byteps_module, byteps_trainer_broadcasts,  # noqa: E402
                        byteps_training)
@@ -717,31 +718,6 @@ def horovod_objects():
            again=repr(hps.broadcast_object([r] * (5 + r), root_rank=1, name="obj")),
            gathered=repr(hps.allgather_object(mine)),
            gathered_none=repr(hps.allgather_object(None if r else "x" * 1000, name="o")))
-
-
-def horovod_process_sets_two():
-    """Process sets of one worker each on a node of 2: a set's plain sums work also once
-    dist_hybrid's servers run an optimizer (a set is a dist_allreduce store of its own);
-    the job's set cannot be added again; a worker outside a set is refused; one set is
-    removed, the other is left for shutdown() to leave."""
-    hps.init(STORE)
-    r = hps.rank()
-    alone = [hps.add_process_set([0]), hps.add_process_set(hps.ProcessSet([1]))]
-    mine, other = alone[r], alone[1 - r]
-    report("horovod_process_sets_two", rank=r,
-           sum=hps.allreduce(mx.nd.full((3,), r + 1.0), op=hps.Sum, name="s",
-                             process_set=mine).asnumpy().tolist(),
-           average=hps.allreduce(mx.nd.full((2,), 4.0 * (r + 1)), name="a",
-                                 process_set=mine).asnumpy().tolist(),
-           gathered=hps.allgather(mx.nd.full((2, 1), float(r)),
-                                  process_set=mine).asnumpy().ravel().tolist(),
-           set_rank=mine.rank(), other_rank=_err(other.rank),
-           duplicate=_err(lambda: hps.add_process_set([1, 0])),
-           other=_err(lambda: hps.broadcast(mx.nd.ones((1,)), root_rank=1 - r,
-                                            process_set=other)),
-           job=hps.broadcast(mx.nd.full((2,), r + 1.0), root_rank=1,
-                             name="after_sets").asnumpy().tolist(),
-           removed=hps.remove_process_set(alone[0]))
 
 
 def horovod_shutdown():
