@@ -54,6 +54,8 @@ class ControlClient {
   absl::Time NextTick() const;
 
   Socket* socket() { return socket_.get(); }
+  // Requests waiting for their replies (owner thread).
+  bool HasPending() const { return !pending_.empty(); }
   // This process's clock minus the scheduler's, measured in the handshake (Register).
   // Estimated from the handshake and the heartbeats' echoes (the shortest round trip among
   // the last kClockSamples); safe to read from any thread.

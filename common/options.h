@@ -227,9 +227,12 @@ struct Options {
   // HYBRIDPS_CALLER_ROUNDS: 1: a thread waiting on a handle does the store's work for it
   // itself instead of waking a background thread and waiting to be woken; 0: only the
   // background threads do. dist_allreduce, CPU tensors: the negotiation round and the
-  // collective that are due, while no other thread is in one. dist_hybrid, GPU tensors:
-  // the staging steps (copies to and from the host, hand-over to the CPU path), one thread
-  // at a time, until the waited-for operation completed (worker/gpu/gpu_staging.h).
+  // collective that are due, while no other thread is in one. dist_hybrid, CPU tensors:
+  // the worker's I/O (sends, replies), one thread at a time, until the waited-for
+  // operation completed, on a worker that is its node's only local rank
+  // (worker/ps/ps_store.h). dist_hybrid, GPU tensors: the staging steps (copies to and
+  // from the host, hand-over to the CPU path), one thread at a time, until the
+  // waited-for operation completed (worker/gpu/gpu_staging.h).
   int caller_rounds = 1;
   // HYBRIDPS_BIND_TO: "core" makes each worker bind itself, every thread it has and
   // starts, to its local rank's share of the cores it may use (floor(cores / local

@@ -39,7 +39,8 @@ class HandleState {
   }
   // Calls `callback` exactly once with the final status: at once on this thread when
   // already complete, else on the thread that completes the operation (keep it short and
-  // non-blocking: that is the store's I/O thread).
+  // non-blocking, and never wait on the store's handles in it: that is the store's I/O
+  // thread, or a thread that does the store's work while it waits, see SetWaitHelper).
   void OnComplete(Callback callback) {
     absl::Status status;
     {
@@ -81,6 +82,8 @@ class HandleState {
     wait_deadline_ = give_up_at;
     what_ = std::move(what);
   }
+  // SetDeadline's moment (InfiniteFuture when unset). A helper gives up by then too.
+  absl::Time wait_deadline() const { return wait_deadline_; }
   bool Done() {
     absl::MutexLock lock(&mu_);
     return done_;

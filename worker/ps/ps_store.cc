@@ -59,6 +59,7 @@ absl::StatusOr<std::unique_ptr<PsStore>> PsStore::Create(std::shared_ptr<Context
 PsStore::~PsStore() {
   absl::Status s = Shutdown();
   if (!s.ok()) HPS_LOG(WARNING) << "shutdown: " << s.message();
+  gate_->Close();  // after the helpers in progress returned
 }
 
 absl::StatusOr<Handle> PsStore::BroadcastAsync(absl::string_view name, TensorView tensor,
@@ -144,6 +145,7 @@ absl::StatusOr<Handle> PsStore::Submit(std::shared_ptr<Op> op) {
   // up to five for ZeroMQ to let go of the input (MaybeComplete, CheckDeadlines).
   op->handle->SetDeadline(op->deadline + absl::Seconds(10) + options_.wait_grace,
                           op->Describe());
+  if (caller_turns_) WaitHelperGate<PsStore>::Install(gate_, op->handle.get(), &PsStore::HelpWith);
   Handle h(op->handle);
   {
     absl::MutexLock lock(&mu_);
@@ -167,109 +169,85 @@ absl::Status PsStore::Barrier() {
     absl::MutexLock lock(&mu_);
     if (!closed_.ok()) return closed_;
     commands_.push_back(Command{nullptr, state, nullptr, nullptr});
+    CallIoLocked();
   }
   credits_->waker.Wake();
   return state->Wait();
 }
 
-void PsStore::IoLoop() {
-  PollSpin spin(options_.spin);
-  while (!io_exit_.load()) {
-    Poller poller;
-    std::vector<int> data_idx(data_.size(), -1);
-    for (size_t i = 0; i < data_.size(); ++i) {
-      if (data_[i]) data_idx[i] = poller.Add(data_[i].get());
-    }
-    const int ctl_idx = poller.Add(control_->socket());
-    poller.AddFd(credits_->waker.fd());
-    if (local_) poller.AddFd(local_->wake_fd());
-    absl::Time now = absl::Now();
-    absl::Time until = control_->NextTick();
-    if (local_) until = std::min(until, local_next_);
-    if (!active_.empty()) until = std::min(until, active_.begin()->second->deadline);
-    for (const auto& [id, call] : server_calls_) until = std::min(until, call.deadline);
-    if (!failing_.empty()) until = std::min(until, now + absl::Milliseconds(1));
-    if (holding_since_ != absl::InfiniteFuture()) {
-      until = std::min(until, now + options_.burst_gather);
-    }
-    if (windowed_waiting_) until = std::min(until, last_send_ + options_.server_window_patience);
-    auto polled = poller.Poll(spin.Timeout(now, until - now));
-    if (!polled.ok()) {
-      Break(polled.status());
-      absl::SleepFor(absl::Milliseconds(1));
-    } else {
-      spin.Polled(*polled);
-    }
-    credits_->waker.Drain();
-    TakeCommands();
-    for (size_t i = 0; i < data_.size(); ++i) {
-      if (data_idx[i] < 0 || !poller.Readable(data_idx[i])) continue;
-      while (data_[i]) {
-        auto msg = data_[i]->TryRecv();
-        if (!msg.ok() || !*msg) break;
-        HandleReply(lane_server_[i], std::move(**msg));
-      }
-    }
-    if (poller.Readable(ctl_idx)) control_->OnReadable();
-    now = absl::Now();
-    control_->Tick(now);
-    CheckDeadlines(now);
-    std::vector<std::shared_ptr<Op>> retry;
-    retry.swap(failing_);
-    for (auto& op : retry) {
-      op->in_failing = false;
-      MaybeComplete(op.get());  // lists it again if it still waits
-    }
-    ReleaseHeld(now, !broken_.ok());  // a gathered burst whose end has come
-    // The local reduction runs here, on this thread: a partition whose node contributions
-    // are all in is summed and dispatched in this same turn, a reply copied out and
-    // completed without a hand-off. Dispatch may hand the reducer a failed send.
-    do {
-      PumpLocal();
-      Dispatch();
-    } while (local_ && local_->queued());
-    if (finalize_ && active_.empty() && !finalize_sent_) {
-      finalize_sent_ = true;
-      // Even after a failure the scheduler hears that we are done, so the job ends now
-      // rather than a heartbeat timeout later (a lost scheduler answers at once).
-      wire::Envelope env;
-      env.mutable_finalize();
-      auto fin = finalize_;
-      control_->Request(std::move(env), absl::Now() + options_.heartbeat_timeout,
-                        [fin, broken = broken_](absl::StatusOr<wire::Envelope> r) {
-                          fin->Complete(broken.ok() ? r.status() : broken);
-                        });
+bool PsStore::IoTurn(PollSpin* spin, bool caller) {
+  Poller poller;
+  std::vector<int> data_idx(data_.size(), -1);
+  for (size_t i = 0; i < data_.size(); ++i) {
+    if (data_[i]) data_idx[i] = poller.Add(data_[i].get());
+  }
+  const int ctl_idx = poller.Add(control_->socket());
+  poller.AddFd(credits_->waker.fd());
+  if (local_) poller.AddFd(local_->wake_fd());
+  absl::Time now = absl::Now();
+  absl::Time until = control_->NextTick();
+  if (local_) until = std::min(until, local_next_);
+  if (!active_.empty()) until = std::min(until, active_.begin()->second->deadline);
+  for (const auto& [id, call] : server_calls_) until = std::min(until, call.deadline);
+  if (!failing_.empty()) until = std::min(until, now + absl::Milliseconds(1));
+  if (holding_since_ != absl::InfiniteFuture()) {
+    until = std::min(until, now + options_.burst_gather);
+  }
+  if (windowed_waiting_) until = std::min(until, last_send_ + options_.server_window_patience);
+  auto polled = poller.Poll(spin->Timeout(now, until - now));
+  if (!polled.ok()) {
+    Break(polled.status());
+    absl::SleepFor(absl::Milliseconds(1));
+  } else {
+    spin->Polled(*polled);
+  }
+  credits_->waker.Drain();
+  const bool left_for_io = TakeCommands(caller);
+  for (size_t i = 0; i < data_.size(); ++i) {
+    if (data_idx[i] < 0 || !poller.Readable(data_idx[i])) continue;
+    while (data_[i]) {
+      auto msg = data_[i]->TryRecv();
+      if (!msg.ok() || !*msg) break;
+      HandleReply(lane_server_[i], std::move(**msg));
     }
   }
-  FailServerCalls(absl::CancelledError("the store was shut down"), absl::InfiniteFuture());
-  control_->FailAll(absl::CancelledError("the store was shut down"));
-}
-
-void PsStore::TakeCommands() {
-  std::vector<Command> cmds;
-  {
-    absl::MutexLock lock(&mu_);
-    cmds.swap(commands_);
+  if (poller.Readable(ctl_idx)) control_->OnReadable();
+  now = absl::Now();
+  control_->Tick(now);
+  CheckDeadlines(now);
+  std::vector<std::shared_ptr<Op>> retry;
+  retry.swap(failing_);
+  for (auto& op : retry) {
+    op->in_failing = false;
+    MaybeComplete(op.get());  // lists it again if it still waits
   }
-  for (Command& c : cmds) {
-    if (c.op) {
-      StartOp(std::move(c.op));
-    } else if (c.barrier) {
-      if (!broken_.ok()) {
-        c.barrier->Complete(broken_);
-        continue;
-      }
-      wire::Envelope env;
-      env.mutable_barrier()->set_group(wire::GROUP_WORKERS);
-      auto b = c.barrier;
-      control_->Request(std::move(env), absl::Now() + options_.op_timeout,
-                        [b](absl::StatusOr<wire::Envelope> r) { b->Complete(r.status()); });
-    } else if (c.finalize) {
-      finalize_ = c.finalize;
-    } else if (c.run) {
-      c.run();
-    }
+  ReleaseHeld(now, !broken_.ok());  // a gathered burst whose end has come
+  // The local reduction runs here, on this thread: a partition whose node contributions
+  // are all in is summed and dispatched in this same turn, a reply copied out and
+  // completed without a hand-off. Dispatch may hand the reducer a failed send.
+  do {
+    PumpLocal();
+    Dispatch();
+  } while (local_ && local_->queued());
+  if (finalize_ && active_.empty() && !finalize_sent_) {
+    finalize_sent_ = true;
+    // Even after a failure the scheduler hears that we are done, so the job ends now
+    // rather than a heartbeat timeout later (a lost scheduler answers at once).
+    wire::Envelope env;
+    env.mutable_finalize();
+    auto fin = finalize_;
+    control_->Request(std::move(env), absl::Now() + options_.heartbeat_timeout,
+                      [fin, broken = broken_](absl::StatusOr<wire::Envelope> r) {
+                        fin->Complete(broken.ok() ? r.status() : broken);
+                      });
   }
+  // Threads waiting for the turns (HelpWith) look again when mu_ is let go: one of them
+  // may have been waiting on an operation this turn completed.
+  // (The fence pairs with HelpWith's count: a completion before it and a helper's count
+  // after it cannot both go unseen.)
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (helpers_waiting_.load(std::memory_order_relaxed) > 0) absl::MutexLock lock(&mu_);
+  return left_for_io;
 }
 
 void PsStore::StartOp(std::shared_ptr<Op> op) {

@@ -2,10 +2,19 @@
 // (common/partition.h); each partition is pushed to its server and the round's sum pulled
 // back in one request/reply exchange.
 //
-// Threading: user threads enqueue operations; one I/O thread ("hps-worker-io") owns every
-// socket, dispatches partitions by priority within a credit limit on bytes in flight,
-// copies replies into the output tensors and completes handles. Operations on one tensor
-// name run in the order they were issued; different names overlap freely.
+// Threading: user threads enqueue operations; the worker's I/O runs in turns (IoTurn):
+// poll every socket, dispatch partitions by priority within a credit limit on bytes in
+// flight, copy replies into the output tensors, complete handles. One thread at a time
+// takes the turns, and every socket and the state marked "turns only" are its own while
+// it does: the I/O thread ("hps-worker-io"), or a thread waiting on one of its operations
+// (HelpWith, Options::caller_rounds; not on a node of several local ranks). A waiting
+// thread runs the turns until its operation completed, which saves the wake-ups of the
+// hand-off to the I/O thread and back on every round trip; the I/O thread then leaves
+// the turns to waiting threads for kCallerGrace, takes them back when work is left
+// unclaimed that long (its submitters do not wait: MXNet's engine takes callbacks) or
+// after kIdleHandBack without a waiting thread, and hands them over when a waiting thread
+// asks (io_wanted_). Operations on one tensor name run in the order they were issued;
+// different names overlap freely.
 #ifndef HYBRIDPS_WORKER_PS_PS_STORE_H_
 #define HYBRIDPS_WORKER_PS_PS_STORE_H_
 
@@ -27,7 +36,9 @@
 #include "common/options.h"
 #include "common/timeline.h"
 #include "common/partition.h"
+#include "common/spin.h"
 #include "common/transport.h"
+#include "worker/handle.h"
 #include "worker/kvstore.h"
 #include "worker/ps/local/local_reduce.h"
 #include "worker/ps/local/node_sum_sink.h"
@@ -38,7 +49,7 @@ namespace hybridps {
 // dist_hybrid. It is the NodeSumSink of its node's GPU reduction (worker/ps/local/).
 class PsStore : public KVStore, public NodeSumSink {
  public:
-  // `on_broken`: called once, on the I/O thread, when the store breaks (a peer died, an
+  // `on_broken`: called once, in an I/O turn, when the store breaks (a peer died, an
   // operation timed out); PsGpuStore stops the node's GPU reduction with it.
   using OnBroken = std::function<void(const absl::Status&)>;
   static absl::StatusOr<std::unique_ptr<PsStore>> Create(std::shared_ptr<Context> ctx,
@@ -94,9 +105,11 @@ class PsStore : public KVStore, public NodeSumSink {
   std::vector<std::vector<uint64_t>> PushesPerLane() const;
   // The most payload bytes this worker has had pushed to one server and unanswered.
   size_t MaxUnansweredBytes() const { return max_unanswered_.load(); }
+  // I/O turns run so far by threads waiting on their operations (see the threading notes).
+  uint64_t CallerTurns() const { return caller_turn_count_.load(std::memory_order_relaxed); }
   // Where this worker sits (its node, the node's local ranks).
   const NodeLayout& layout() const { return layout_; }
-  // Queues `fn` to run on the I/O thread, which does nothing else until it returns; any
+  // Queues `fn` to run in an I/O turn, which does nothing else until it returns; any
   // thread. The optimizer calls run there; tests stall the thread with it.
   absl::Status RunOnIo(std::function<void()> fn);
 
@@ -109,7 +122,7 @@ class PsStore : public KVStore, public NodeSumSink {
   struct Credits {  // (public for ps_store.cc's ZeroMQ free callback)
     std::atomic<size_t> queued{0};
     std::atomic<bool> blocked{false};  // Dispatch stopped for lack of credit
-    Waker waker;                       // wakes the I/O thread (commands, credit)
+    Waker waker;                       // wakes the turns' poll (commands, credit)
   };
 
  private:
@@ -144,14 +157,14 @@ class PsStore : public KVStore, public NodeSumSink {
     std::string stall;  // the server's last StallNotice: whom the round waits for
     absl::Time sent;    // when its request left (the timeline's span)
   };
-  // A command for the I/O thread.
+  // A command for the I/O turns.
   struct Command {
     std::shared_ptr<Op> op;                  // a data operation, or
     std::shared_ptr<HandleState> barrier;    // a barrier, or
     std::shared_ptr<HandleState> finalize;   // leave the job
-    std::function<void()> run;               // or run this on the I/O thread
+    std::function<void()> run;               // or run this in a turn
   };
-  // An optimizer request to a server, waiting for its reply (I/O thread).
+  // An optimizer request to a server, waiting for its reply (turns only).
   struct ServerCall {
     int server;
     absl::Time deadline;
@@ -162,7 +175,23 @@ class PsStore : public KVStore, public NodeSumSink {
                                         int priority, bool node_sum);
   absl::StatusOr<Handle> Submit(std::shared_ptr<Op> op);
   void IoLoop();
-  void TakeCommands();
+  // One turn of the worker's I/O (see the threading notes); `spin`: the taker's own. A
+  // waiting thread's turn (`caller`) takes operations only: true when it left another
+  // command (a barrier, RunOnIo's function, the shutdown) to the I/O thread.
+  bool IoTurn(PollSpin* spin, bool caller);
+  // The I/O thread: waits until the turns are its own. False: the store is closing (the
+  // turns are its own then too, for its last requests).
+  bool AcquireIoTurns();
+  // A thread waiting on `state` (Options::caller_rounds): takes the turns (asking the I/O
+  // thread for them, or waiting for another waiting thread to let them go) and runs them
+  // until the operation completed. Returns at once when it cannot help.
+  void HelpWith(HandleState* state);
+  // A command was queued that only the I/O thread runs (barriers, RunOnIo, the
+  // shutdown): it takes the turns next, at once if nobody has them.
+  void CallIoLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { io_call_ = true; }
+  // The queued commands; a waiting thread's turn (`caller`) takes operations only (see
+  // IoTurn) and returns whether it left others.
+  bool TakeCommands(bool caller);
   void StartOp(std::shared_ptr<Op> op);
   void Activate(Op* op);
   void ReleaseHeld(absl::Time now, bool force);
@@ -210,13 +239,13 @@ class PsStore : public KVStore, public NodeSumSink {
 
   std::shared_ptr<Context> ctx_;
   Options options_;
-  OnBroken on_broken_;  // Create's; called by Break (the I/O thread)
+  OnBroken on_broken_;  // Create's; called by Break (in a turn)
   int rank_ = -1;
   int num_workers_ = 0;
   int num_servers_ = 0;
   std::vector<wire::NodeInfo> servers_;
 
-  // I/O thread only.
+  // The thread that takes the I/O turns only.
   // Records with HYBRIDPS_TIMELINE, or between StartTimeline and StopTimeline (any
   // thread: the Timeline locks itself). Set when the store connects.
   std::unique_ptr<Timeline> timeline_;
@@ -259,7 +288,7 @@ class PsStore : public KVStore, public NodeSumSink {
   std::vector<std::pair<std::string, GradientCompression>> compressions_
       ABSL_GUARDED_BY(compression_mu_);
   std::atomic<bool> any_compression_{false};
-  // I/O thread only: the 2bit residual of each (key, partition) this worker pushes.
+  // Turns only: the 2bit residual of each (key, partition) this worker pushes.
   absl::flat_hash_map<std::pair<uint64_t, uint32_t>, std::vector<float>> residuals_;
   uint64_t optimizer_collectives_ = 0;  // user thread of the collective calls
 
@@ -276,6 +305,27 @@ class PsStore : public KVStore, public NodeSumSink {
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_submit_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::atomic<bool> io_exit_{false};
+  // Who takes the I/O turns (see the threading notes).
+  enum class IoOwner { kNone, kThread, kCaller };
+  // How long the I/O thread leaves the turns to waiting threads after one let them go,
+  // with work left unclaimed, and with nothing to do.
+  static constexpr absl::Duration kCallerGrace = absl::Microseconds(200);
+  static constexpr absl::Duration kIdleHandBack = absl::Milliseconds(10);
+  IoOwner io_owner_ ABSL_GUARDED_BY(mu_) = IoOwner::kNone;
+  // A thread waited on its operation since the I/O thread last took the turns for work
+  // nobody claimed: the I/O thread leaves the turns to waiting threads.
+  bool callers_active_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time caller_left_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // turns let go to them
+  std::thread::id io_caller_ ABSL_GUARDED_BY(mu_);  // the waiting thread that has them
+  // The I/O thread takes the turns next (a command only it runs is queued).
+  bool io_call_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> io_wanted_{false};  // a waiting thread asks the I/O thread for them
+  std::atomic<int> helpers_waiting_{0};  // threads in HelpWith waiting for the turns
+  std::atomic<uint64_t> caller_turn_count_{0};  // CallerTurns()
+  bool caller_turns_ = false;           // waiting threads may take the turns (Start)
+  std::thread::id io_thread_id_;        // set before the gate opens (Start)
+  std::shared_ptr<WaitHelperGate<PsStore>> gate_ =
+      std::make_shared<WaitHelperGate<PsStore>>();
   std::atomic<size_t> max_unanswered_{0};
   absl::Mutex local_mu_;
   std::vector<LocalReducer::Event> local_events_ ABSL_GUARDED_BY(local_mu_);

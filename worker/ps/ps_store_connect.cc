@@ -59,10 +59,15 @@ absl::Status PsStore::Start() {
                                  [this] { credits_->waker.Wake(); }, timeline_.get(),
                                  node_lane));
   }
+  // Not on a node of several local ranks: they reduce through their I/O turns, and a
+  // rank's turns must not wait for its user to come back while the others wait for it.
+  caller_turns_ = options_.caller_rounds != 0 && !local_;
   io_thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "hps-worker-io");
     IoLoop();
   });
+  io_thread_id_ = io_thread_.get_id();
+  gate_->Open(this);
   HPS_LOG(INFO) << "joined the job as worker " << rank_ << " of " << num_workers_ << " with "
                 << num_servers_ << " servers"
                 << (local_ ? absl::StrCat(", local rank ", layout_.local_rank, " of ",
@@ -81,13 +86,18 @@ absl::Status PsStore::Shutdown() {
     stopping_ = true;
     closed_ = absl::FailedPreconditionError("the store was shut down");
     commands_.push_back(Command{nullptr, nullptr, state, nullptr});
+    CallIoLocked();
   }
   absl::Status s;
   if (io_thread_.joinable()) {
     credits_->waker.Wake();
     s = state->Wait();
     io_exit_.store(true);
-    credits_->waker.Wake();
+    {
+      absl::MutexLock lock(&mu_);
+      io_call_ = true;  // the I/O thread takes the turns for the last requests
+    }
+    credits_->waker.Wake();  // a waiting thread's turn ends
     io_thread_.join();
   }
   if (timeline_ && control_) {

@@ -199,6 +199,7 @@ absl::Status PsStore::RunOnIo(std::function<void()> fn) {
     Command c;
     c.run = std::move(fn);
     commands_.push_back(std::move(c));
+    CallIoLocked();
   }
   credits_->waker.Wake();
   return absl::OkStatus();
