@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -159,41 +160,53 @@ TEST(PsTurnsTest, CommandsOtherThanOperationsRunOnTheIoThreadWhileThreadsWait) {
     // The waiter's push_pulls: as many on every worker (each needs the others').
     constexpr int kOps = 300;
     std::atomic<int> done{0};
+    std::atomic<bool> waiter_ended{false};
     std::thread waiter([&] {
       for (int i = 0; i < kOps; ++i) {
         Buffer b(DType::kFloat32, 2000);
         b.Fill(rank, i, 6);
-        ASSERT_OK(kv->PushPull("busy", b.view(), b.view()));
-        for (size_t k = 0; k < b.count; k += 13) {
+        const absl::Status s = kv->PushPull("busy", b.view(), b.view());
+        EXPECT_OK(s) << "op " << i;
+        if (!s.ok()) break;
+        bool exact = true;
+        for (size_t k = 0; k < b.count && exact; k += 13) {
           double want = 0;
           for (int r = 0; r < n; ++r) want += Value(k, r, i, 6);
-          ASSERT_EQ(b.at(k), want) << "op " << i << " element " << k;
+          exact = b.at(k) == want;
+          EXPECT_EQ(b.at(k), want) << "op " << i << " element " << k;
         }
+        if (!exact) break;
         done.store(i + 1);
       }
+      waiter_ended.store(true);
     });
+    auto join = absl::MakeCleanup([&waiter] { waiter.join(); });
+    struct Ran {  // shared with the function, which may outlive a failed wait
+      absl::Notification notification;
+      std::string name;
+    };
     std::vector<std::string> where;
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
     for (int i = 0; i < 20; ++i) {
       // Command i once the waiter is i * 10 push_pulls in: while it waits on them.
-      const absl::Time deadline = absl::Now() + absl::Seconds(60);
-      while (done.load() < i * 10 && absl::Now() < deadline) {
+      while (done.load() < i * 10 && !waiter_ended.load() && absl::Now() < deadline) {
         absl::SleepFor(absl::Microseconds(100));
       }
-      absl::Notification ran;
-      std::string name;
-      ASSERT_OK(PsOf(kv)->RunOnIo([&] {
+      auto ran = std::make_shared<Ran>();
+      ASSERT_OK(PsOf(kv)->RunOnIo([ran] {
         char buf[32] = {};
         pthread_getname_np(pthread_self(), buf, sizeof(buf));
-        name = buf;
-        ran.Notify();
+        ran->name = buf;
+        ran->notification.Notify();
       }));
-      ASSERT_TRUE(ran.WaitForNotificationWithTimeout(absl::Seconds(60))) << "RunOnIo " << i;
-      where.push_back(name);
+      ASSERT_TRUE(ran->notification.WaitForNotificationWithDeadline(deadline))
+          << "RunOnIo " << i;
+      where.push_back(ran->name);
       if (i % 4 == 0) {
         ASSERT_OK(kv->Barrier());
       }
     }
-    waiter.join();
+    std::move(join).Invoke();
     EXPECT_EQ(done.load(), kOps);
     for (size_t i = 0; i < where.size(); ++i) {
       EXPECT_EQ(where[i], "hps-worker-io") << "worker " << rank << " RunOnIo " << i;

@@ -18,12 +18,15 @@ void PsStore::IoLoop() {
   PollSpin spin(options_.spin);
   while (AcquireIoTurns()) {
     while (true) {
-      while (!io_exit_.load() && !io_wanted_.load(std::memory_order_acquire)) {
-        IoTurn(&spin, /*caller=*/false);
-      }
-      // Decided under mu_: a waiting thread that asked may have taken its request back.
+      IoTurn(&spin, /*caller=*/false);
+      if (!io_exit_.load() && !io_wanted_.load(std::memory_order_acquire)) continue;
+      // Decided under mu_: a waiting thread that asked may have taken its request back,
+      // and a command only this thread runs (io_call_) goes first: one more turn takes
+      // it (its waker is set, so the turn's poll returns at once).
       absl::MutexLock lock(&mu_);
-      if (!io_exit_.load() && !io_wanted_.load(std::memory_order_relaxed)) continue;
+      if (!io_exit_.load() && (!io_wanted_.load(std::memory_order_relaxed) || io_call_)) {
+        continue;
+      }
       io_wanted_.store(false, std::memory_order_relaxed);
       io_owner_ = IoOwner::kNone;
       caller_left_ = absl::Now();  // the grace starts for the thread that asked
@@ -53,9 +56,8 @@ bool PsStore::AcquireIoTurns() {
           take = now >= caller_left_ + kIdleHandBack;
         }
       }
-      if (take) {
+      if (take) {  // (io_call_ stays set until its turn has taken the commands)
         io_owner_ = IoOwner::kThread;
-        io_call_ = false;
         return !io_exit_.load();
       }
     }
@@ -100,8 +102,8 @@ void PsStore::HelpWith(HandleState* state) {
           }
           return;
         }
-        if (io_owner_ == IoOwner::kThread && !io_call_ &&
-            !io_wanted_.load(std::memory_order_relaxed)) {
+        if (io_owner_ == IoOwner::kThread && !io_wanted_.load(std::memory_order_relaxed)) {
+          // It hands them over after its turn, once no command only it runs is queued.
           io_wanted_.store(true, std::memory_order_release);
           credits_->waker.Wake();  // ends its poll
         }
@@ -112,8 +114,13 @@ void PsStore::HelpWith(HandleState* state) {
         mu_.AwaitWithDeadline(absl::Condition(
                                   +[](std::pair<PsStore*, HandleState*>* p)
                                       ABSL_NO_THREAD_SAFETY_ANALYSIS {
-                                        return (p->first->io_owner_ == IoOwner::kNone &&
-                                                !p->first->io_call_) ||
+                                        const PsStore& s = *p->first;
+                                        return (s.io_owner_ == IoOwner::kNone &&
+                                                !s.io_call_) ||
+                                               // the I/O thread took them: ask again
+                                               (s.io_owner_ == IoOwner::kThread &&
+                                                !s.io_wanted_.load(
+                                                    std::memory_order_relaxed)) ||
                                                p->second->DoneFast();
                                       },
                                   &me),
@@ -164,6 +171,8 @@ bool PsStore::TakeCommands(bool caller) {
       if (left_for_io) io_call_ = true;
     }
   }
+  // Its first turn's poll returns at once (this turn drained the waker).
+  if (left_for_io) credits_->waker.Wake();
   for (Command& c : cmds) {
     if (c.op) {
       StartOp(std::move(c.op));
