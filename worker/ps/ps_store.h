@@ -13,8 +13,10 @@
 // the turns to waiting threads for kCallerGrace, takes them back when work is left
 // unclaimed that long (its submitters do not wait: MXNet's engine takes callbacks) or
 // after kIdleHandBack without a waiting thread, and hands them over when a waiting thread
-// asks (io_wanted_). Operations on one tensor name run in the order they were issued;
-// different names overlap freely.
+// asks (io_wanted_). A waiting thread's turn takes operations only: barriers, RunOnIo's
+// functions and the shutdown are the I/O thread's (io_call_ reserves it the next turn).
+// Operations on one tensor name run in the order they were issued; different names
+// overlap freely.
 #ifndef HYBRIDPS_WORKER_PS_PS_STORE_H_
 #define HYBRIDPS_WORKER_PS_PS_STORE_H_
 
@@ -109,7 +111,7 @@ class PsStore : public KVStore, public NodeSumSink {
   uint64_t CallerTurns() const { return caller_turn_count_.load(std::memory_order_relaxed); }
   // Where this worker sits (its node, the node's local ranks).
   const NodeLayout& layout() const { return layout_; }
-  // Queues `fn` to run in an I/O turn, which does nothing else until it returns; any
+  // Queues `fn` to run on the I/O thread, which does nothing else until it returns; any
   // thread. The optimizer calls run there; tests stall the thread with it.
   absl::Status RunOnIo(std::function<void()> fn);
 
@@ -162,7 +164,7 @@ class PsStore : public KVStore, public NodeSumSink {
     std::shared_ptr<Op> op;                  // a data operation, or
     std::shared_ptr<HandleState> barrier;    // a barrier, or
     std::shared_ptr<HandleState> finalize;   // leave the job
-    std::function<void()> run;               // or run this in a turn
+    std::function<void()> run;               // or run this on the I/O thread
   };
   // An optimizer request to a server, waiting for its reply (turns only).
   struct ServerCall {
