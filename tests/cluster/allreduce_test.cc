@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "tests/cluster/local_cluster.h"
+#include "tests/cluster/push_pull_in_turn.h"
 #include "tests/cluster/tensor_fill.h"
 #include "tests/status_matchers.h"
 
@@ -164,24 +165,6 @@ TEST(AllreduceTest, SmallTensorsTravelWithTheNegotiation) {
   AllreduceStore::Stats s = StatsOf(cluster->worker(0));
   EXPECT_EQ(s.eager + s.allreduces, static_cast<uint64_t>(kOps));
   EXPECT_GE(s.eager, static_cast<uint64_t>(kOps / 2));
-}
-
-// One push_pull after the other, each waited for: `ops` rounds of tensors of `count`
-// float32 (alternately `count` and 100, so both the eager and the ring path run).
-void PushPullInTurn(LocalCluster& cluster, int ops, size_t count) {
-  const int n = cluster.num_workers();
-  cluster.RunOnWorkers([&](int rank, KVStore* kv) {
-    for (int i = 0; i < ops; ++i) {
-      Buffer b(DType::kFloat32, i % 2 == 0 ? count : 100);
-      b.Fill(rank, i, 2);
-      ASSERT_OK(kv->PushPull("w", b.view(), b.view()));
-      for (size_t k = 0; k < b.count; k += 7) {
-        double want = 0;
-        for (int r = 0; r < n; ++r) want += Value(k, r, i, 2);
-        ASSERT_EQ(b.at(k), want) << "op " << i << " element " << k;
-      }
-    }
-  });
 }
 
 // Options::caller_rounds: a thread waiting on its handle runs the round itself when no

@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "common/dtype.h"
 #include "tests/cluster/local_cluster.h"
+#include "tests/cluster/push_pull_in_turn.h"
 #include "tests/cluster/tensor_fill.h"
 #include "tests/status_matchers.h"
 #include "worker/ps/ps_store.h"
@@ -39,23 +40,6 @@ std::unique_ptr<LocalCluster> StartPs(int workers, int caller_rounds, int local_
   return cluster.ok() ? std::move(*cluster) : nullptr;
 }
 
-// `ops` push_pulls of "w" in a row on every worker, each waited for and checked.
-void PushPullInTurn(LocalCluster& cluster, const std::string& name, int ops, size_t count) {
-  const int n = cluster.num_workers();
-  cluster.RunOnWorkers([&](int rank, KVStore* kv) {
-    for (int i = 0; i < ops; ++i) {
-      Buffer b(DType::kFloat32, i % 2 == 0 ? count : 100);
-      b.Fill(rank, i, 4);
-      ASSERT_OK(kv->PushPull(name, b.view(), b.view()));
-      for (size_t k = 0; k < b.count; k += 7) {
-        double want = 0;
-        for (int r = 0; r < n; ++r) want += Value(k, r, i, 4);
-        ASSERT_EQ(b.at(k), want) << name << " op " << i << " element " << k;
-      }
-    }
-  });
-}
-
 // Options::caller_rounds: with it on, threads waiting on their push_pulls run I/O turns
 // (which of them and the I/O thread gets a given reply first is up to the OS scheduler:
 // many operations, so that some are the waiting thread's); with it off, none do.
@@ -64,7 +48,7 @@ TEST(PsTurnsTest, WaitingThreadsRunTheWorkersIoThemselves) {
     SCOPED_TRACE(absl::StrCat("caller_rounds ", caller_rounds));
     auto cluster = StartPs(2, caller_rounds, 1, "tcp");
     ASSERT_NE(cluster, nullptr);
-    PushPullInTurn(*cluster, "w", 100, 50000);
+    PushPullInTurn(*cluster, 100, 50000);
     for (int w = 0; w < 2; ++w) {
       const uint64_t turns = PsOf(cluster->worker(w))->CallerTurns();
       std::printf("caller_rounds %d worker %d: %llu turns by waiting threads\n", caller_rounds,
@@ -219,7 +203,7 @@ TEST(PsTurnsTest, CommandsOtherThanOperationsRunOnTheIoThreadWhileThreadsWait) {
 TEST(PsTurnsTest, NodesOfSeveralLocalRanksKeepTheirIoOnTheIoThread) {
   auto cluster = StartPs(4, 1, /*local_size=*/2);
   ASSERT_NE(cluster, nullptr);
-  PushPullInTurn(*cluster, "w", 20, 50000);
+  PushPullInTurn(*cluster, 20, 50000);
   for (int w = 0; w < 4; ++w) {
     EXPECT_EQ(PsOf(cluster->worker(w))->CallerTurns(), 0u) << "worker " << w;
   }

@@ -245,8 +245,10 @@ bool PsStore::IoTurn(PollSpin* spin, bool caller) {
   // may have been waiting on an operation this turn completed.
   // (The fence pairs with HelpWith's count: a completion before it and a helper's count
   // after it cannot both go unseen.)
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (helpers_waiting_.load(std::memory_order_relaxed) > 0) absl::MutexLock lock(&mu_);
+  if (caller_turns_) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (helpers_waiting_.load(std::memory_order_relaxed) > 0) absl::MutexLock lock(&mu_);
+  }
   return left_for_io;
 }
 
