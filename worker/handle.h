@@ -41,17 +41,11 @@ class HandleState {
   // already complete, else on the thread that completes the operation (keep it short and
   // non-blocking, and never wait on the store's handles in it: that is the store's I/O
   // thread, or a thread that does the store's work while it waits, see SetWaitHelper).
-  void OnComplete(Callback callback) {
-    absl::Status status;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!done_) {
-        callbacks_.push_back(std::move(callback));
-        return;
-      }
-      status = status_;
-    }
-    callback(status);
+  void OnComplete(Callback callback) { AddCallback(std::move(callback), /*watch=*/true); }
+  // Holds `owner` (memory the operation uses) until the operation completed, for a caller
+  // that also waits on it: unlike OnComplete, not a sign that nobody waits.
+  void HoldUntilDone(std::shared_ptr<const void> owner) {
+    AddCallback([owner = std::move(owner)](const absl::Status&) {}, /*watch=*/false);
   }
   // Until the operation completed: its status. Bounded by the deadline of SetDeadline:
   // past it, DeadlineExceeded while the operation is still not complete (Done() false).
@@ -85,8 +79,13 @@ class HandleState {
   // SetDeadline's moment (InfiniteFuture when unset). A helper gives up by then too.
   absl::Time wait_deadline() const { return wait_deadline_; }
   bool Done() {
-    absl::MutexLock lock(&mu_);
-    return done_;
+    bool done;
+    {
+      absl::MutexLock lock(&mu_);
+      done = done_;
+    }
+    if (!done) NoteWatched();
+    return done;
   }
   // Done(), without the lock (an acquire load).
   bool DoneFast() const { return done_fast_.load(std::memory_order_acquire); }
@@ -96,6 +95,13 @@ class HandleState {
   // no hand-off to a background thread and back. The helper returns when it cannot help
   // (any more). See WaitHelperGate.
   void SetWaitHelper(std::function<void(HandleState*)> helper) { helper_ = std::move(helper); }
+  // Set at most once, like SetWaitHelper: `hook` runs once, on the calling thread, the
+  // first time someone follows the operation without waiting on it (OnComplete while it
+  // is pending, or Done() false). A store whose waiting threads do its work (dist_hybrid's
+  // I/O turns) then knows that nobody will wait on this one and runs it itself at once.
+  void SetWatchedHook(std::function<void()> hook) { watched_hook_ = std::move(hook); }
+  // The watched hook has run (or would have, had one been set).
+  bool watched() const { return watched_.load(std::memory_order_relaxed); }
   // How long Wait() polls before it sleeps, for every handle of this process (the
   // stores set it from Options::spin when created; zero: sleep at once).
   static void SetWaitSpin(absl::Duration spin) {
@@ -103,12 +109,33 @@ class HandleState {
   }
 
  private:
+  void AddCallback(Callback callback, bool watch) {
+    absl::Status status;
+    bool pending = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!done_) {
+        callbacks_.push_back(std::move(callback));
+        pending = true;
+      } else {
+        status = status_;
+      }
+    }
+    if (!pending) return callback(status);
+    if (watch) NoteWatched();
+  }
+  void NoteWatched() {
+    if (!watched_.exchange(true, std::memory_order_relaxed) && watched_hook_) watched_hook_();
+  }
+
   absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> done_fast_{false};  // done_, readable without the lock
   std::function<void(HandleState*)> helper_;  // see SetWaitHelper
+  std::function<void()> watched_hook_;        // see SetWatchedHook
+  std::atomic<bool> watched_{false};          // the hook ran
   absl::Time wait_deadline_ = absl::InfiniteFuture();  // see SetDeadline
   std::string what_;                                    // see SetDeadline
   static inline std::atomic<int64_t> wait_spin_ns_{0};
@@ -137,6 +164,14 @@ class WaitHelperGate {
       if (gate->target_ != nullptr) (gate->target_->*help)(s);
     });
   }
+  // Makes `state`'s watched hook call (target->*watched)() while the gate is open.
+  static void InstallWatched(const std::shared_ptr<WaitHelperGate>& gate, HandleState* state,
+                             void (T::*watched)()) {
+    state->SetWatchedHook([gate, watched] {
+      absl::ReaderMutexLock lock(&gate->mu_);
+      if (gate->target_ != nullptr) (gate->target_->*watched)();
+    });
+  }
 
  private:
   absl::Mutex mu_;
@@ -157,6 +192,10 @@ class Handle {
   // See HandleState::OnComplete: `callback` runs exactly once with the final status.
   void OnComplete(HandleState::Callback callback) const {
     state_->OnComplete(std::move(callback));
+  }
+  // See HandleState::HoldUntilDone.
+  void HoldUntilDone(std::shared_ptr<const void> owner) const {
+    state_->HoldUntilDone(std::move(owner));
   }
 
  private:

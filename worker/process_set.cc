@@ -141,7 +141,7 @@ absl::StatusOr<Handle> BroadcastOwned(KVStore& parent, int id, absl::string_view
                                       int root) {
   ASSIGN_OR_RETURN(Handle h, parent.BroadcastAsync(
                                  absl::StrCat("hybridps.process_set.", id, ".", what), t, root));
-  h.OnComplete([owner = std::move(owner)](const absl::Status&) {});
+  h.HoldUntilDone(std::move(owner));
   return h;
 }
 

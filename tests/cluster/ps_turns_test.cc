@@ -102,6 +102,92 @@ TEST(PsTurnsTest, OperationsNobodyWaitsOnRunThroughTheIoThread) {
   }
 }
 
+// Work that someone follows without waiting on it (a callback: MXNet's engine, GPU
+// staging; a poll of Done()) runs through the I/O thread as soon as the turns are free,
+// also right after a waiting thread held them: not after the idle hand-back (made an hour
+// here, so that only the watched hint gets it done in time).
+TEST(PsTurnsTest, OperationsFollowedWithoutAWaitDoNotWaitForTheIdleHandBack) {
+  for (bool by_callback : {false, true}) {
+    SCOPED_TRACE(by_callback ? "followed by a callback" : "followed by polling Done()");
+    auto cluster = StartPs(2, 1);
+    ASSERT_NE(cluster, nullptr);
+    for (int w = 0; w < 2; ++w) {
+      PsOf(cluster->worker(w))->SetIdleHandBackForTesting(absl::Hours(1));
+    }
+    cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+      auto unwaited = [&](const std::string& name, int round) {
+        Buffer b(DType::kFloat32, 1000);
+        b.Fill(rank, round, 7);
+        auto h = kv->PushPullAsync(name, b.view(), b.view());
+        ASSERT_OK(h);
+        // On a failure below, the operation still writes into b: wait for it first.
+        auto finish = absl::MakeCleanup([&h] { (void)h->Wait(); });
+        const absl::Time deadline = absl::Now() + absl::Seconds(30);
+        if (by_callback) {
+          auto done = std::make_shared<absl::Notification>();
+          h->OnComplete([done](const absl::Status&) { done->Notify(); });
+          ASSERT_TRUE(done->WaitForNotificationWithDeadline(deadline))
+              << name << " round " << round << ": the I/O thread did not take the turns";
+        } else {
+          while (!h->Done()) {
+            ASSERT_LT(absl::Now(), deadline)
+                << name << " round " << round << ": the I/O thread did not take the turns";
+            absl::SleepFor(absl::Microseconds(200));
+          }
+        }
+        ASSERT_OK(h->Wait());  // done: its status at once
+        for (size_t k = 0; k < b.count; k += 11) {
+          ASSERT_EQ(b.at(k), Value(k, 0, round, 7) + Value(k, 1, round, 7)) << name;
+        }
+      };
+      // Large, so that its waiting thread holds the turns well past the grace.
+      Buffer big(DType::kFloat32, 4 << 20);
+      for (int round = 0; round < 4; ++round) {
+        unwaited("before", round);  // the I/O thread has the turns now
+        if (::testing::Test::HasFatalFailure()) return;
+        ASSERT_OK(kv->PushPull("big", big.view(), big.view()));  // a waiting thread takes them
+        unwaited("after", round);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    });
+  }
+}
+
+// The hint comes while the I/O thread has the turns (which ignores it: it runs the work
+// anyway); then a waiting thread takes them and lets them go with the watched operation
+// still in flight: the I/O thread takes them back at once. Worker 1 submits the watched
+// operation's other half only 50 ms after the waited one, so that it is still in flight
+// when worker 0's waiting thread lets the turns go.
+TEST(PsTurnsTest, WatchedWorkLeftByAWaitingThreadGoesBackToTheIoThread) {
+  auto cluster = StartPs(2, 1);
+  ASSERT_NE(cluster, nullptr);
+  for (int w = 0; w < 2; ++w) {
+    PsOf(cluster->worker(w))->SetIdleHandBackForTesting(absl::Hours(1));
+  }
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    Buffer watched(DType::kFloat32, 1000), waited(DType::kFloat32, 1000);
+    watched.Fill(rank, 0, 8);
+    waited.Fill(rank, 0, 9);
+    if (rank == 0) {
+      auto h = kv->PushPullAsync("watched", watched.view(), watched.view());
+      ASSERT_OK(h);
+      auto finish = absl::MakeCleanup([&h] { (void)h->Wait(); });
+      auto done = std::make_shared<absl::Notification>();
+      h->OnComplete([done](const absl::Status&) { done->Notify(); });  // the I/O thread's
+      ASSERT_OK(kv->PushPull("waited", waited.view(), waited.view()));  // turns taken, let go
+      ASSERT_TRUE(done->WaitForNotificationWithDeadline(absl::Now() + absl::Seconds(30)))
+          << "the I/O thread did not take the turns back for the watched operation";
+    } else {
+      ASSERT_OK(kv->PushPull("waited", waited.view(), waited.view()));
+      absl::SleepFor(absl::Milliseconds(50));
+      ASSERT_OK(kv->PushPull("watched", watched.view(), watched.view()));
+    }
+    for (size_t k = 0; k < watched.count; k += 11) {
+      ASSERT_EQ(watched.at(k), Value(k, 0, 0, 8) + Value(k, 1, 0, 8)) << "element " << k;
+    }
+  });
+}
+
 // Several threads per worker submit and wait at once, each on names of its own: they take
 // the turns from each other and from the I/O thread, and every sum is exact.
 TEST(PsTurnsTest, ManyThreadsWaitingAtOnceAllComplete) {

@@ -145,7 +145,10 @@ absl::StatusOr<Handle> PsStore::Submit(std::shared_ptr<Op> op) {
   // up to five for ZeroMQ to let go of the input (MaybeComplete, CheckDeadlines).
   op->handle->SetDeadline(op->deadline + absl::Seconds(10) + options_.wait_grace,
                           op->Describe());
-  if (caller_turns_) WaitHelperGate<PsStore>::Install(gate_, op->handle.get(), &PsStore::HelpWith);
+  if (caller_turns_) {
+    WaitHelperGate<PsStore>::Install(gate_, op->handle.get(), &PsStore::HelpWith);
+    WaitHelperGate<PsStore>::InstallWatched(gate_, op->handle.get(), &PsStore::Watched);
+  }
   Handle h(op->handle);
   {
     absl::MutexLock lock(&mu_);
@@ -250,6 +253,16 @@ bool PsStore::IoTurn(PollSpin* spin, bool caller) {
     if (helpers_waiting_.load(std::memory_order_relaxed) > 0) absl::MutexLock lock(&mu_);
   }
   return left_for_io;
+}
+
+bool PsStore::WatchedWorkLeft() const {
+  for (const auto& [seq, op] : active_) {
+    if (op->handle->watched()) return true;
+  }
+  for (const Command& c : commands_) {
+    if (c.op && c.op->handle->watched()) return true;
+  }
+  return false;
 }
 
 void PsStore::StartOp(std::shared_ptr<Op> op) {

@@ -10,10 +10,11 @@
 // (HelpWith, Options::caller_rounds; not on a node of several local ranks). A waiting
 // thread runs the turns until its operation completed, which saves the wake-ups of the
 // hand-off to the I/O thread and back on every round trip; the I/O thread then leaves
-// the turns to waiting threads for kCallerGrace, takes them back when work is left
-// unclaimed that long (its submitters do not wait: MXNet's engine takes callbacks) or
-// after kIdleHandBack without a waiting thread, and hands them over when a waiting thread
-// asks (io_wanted_). A waiting thread's turn takes operations only: barriers, RunOnIo's
+// the turns to waiting threads for kCallerGrace, takes them back as soon as they are
+// free for work that someone follows without waiting (a callback, a poll: MXNet's engine,
+// GPU staging; see Watched), when other work is left unclaimed that long, or after
+// kIdleHandBack without a waiting thread, and hands them over when a waiting thread asks
+// (io_wanted_). A waiting thread's turn takes operations only: barriers, RunOnIo's
 // functions and the shutdown are the I/O thread's (io_call_ reserves it the next turn).
 // Operations on one tensor name run in the order they were issued; different names
 // overlap freely.
@@ -109,6 +110,12 @@ class PsStore : public KVStore, public NodeSumSink {
   size_t MaxUnansweredBytes() const { return max_unanswered_.load(); }
   // I/O turns run so far by threads waiting on their operations (see the threading notes).
   uint64_t CallerTurns() const { return caller_turn_count_.load(std::memory_order_relaxed); }
+  // For tests: how long the I/O thread leaves idle turns to waiting threads (kIdleHandBack);
+  // a long one makes every other path that gives it the turns back visible.
+  void SetIdleHandBackForTesting(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    idle_hand_back_ = d;
+  }
   // Where this worker sits (its node, the node's local ranks).
   const NodeLayout& layout() const { return layout_; }
   // Queues `fn` to run on the I/O thread, which does nothing else until it returns; any
@@ -188,6 +195,12 @@ class PsStore : public KVStore, public NodeSumSink {
   // thread for them, or waiting for another waiting thread to let them go) and runs them
   // until the operation completed. Returns at once when it cannot help.
   void HelpWith(HandleState* state);
+  // Someone follows an operation without waiting on it (HandleState's watched hook): the
+  // I/O thread takes the turns for it as soon as they are free, without the grace.
+  void Watched() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether an operation queued or in flight is watched (HandleState::watched); by the
+  // thread that has the turns.
+  bool WatchedWorkLeft() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A command was queued that only the I/O thread runs (barriers, RunOnIo, the
   // shutdown): it takes the turns next, at once if nobody has them.
   void CallIoLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { io_call_ = true; }
@@ -313,6 +326,10 @@ class PsStore : public KVStore, public NodeSumSink {
   // with work left unclaimed, and with nothing to do.
   static constexpr absl::Duration kCallerGrace = absl::Microseconds(200);
   static constexpr absl::Duration kIdleHandBack = absl::Milliseconds(10);
+  absl::Duration idle_hand_back_ ABSL_GUARDED_BY(mu_) = kIdleHandBack;
+  // An operation is followed without a wait (a callback, a poll; HandleState's watched
+  // hook): the I/O thread takes the turns for it as soon as they are free.
+  bool watched_ ABSL_GUARDED_BY(mu_) = false;
   IoOwner io_owner_ ABSL_GUARDED_BY(mu_) = IoOwner::kNone;
   // A thread waited on its operation since the I/O thread last took the turns for work
   // nobody claimed: the I/O thread leaves the turns to waiting threads.

@@ -42,7 +42,8 @@ bool PsStore::AcquireIoTurns() {
   while (true) {
     const absl::Time now = absl::Now();
     if (io_owner_ == IoOwner::kNone) {
-      bool take = io_call_ || !callers_active_ || io_exit_.load();
+      // Watched work (Watched): nobody waits on it, so no grace.
+      bool take = io_call_ || !callers_active_ || watched_ || io_exit_.load();
       if (!take && now >= caller_left_ + kCallerGrace) {
         // Nobody holds the turns, so their state may be read here.
         if (!commands_.empty() || !active_.empty() || !server_calls_.empty() ||
@@ -53,24 +54,26 @@ bool PsStore::AcquireIoTurns() {
         } else {
           // Nothing to do for a while: listen to the sockets again (a waiting thread
           // asks for the turns back).
-          take = now >= caller_left_ + kIdleHandBack;
+          take = now >= caller_left_ + idle_hand_back_;
         }
       }
       if (take) {  // (io_call_ stays set until its turn has taken the commands)
         io_owner_ = IoOwner::kThread;
+        watched_ = false;
         return !io_exit_.load();
       }
     }
-    // While a waiting thread runs the turns, look again every kIdleHandBack; between its
-    // turns, once its grace has passed, and then every kCallerGrace for unclaimed work.
-    absl::Time deadline = now + kIdleHandBack;
+    // While a waiting thread runs the turns, look again every idle_hand_back_ (or when it
+    // lets them go with watched work left); between its turns, once its grace has passed,
+    // and then every kCallerGrace for unclaimed work.
+    absl::Time deadline = now + idle_hand_back_;
     if (io_owner_ == IoOwner::kNone) {
       deadline = std::max(caller_left_ + kCallerGrace, now + kCallerGrace);
     }
     mu_.AwaitWithDeadline(absl::Condition(
                               +[](PsStore* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
                                 return s->io_owner_ == IoOwner::kNone &&
-                                       (s->io_call_ || !s->callers_active_);
+                                       (s->io_call_ || !s->callers_active_ || s->watched_);
                               },
                               this),
                           deadline);
@@ -124,7 +127,7 @@ void PsStore::HelpWith(HandleState* state) {
                                                p->second->DoneFast();
                                       },
                                   &me),
-                              std::min(absl::Now() + kIdleHandBack, give_up));
+                              std::min(absl::Now() + idle_hand_back_, give_up));
         helpers_waiting_.fetch_sub(1, std::memory_order_relaxed);
       }
       if (io_exit_.load() || state->DoneFast()) return;
@@ -135,7 +138,11 @@ void PsStore::HelpWith(HandleState* state) {
     {
       // The turns are let go however this ends.
       auto release = absl::MakeCleanup([this] {
+        // Watched work these turns did not finish (its hint came while a thread had the
+        // turns): the I/O thread takes it at once. Read under mu_, after which Watched()
+        // sees the turns free; active_ is turns-only state, still this thread's.
         absl::MutexLock lock(&mu_);
+        watched_ = WatchedWorkLeft();
         io_owner_ = IoOwner::kNone;
         caller_left_ = absl::Now();
       });
@@ -149,6 +156,15 @@ void PsStore::HelpWith(HandleState* state) {
     // thread asks for them back.
     if (!left_for_io) return;
   }
+}
+
+void PsStore::Watched() {
+  // (A callback added by the I/O thread's own turn needs nothing: its turns go on.)
+  if (std::this_thread::get_id() == io_thread_id_) return;
+  absl::MutexLock lock(&mu_);
+  // While a thread has the turns it runs the work; when a waiting thread lets them go,
+  // it looks for watched work left (HelpWith).
+  if (io_owner_ == IoOwner::kNone) watched_ = true;
 }
 
 bool PsStore::TakeCommands(bool caller) {
