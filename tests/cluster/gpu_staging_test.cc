@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -376,6 +377,75 @@ TEST(GpuStagingTest, WaitingThreadsRunTheStagingThemselves) {
                   w, static_cast<unsigned long long>(st.caller_turns));
     }
   }
+}
+
+// A GPU operation right after a waited CPU one (hybridps-bench --gpu takes turns between
+// the two): the CPU part of the GPU operation, which nobody waits on (the stager takes a
+// callback), goes to the store's I/O thread as soon as the waiting thread let the turns
+// go, not after the idle hand-back (once 10 ms for every such operation, seen on an H100;
+// made 90 s here, past the GPU handle's deadline of 5 x 2 s + the 30 s wait grace, so
+// that the stall fails Wait() and then ends).
+TEST(GpuStagingTest, GpuOperationsRightAfterWaitedCpuOnesDoNotWaitForTheIdleHandBack) {
+  StagedCluster c(Config(2, 1), absl::Microseconds(50), {}, /*stager_timeout=*/absl::Seconds(2));
+  ASSERT_NE(c.cluster, nullptr);
+  for (int w = 0; w < 2; ++w) {
+    PsOf(c.cluster->worker(w))->SetIdleHandBackForTesting(absl::Seconds(90));
+  }
+  c.Run([&](int rank, GpuStager* st, HostCopier::Shared* sh) {
+    KVStore* kv = c.cluster->worker(rank);
+    Buffer cpu(DType::kFloat32, 1 << 20);  // its waiting thread holds the turns a while
+    FakeGpuTensor g(sh, DType::kFloat32, 5000);
+    for (int round = 0; round < 5; ++round) {
+      ASSERT_OK(kv->PushPull("cpu", cpu.view(), cpu.view()));
+      g.buf.Fill(rank, round, 4);
+      auto h = st->PushPullAsync("gpu", g.view(), g.view(), 0);
+      ASSERT_OK(h);
+      // After a failed Wait the operation still writes into g when the hand-back ends it.
+      auto settle = absl::MakeCleanup([&h] {
+        const absl::Time until = absl::Now() + absl::Seconds(180);
+        while (!h->Done() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(10));
+      });
+      ASSERT_OK(h->Wait()) << "round " << round;
+      for (size_t i = 0; i < g.buf.count; i += 7) {
+        ASSERT_EQ(g.buf.at(i), SumOver(2, i, round, 4)) << "round " << round;
+      }
+    }
+  });
+}
+
+// A thread waiting on a GPU operation whose CPU part never completes (a stuck store)
+// gets DeadlineExceeded at its handle's deadline, as on the CPU path: the thread helping
+// the stager gives up then instead of sleeping on.
+TEST(GpuStagingTest, WaitOnAStuckCpuPathIsBoundedByTheHandlesDeadline) {
+  auto shared = std::make_shared<HostCopier::Shared>();
+  auto stuck = std::make_shared<HandleState>();  // the CPU path's operation, never done
+  GpuStager::Backend backend;
+  backend.push_pull = [stuck](absl::string_view, TensorView, TensorView,
+                              int) -> absl::StatusOr<Handle> { return Handle(stuck); };
+  backend.broadcast = [stuck](absl::string_view, TensorView, int,
+                              int) -> absl::StatusOr<Handle> { return Handle(stuck); };
+  FakeGpuTensor g(shared.get(), DType::kFloat32, 1000);  // outlives the stager
+  // Deadline: 5 x op_timeout + wait_grace = 1.1 s after submission.
+  GpuStager st(std::make_unique<HostCopier>(shared, 1, absl::ZeroDuration(),
+                                            HostCopier::Faults{}),
+               std::move(backend), 1, absl::Milliseconds(200), /*waiting_threads_help=*/true,
+               /*wait_grace=*/absl::Milliseconds(100));
+  g.buf.Fill(0, 0, 5);
+  auto h = st.PushPullAsync("w", g.view(), g.view(), 0);
+  ASSERT_OK(h);
+  const absl::Status s = h->Wait();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "push_pull of 'w'")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "threads are stuck")) << s;
+  EXPECT_FALSE(h->Done());
+  stuck->Complete(absl::OkStatus());  // the stager's thread finishes it (the copy back)
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!h->Done()) {
+    ASSERT_LT(absl::Now(), deadline) << "the stager's thread did not take the steps over";
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_OK(h->Wait());
+  EXPECT_EQ(g.buf.at(17), Value(17, 0, 0, 5));  // the in-place "sum" of one worker
 }
 
 // The server-side optimizer applies to staged tensors like to CPU ones: SGD,

@@ -289,8 +289,11 @@ bool GpuStager::AwaitTurn(bool helper, HandleState* state) {
   auto wake_on_work = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return done() || (free() && work());
   };
+  // A helper gives up at its handle's deadline: Wait() then says that the store is stuck
+  // (the stager's thread takes the steps over).
+  const absl::Time give_up = helper ? state->wait_deadline() : absl::InfiniteFuture();
   for (;;) {
-    if (done()) return false;
+    if (done() || absl::Now() >= give_up) return false;
     if (free()) {
       // See kSpinFor: while copies are in flight, spinning takes a turn without waiting,
       // and past it a turn polls them every kPollInterval.
@@ -303,7 +306,7 @@ bool GpuStager::AwaitTurn(bool helper, HandleState* state) {
       }
     }
     // Without copies in flight: sleep until there is work (or the loop is free again).
-    mu_.Await(absl::Condition(&wake));
+    mu_.AwaitWithDeadline(absl::Condition(&wake), give_up);
   }
   loop_busy_ = true;
   if (helper) ++stats_.caller_turns;

@@ -189,7 +189,8 @@ class GpuStager {
   absl::Status CheckGpuTensor(absl::string_view name, const TensorView& t,
                               absl::string_view what);
   void Loop();
-  // A thread waiting on `state` (a GPU operation's handle) runs the turns until it is done.
+  // A thread waiting on `state` (a GPU operation's handle) runs the turns until it is done
+  // or its handle's deadline has passed.
   void HelpWith(HandleState* state);
   // Waits until the calling thread may run a turn (the loop is free and there is work, or
   // copies to poll), then holds the loop (loop_busy_). False: stop instead. `helper`: a
