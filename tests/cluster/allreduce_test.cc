@@ -217,10 +217,7 @@ TEST(AllreduceTest, OperationsNobodyWaitsOnRunThroughTheExecutor) {
     }
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
     for (const Handle& h : handles) {
-      while (!h.Done()) {
-        ASSERT_LT(absl::Now(), deadline) << "an operation nobody waited on never ran";
-        absl::SleepFor(absl::Milliseconds(1));
-      }
+      ASSERT_TRUE(PollUntilDone(h, deadline)) << "an operation nobody waited on never ran";
       ASSERT_OK(h.Wait());  // done: returns its status at once
     }
     for (int i = 0; i < 2; ++i) {

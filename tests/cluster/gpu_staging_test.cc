@@ -26,6 +26,7 @@
 #include "common/timeline.h"
 #include "tests/cluster/host_copier.h"
 #include "tests/cluster/local_cluster.h"
+#include "tests/cluster/push_pull_in_turn.h"
 #include "tests/cluster/tensor_fill.h"
 #include "tests/status_matchers.h"
 #include "worker/gpu/gpu_staging.h"
@@ -401,10 +402,8 @@ TEST(GpuStagingTest, GpuOperationsRightAfterWaitedCpuOnesDoNotWaitForTheIdleHand
       auto h = st->PushPullAsync("gpu", g.view(), g.view(), 0);
       ASSERT_OK(h);
       // After a failed Wait the operation still writes into g when the hand-back ends it.
-      auto settle = absl::MakeCleanup([&h] {
-        const absl::Time until = absl::Now() + absl::Seconds(180);
-        while (!h->Done() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(10));
-      });
+      auto settle = absl::MakeCleanup(
+          [&h] { (void)PollUntilDone(*h, absl::Now() + absl::Seconds(180)); });
       ASSERT_OK(h->Wait()) << "round " << round;
       for (size_t i = 0; i < g.buf.count; i += 7) {
         ASSERT_EQ(g.buf.at(i), SumOver(2, i, round, 4)) << "round " << round;
@@ -440,10 +439,7 @@ TEST(GpuStagingTest, WaitOnAStuckCpuPathIsBoundedByTheHandlesDeadline) {
   EXPECT_FALSE(h->Done());
   stuck->Complete(absl::OkStatus());  // the stager's thread finishes it (the copy back)
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (!h->Done()) {
-    ASSERT_LT(absl::Now(), deadline) << "the stager's thread did not take the steps over";
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  ASSERT_TRUE(PollUntilDone(*h, deadline)) << "the stager's thread did not take the steps over";
   EXPECT_OK(h->Wait());
   EXPECT_EQ(g.buf.at(17), Value(17, 0, 0, 5));  // the in-place "sum" of one worker
 }

@@ -84,10 +84,7 @@ TEST(PsTurnsTest, OperationsNobodyWaitsOnRunThroughTheIoThread) {
     }
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
     for (const Handle& h : handles) {
-      while (!h.Done()) {
-        ASSERT_LT(absl::Now(), deadline) << "an operation nobody waited on never completed";
-        absl::SleepFor(absl::Milliseconds(1));
-      }
+      ASSERT_TRUE(PollUntilDone(h, deadline)) << "an operation nobody waited on never completed";
       ASSERT_OK(h.Wait());  // done: returns its status at once
     }
     for (int i = 0; i < 3; ++i) {
@@ -129,11 +126,8 @@ TEST(PsTurnsTest, OperationsFollowedWithoutAWaitDoNotWaitForTheIdleHandBack) {
           ASSERT_TRUE(done->WaitForNotificationWithDeadline(deadline))
               << name << " round " << round << ": the I/O thread did not take the turns";
         } else {
-          while (!h->Done()) {
-            ASSERT_LT(absl::Now(), deadline)
-                << name << " round " << round << ": the I/O thread did not take the turns";
-            absl::SleepFor(absl::Microseconds(200));
-          }
+          ASSERT_TRUE(PollUntilDone(*h, deadline))
+              << name << " round " << round << ": the I/O thread did not take the turns";
         }
         ASSERT_OK(h->Wait());  // done: its status at once
         for (size_t k = 0; k < b.count; k += 11) {

@@ -1,5 +1,5 @@
-// A test helper for the stores' cluster tests: push_pulls one after the other, each
-// waited for and its sum checked.
+// Test helpers for the stores' cluster tests: push_pulls one after the other, each waited
+// for and its sum checked; an operation followed by polling instead of a wait.
 #ifndef HYBRIDPS_TESTS_CLUSTER_PUSH_PULL_IN_TURN_H_
 #define HYBRIDPS_TESTS_CLUSTER_PUSH_PULL_IN_TURN_H_
 
@@ -7,10 +7,12 @@
 
 #include <cstddef>
 
+#include "absl/time/clock.h"
 #include "common/dtype.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/tensor_fill.h"
 #include "tests/status_matchers.h"
+#include "worker/handle.h"
 
 namespace hybridps::testing {
 
@@ -30,6 +32,16 @@ inline void PushPullInTurn(LocalCluster& cluster, int ops, size_t count) {
       }
     }
   });
+}
+
+// Polls h.Done() (no Wait: the poll is how the test follows the operation) until it is
+// true or `deadline` has passed; whether it is done.
+inline bool PollUntilDone(const Handle& h, absl::Time deadline) {
+  while (!h.Done()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return true;
 }
 
 }  // namespace hybridps::testing

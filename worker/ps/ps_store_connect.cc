@@ -95,7 +95,7 @@ absl::Status PsStore::Shutdown() {
     io_exit_.store(true);
     {
       absl::MutexLock lock(&mu_);
-      io_call_ = true;  // the I/O thread takes the turns for the last requests
+      CallIoLocked();  // the I/O thread takes the turns for the last requests
     }
     credits_->waker.Wake();  // a waiting thread's turn ends
     io_thread_.join();
