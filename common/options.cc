@@ -494,6 +494,7 @@ absl::StatusOr<Options> OptionsFromEnvironment(std::optional<Role> role) {
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_HIERARCHICAL_ALLREDUCE", &o.hierarchical_allreduce));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_EAGER_BYTES", &o.eager_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_TWO_SHOT_BYTES", &o.two_shot_bytes));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_DIRECT_ALLREDUCE_BYTES", &o.direct_allreduce_bytes));
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_CYCLE_TIME_MS", &o.cycle_time));
   RETURN_IF_ERROR(GetMicros("HYBRIDPS_BURST_GATHER_US", &o.burst_gather));
   RETURN_IF_ERROR(GetMicros("HYBRIDPS_SPIN_US", &o.spin));

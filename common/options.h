@@ -209,9 +209,11 @@ struct Options {
   // HYBRIDPS_EAGER_BYTES (dist_allreduce, CPU tensors): a push_pull of up to this size
   // divided by (workers - 1), or a broadcast, travels inside the negotiation message and
   // is summed from it: no collective after the negotiation. At most 2 MiB; 0: off
-  // (docs/design/defaults.md). With 3 workers or more each sends n - 1 copies of the
-  // tensor where the ring moves 2(n - 1)/n of it: slow links (about 1 Gbit/s) favour a
-  // lower value, fast ones this one (docs/performance.md, across hosts).
+  // (docs/design/defaults.md). Over Gloo with n >= 3 workers each sends n - 1 copies of
+  // the tensor where the allreduce moves 2(n - 1)/n of it: a tensor whose allreduce would
+  // go directly (direct_allreduce_bytes) also goes eagerly only while those extra bytes,
+  // (n - 1)(n - 2)/n of it, stay within this size / 8 (4 workers: up to 85 KiB by
+  // default).
   size_t eager_bytes = 1 << 20;
   // HYBRIDPS_TWO_SHOT_BYTES (dist_allreduce, 2 workers, CPU tensors): push_pulls larger
   // than the eager ones and up to this size are two-shots: each worker sends the other's
@@ -220,6 +222,15 @@ struct Options {
   // off (the ring after the negotiation). A two-shot runs when both workers sent their
   // halves, else the ring does.
   size_t two_shot_bytes = 0;
+  // HYBRIDPS_DIRECT_ALLREDUCE_BYTES (dist_allreduce, CPU tensors over Gloo, 3 workers or
+  // more): allreduces up to this size go directly between every pair of workers — each
+  // sends every other its share and sums its own, then sends its summed share to every
+  // other: two steps where the ring takes 2(n - 1), with the ring's bytes. Larger ones
+  // take the ring. 0: always the ring. Rank 0's value is used. Not with more than 8
+  // workers; in hierarchical jobs, between 3 to 8 nodes' leaders. Above 1 MiB the ring
+  // kept slow links busier (docs/performance.md, across hosts); fast links gain up to
+  // 16 MiB.
+  size_t direct_allreduce_bytes = 1 << 20;
   // HYBRIDPS_CYCLE_TIME_MS: while operations are pending, workers agree on what to run
   // at most once per cycle (tensors submitted within one cycle can be fused). No cycles
   // run while the job is idle.

@@ -101,6 +101,7 @@ AGREE = {
                             "worker sent it so)",
     "HYBRIDPS_TWO_SHOT_BYTES": "each worker its own (a two-shot runs only when both sent "
                                "their halves)",
+    "HYBRIDPS_DIRECT_ALLREDUCE_BYTES": RANK0 + " (a worker whose own differs logs a warning)",
     "HYBRIDPS_CYCLE_TIME_MS": "each worker its own",
     "HYBRIDPS_CALLER_ROUNDS": "each worker its own",
     "HYBRIDPS_BIND_TO": "each worker its own",
@@ -372,7 +373,7 @@ GROUPS = [
      "HYBRIDPS_CALLER_ROUNDS", "HYBRIDPS_BIND_TO"]),
     ("dist_allreduce", ["HYBRIDPS_FUSION_BYTES", "HYBRIDPS_FUSION_MAX_TENSOR_BYTES",
      "HYBRIDPS_LOCAL_ALLREDUCE", "HYBRIDPS_HIERARCHICAL_ALLREDUCE", "HYBRIDPS_EAGER_BYTES",
-     "HYBRIDPS_TWO_SHOT_BYTES", "HYBRIDPS_CYCLE_TIME_MS"]),
+     "HYBRIDPS_TWO_SHOT_BYTES", "HYBRIDPS_DIRECT_ALLREDUCE_BYTES", "HYBRIDPS_CYCLE_TIME_MS"]),
 ]
 
 

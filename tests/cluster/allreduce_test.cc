@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -99,7 +100,7 @@ TEST(AllreduceTest, LargeTensorsRunAloneWhileSmallOnesFuse) {
                            [](ClusterConfig* c) { c->fusion_max_tensor_bytes = 1 << 20; });
   ASSERT_NE(cl, nullptr);
   LocalCluster& cluster = *cl;
-  // 20 of 600 KB (over 3 ranks' eager limit, 512 KiB; fused), then 6 of 1.2 MB (alone).
+  // 20 of 600 KB (over 3 ranks' eager limit, 192 KiB; fused), then 6 of 1.2 MB (alone).
   std::vector<size_t> counts(20, 150000);
   counts.resize(26, 300000);
   PushPullSizes(cluster, counts);
@@ -373,6 +374,66 @@ TEST(AllreduceTest, TwoRanksSwapSummedHalvesOfMidSizeTensors) {
   }
 }
 
+// With 4 workers over Gloo: a small push_pull goes eagerly; a 256 KiB one is over the
+// eager limit of 4 ranks (its extra bytes over the ring would pass eager_bytes / 8) and
+// goes directly between every pair; one over direct_allreduce_bytes takes the ring. A
+// rank 0 with direct_allreduce_bytes 0 sends every allreduce through the ring, whatever
+// the others say (ranks that chose differently would hang in mismatched collectives), and
+// the 256 KiB one may go eagerly again.
+TEST(AllreduceTest, FourRanksSendMidSizeTensorsDirectlyAsRankZeroSays) {
+  for (size_t rank0_direct : {size_t{1} << 20, size_t{0}}) {
+    SCOPED_TRACE(absl::StrCat("rank 0's direct_allreduce_bytes ", rank0_direct));
+    auto cluster = StartAllreduce(4, 64 << 20, 1, [&](ClusterConfig* c) {
+      c->op_timeout = absl::Seconds(20);
+      c->worker_options = [rank0_direct](int, Options* o) {
+        o->direct_allreduce_bytes = o->rank == 0 ? rank0_direct : size_t{1} << 20;
+      };
+    });
+    ASSERT_NE(cluster, nullptr);
+    ASSERT_EQ(cluster->worker(0)->rank(), 0);  // the one whose setting counts
+    // float32 counts: 4 KB (eager), 256 KiB + 4 bytes (direct), 1 MiB + 4 bytes (ring).
+    const std::vector<size_t> counts = {1000, (1 << 16) + 1, (1 << 18) + 1};
+    constexpr int kRounds = 4;
+    std::vector<AllreduceStore::Stats> after(counts.size() * 4);
+    cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+      for (size_t c = 0; c < counts.size(); ++c) {
+        for (int i = 0; i < kRounds; ++i) {
+          Buffer b(DType::kFloat32, counts[c]);
+          const int salt = static_cast<int>(c);
+          b.Fill(rank, i, salt);
+          ASSERT_OK(kv->PushPull(absl::StrCat("t", c), b.view(), b.view()));
+          for (size_t k = 0; k < b.count; ++k) {
+            double want = 0;
+            for (int r = 0; r < 4; ++r) want += Value(k, r, i, salt);
+            ASSERT_EQ(b.at(k), want) << "tensor " << c << " round " << i << " element " << k;
+          }
+        }
+        after[c * 4 + rank] = StatsOf(kv);
+      }
+    });
+    for (int w = 0; w < 4; ++w) {
+      const AllreduceStore::Stats& small = after[w];
+      const AllreduceStore::Stats& mid = after[4 + w];
+      const AllreduceStore::Stats& large = after[8 + w];
+      SCOPED_TRACE(absl::StrCat("worker ", w));
+      EXPECT_EQ(large.allreduces - mid.allreduces, static_cast<uint64_t>(kRounds));
+      EXPECT_EQ(large.direct_allreduces - mid.direct_allreduces, 0u) << "1 MiB went directly";
+      if (rank0_direct > 0) {
+        EXPECT_EQ(mid.eager, small.eager) << "a 256 KiB push_pull went eagerly with 4 ranks";
+        EXPECT_EQ(mid.allreduces - small.allreduces, static_cast<uint64_t>(kRounds));
+        EXPECT_EQ(mid.direct_allreduces - small.direct_allreduces,
+                  static_cast<uint64_t>(kRounds));
+      } else {
+        // The ring, and with it the eager limit of 4 ranks before the direct steps (341
+        // KiB): eagerly when the ranks are in step.
+        EXPECT_EQ(mid.eager - small.eager + mid.allreduces - small.allreduces,
+                  static_cast<uint64_t>(kRounds));
+        EXPECT_EQ(mid.direct_allreduces, 0u);
+      }
+    }
+  }
+}
+
 // Every worker on one host (one node of local ranks): allreduces of CPU tensors run in
 // shared memory, exactly; rank 0's HYBRIDPS_LOCAL_ALLREDUCE=0 sends every worker's
 // through Gloo; two nodes go through Gloo, unless rank 0 asks for hierarchical
@@ -401,6 +462,45 @@ TEST(AllreduceTest, OneHostReducesInSharedMemoryAsRankZeroSays) {
       AllreduceStore::Stats s = StatsOf(cluster->worker(w));
       EXPECT_GT(s.allreduces, 0u) << "worker " << w;
       EXPECT_EQ(s.shm_allreduces, k.shm ? s.allreduces : 0u) << "worker " << w;
+    }
+  }
+}
+
+// Hierarchical jobs of 3 nodes: the nodes' leaders allreduce directly (a 256 KiB
+// push_pull, one at a time so that nothing is fused or eager), in nodes of 2 local ranks
+// (the node's sum in shared memory, chunk by chunk) and in nodes of one rank (no shared
+// memory); exact sums on every worker.
+TEST(AllreduceTest, LeadersOfThreeNodesAllreduceDirectly) {
+  for (int local : {2, 1}) {
+    SCOPED_TRACE(absl::StrCat("3 nodes of ", local));
+    const int workers = 3 * local;
+    auto cluster = StartAllreduce(workers, 64 << 20, 1, [&](ClusterConfig* c) {
+      c->local_size = local;
+      c->op_timeout = absl::Seconds(20);
+      c->worker_options = [](int, Options* o) {
+        o->hierarchical_allreduce = 1;
+        o->eager_bytes = 0;
+      };
+    });
+    ASSERT_NE(cluster, nullptr);
+    constexpr int kRounds = 3;
+    cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+      for (int i = 0; i < kRounds; ++i) {
+        Buffer b(DType::kFloat32, (1 << 16) + 3);
+        b.Fill(rank, i, 4);
+        ASSERT_OK(kv->PushPull("mid", b.view(), b.view()));
+        for (size_t k = 0; k < b.count; ++k) {
+          double want = 0;
+          for (int r = 0; r < workers; ++r) want += Value(k, r, i, 4);
+          ASSERT_EQ(b.at(k), want) << "round " << i << " element " << k;
+        }
+      }
+    });
+    for (int w = 0; w < workers; ++w) {
+      const AllreduceStore::Stats s = StatsOf(cluster->worker(w));
+      const bool leader = cluster->worker(w)->local_rank() == 0;
+      EXPECT_EQ(s.direct_allreduces, leader ? static_cast<uint64_t>(kRounds) : 0u)
+          << "worker " << w;
     }
   }
 }
@@ -441,13 +541,14 @@ TEST(AllreduceTest, OperationsAfterShutdownFailClearly) {
   EXPECT_TRUE(absl::StrContains(h.status().message(), "shut down")) << h.status();
 }
 
-// Two ranks of one Gloo mesh, connected through an in-memory store.
-std::vector<std::unique_ptr<GlooComm>> ConnectMesh(gloo::rendezvous::HashStore& store) {
-  std::vector<std::unique_ptr<GlooComm>> comms(2);
+// `n` ranks of one Gloo mesh, connected through an in-memory store.
+std::vector<std::unique_ptr<GlooComm>> ConnectMesh(gloo::rendezvous::HashStore& store,
+                                                   int n = 2) {
+  std::vector<std::unique_ptr<GlooComm>> comms(n);
   std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      auto c = GlooComm::Connect(r, 2, "127.0.0.1", "", store, absl::Seconds(20));
+      auto c = GlooComm::Connect(r, n, "127.0.0.1", "", store, absl::Seconds(20));
       ASSERT_OK(c);
       comms[r] = std::move(*c);
     });
@@ -546,6 +647,96 @@ TEST(GlooCommTest, ABlockedExchangeEndsAtAbortOrItsTimeout) {
   d[0]->PostNextExchange(4096);
   ExpectAbortEnds(*d[0],
                   [&] { return d[0]->AllgatherBytes("y", 4096, absl::Seconds(60)).status(); });
+}
+
+// AllreduceDirect on 3 and 4 ranks: exact sums of every dtype the store takes, counts
+// smaller than the ranks (empty shares), odd ones and large ones, in place or not, taking
+// turns with the ring on the same mesh; every rank ends with the same bits.
+TEST(GlooCommTest, DirectAllreduceGivesEveryRankTheSameExactSums) {
+  for (int n : {3, 4}) {
+    SCOPED_TRACE(absl::StrCat(n, " ranks"));
+    gloo::rendezvous::HashStore store;
+    auto c = ConnectMesh(store, n);
+    for (int r = 0; r < n; ++r) ASSERT_NE(c[r], nullptr);
+    struct Case {
+      DType dtype;
+      size_t count;
+    };
+    const std::vector<Case> cases = {
+        {DType::kFloat32, 1},     {DType::kFloat32, 2},         {DType::kFloat32, 3},
+        {DType::kFloat32, 5},     {DType::kFloat16, 1001},      {DType::kBFloat16, 77},
+        {DType::kFloat64, 4099},  {DType::kInt32, 333},         {DType::kFloat32, 262147},
+    };
+    std::vector<std::thread> threads;
+    std::vector<std::vector<float>> rounded(n);
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        for (size_t i = 0; i < cases.size(); ++i) {
+          Buffer in(cases[i].dtype, cases[i].count), out(cases[i].dtype, cases[i].count);
+          in.Fill(r, 0, static_cast<int>(i));
+          const bool inplace = i % 2 == 0;
+          Buffer& result = inplace ? in : out;
+          ASSERT_OK(c[r]->AllreduceDirect(cases[i].dtype, in.bytes.data(),
+                                          result.bytes.data(), cases[i].count,
+                                          absl::Seconds(20)));
+          for (size_t k = 0; k < cases[i].count; ++k) {
+            double want = 0;
+            for (int p = 0; p < n; ++p) want += Value(k, p, 0, static_cast<int>(i));
+            ASSERT_EQ(result.at(k), want) << "case " << i << " element " << k;
+          }
+          // The ring between two direct ones: their messages must not cross.
+          Buffer ring(DType::kFloat32, 1000);
+          ring.Fill(r, 1, 0);
+          ASSERT_OK(c[r]->Allreduce(DType::kFloat32, ring.bytes.data(), ring.bytes.data(),
+                                    ring.count, absl::Seconds(20)));
+          for (size_t k = 0; k < ring.count; k += 7) {
+            double want = 0;
+            for (int p = 0; p < n; ++p) want += Value(k, p, 1, 0);
+            ASSERT_EQ(ring.at(k), want) << "ring after case " << i << " element " << k;
+          }
+        }
+        // Sums that round: every rank must still hold the same bits.
+        std::vector<float> x(100003);
+        for (size_t k = 0; k < x.size(); ++k) x[k] = 0.1f * static_cast<float>(k % 97 + r);
+        ASSERT_OK(c[r]->AllreduceDirect(DType::kFloat32, x.data(), x.data(), x.size(),
+                                        absl::Seconds(20)));
+        rounded[r] = std::move(x);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < n; ++r) {
+      ASSERT_EQ(rounded[r].size(), 100003u);
+      for (size_t k = 0; k < rounded[r].size(); ++k) {
+        double want = 0;
+        for (int p = 0; p < n; ++p) want += 0.1 * static_cast<double>(k % 97 + p);
+        ASSERT_NEAR(rounded[r][k], want, 1e-3) << "rank " << r << " element " << k;
+        ASSERT_EQ(std::memcmp(&rounded[r][k], &rounded[0][k], sizeof(float)), 0)
+            << "rank " << r << " element " << k << " differs from rank 0's";
+      }
+    }
+  }
+}
+
+// A direct allreduce that a peer never joins ends at its timeout, and at once on Abort.
+TEST(GlooCommTest, ABlockedDirectAllreduceEndsAtAbortOrItsTimeout) {
+  gloo::rendezvous::HashStore store;
+  auto c = ConnectMesh(store, 3);
+  ASSERT_TRUE(c[0] && c[1] && c[2]);
+  std::vector<float> x(3000, 1.0f);
+  const absl::Time start = absl::Now();
+  const absl::Status timed_out =
+      c[0]->AllreduceDirect(DType::kFloat32, x.data(), x.data(), x.size(),
+                            absl::Milliseconds(500));
+  EXPECT_FALSE(timed_out.ok());
+  EXPECT_TRUE(absl::StrContains(timed_out.message(), "allreduce (direct)")) << timed_out;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << timed_out;
+  gloo::rendezvous::HashStore store2;
+  auto d = ConnectMesh(store2, 3);
+  ASSERT_TRUE(d[0] && d[1] && d[2]);
+  ExpectAbortEnds(*d[0], [&] {
+    return d[0]->AllreduceDirect(DType::kFloat32, x.data(), x.data(), x.size(),
+                                 absl::Seconds(60));
+  });
 }
 
 }  // namespace

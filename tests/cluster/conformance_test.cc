@@ -377,8 +377,11 @@ std::vector<Param> Params() {
     p.push_back({"dist_allreduce", transport, workers, 0, local});
   }
   // Hierarchical (HYBRIDPS_HIERARCHICAL_ALLREDUCE): 2 nodes of 2 and of 3 local ranks sum
-  // in shared memory, their local ranks 0 over Gloo.
-  for (auto [transport, workers, local] : {std::tuple{"inproc", 4, 2}, std::tuple{"tcp", 6, 3}}) {
+  // in shared memory, their local ranks 0 over Gloo (the ring); 3 nodes of 2 and of 1,
+  // whose leaders allreduce directly (GlooComm::AllreduceDirect).
+  for (auto [transport, workers, local] :
+       {std::tuple{"inproc", 4, 2}, std::tuple{"tcp", 6, 3}, std::tuple{"inproc", 6, 2},
+        std::tuple{"tcp", 3, 1}}) {
     p.push_back({"dist_allreduce", transport, workers, 0, local, false, true, "hier",
                  [](ClusterConfig* c) {
                    c->worker_options = [](int, Options* o) { o->hierarchical_allreduce = 1; };

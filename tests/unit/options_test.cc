@@ -36,6 +36,7 @@ class OptionsTest : public ::testing::Test {
                           "HYBRIDPS_CALLER_ROUNDS", "HYBRIDPS_FUSION_MAX_TENSOR_BYTES",
                           "HYBRIDPS_BIND_TO",
                           "HYBRIDPS_EAGER_BYTES", "HYBRIDPS_TWO_SHOT_BYTES",
+                          "HYBRIDPS_DIRECT_ALLREDUCE_BYTES",
                           "HYBRIDPS_LOCAL_ALLREDUCE", "HYBRIDPS_HIERARCHICAL_ALLREDUCE",
                           "HYBRIDPS_GPU_LOCAL_REDUCE", "HYBRIDPS_MXNET_MERGE",
                           "HYBRIDPS_LOCAL_RANK", "HYBRIDPS_LOCAL_SIZE", "HYBRIDPS_DEPLOYMENT",
@@ -217,6 +218,7 @@ TEST_F(OptionsTest, AllreduceFusionCycleAndStallSettings) {
   unsetenv("HYBRIDPS_BIND_TO");
   EXPECT_EQ(d->eager_bytes, size_t{1} << 20);
   EXPECT_EQ(d->two_shot_bytes, 0u);
+  EXPECT_EQ(d->direct_allreduce_bytes, size_t{1} << 20);
   EXPECT_EQ(d->local_allreduce, 1);
   EXPECT_EQ(d->hierarchical_allreduce, 0);
   for (auto [var, value, ok] :

@@ -308,11 +308,19 @@ void AllreduceStore::ListMine(const std::vector<std::shared_ptr<Op>>& listed, ab
   // eager_bytes per round. A round carries at most twice that per rank. An operation runs
   // eagerly when every rank sent its data in the same round; otherwise it takes the ring.
   // In shared memory on one node the allreduce is cheaper than the eager path's copies
-  // above kShmEagerBytes.
-  const size_t copies = std::max(1, num_workers_ - 1);
-  const size_t eager_tensor =
-      std::min(options_.eager_bytes / copies,
-               cpu_->kind() == CpuCollectives::Kind::kSharedMemory ? kShmEagerBytes : SIZE_MAX);
+  // above kShmEagerBytes. Over Gloo with 3 ranks or more, a tensor whose allreduce would
+  // take two direct steps (CpuCollectives::GoesDirect) goes eagerly only while its extra
+  // bytes, (n-1)(n-2)/n of it, stay within eager_bytes / 8: the eager path saves only
+  // those steps, and on slow links the extra bytes cost more.
+  const size_t n = static_cast<size_t>(num_workers_);
+  const size_t copies = std::max<size_t>(1, n - 1);
+  size_t eager_tensor = options_.eager_bytes / copies;
+  size_t eager_direct = eager_tensor;
+  if (cpu_->kind() == CpuCollectives::Kind::kSharedMemory) {
+    eager_tensor = eager_direct = std::min(eager_tensor, kShmEagerBytes);
+  } else if (cpu_->kind() == CpuCollectives::Kind::kGloo && n >= 3) {
+    eager_direct = std::min(eager_tensor, options_.eager_bytes / 8 * n / ((n - 1) * (n - 2)));
+  }
   const size_t eager_round = 2 * eager_tensor;
   // With 2 ranks, larger push_pulls up to two_shot_bytes are two-shots (negotiation.h):
   // each rank sends the other's half along, and the summed halves are swapped. The same
@@ -341,8 +349,9 @@ void AllreduceStore::ListMine(const std::vector<std::shared_ptr<Op>>& listed, ab
     // GPU data never does: it is not in host memory.
     e.gpu = op->in.device == Device::kGPU;
     const bool first_time = !e.gpu && op->rounds_listed == 1;
+    const size_t eager_limit = cpu_->GoesDirect(bytes) ? eager_direct : eager_tensor;
     if (first_time && (op->kind == nego::OpKind::kPushPull || op->root == rank_) &&
-        bytes <= eager_tensor && eager_bytes + bytes <= eager_round) {
+        bytes <= eager_limit && eager_bytes + bytes <= eager_round) {
       e.has_payload = true;
       e.payload = absl::string_view(static_cast<const char*>(op->in.data), bytes);
       eager_bytes += bytes;
@@ -553,6 +562,7 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
     absl::MutexLock lock(&mu_);
     ++stats_.allreduces;
     if (cpu_->in_shared_memory()) ++stats_.shm_allreduces;
+    if (cpu_->GoesDirect(a.total_count * es)) ++stats_.direct_allreduces;
     if (a.entries.size() > 1) stats_.fused_tensors += a.entries.size();
   }
   for (size_t i : a.entries) Finish(listed[i].get(), s);

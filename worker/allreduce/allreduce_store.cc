@@ -126,6 +126,7 @@ absl::Status AllreduceStore::Start() {
   cpu_ = NewGlooCollectives(comm_.get());
   RETURN_IF_ERROR(ShareFusionSettings());
   RETURN_IF_ERROR(SetUpSharedMemory(welcome));
+  cpu_->SetDirectBytes(direct_allreduce_bytes_);
 #if HYBRIDPS_WITH_NCCL
   RETURN_IF_ERROR(ShareNcclId());
 #endif
@@ -228,20 +229,21 @@ absl::Status AllreduceStore::SetUpSharedMemory(const wire::Welcome& welcome) {
 }
 
 absl::Status AllreduceStore::ShareFusionSettings() {
-  const std::string mine =
-      absl::StrCat(options_.fusion_bytes, " ", options_.fusion_max_tensor_bytes);
+  const std::string mine = absl::StrCat(options_.fusion_bytes, " ",
+                                        options_.fusion_max_tensor_bytes, " ",
+                                        options_.direct_allreduce_bytes);
   ASSIGN_OR_RETURN(std::string value, FromRankZero("fusion/", [&] { return mine; }));
   std::vector<std::string> parts = absl::StrSplit(value, ' ');
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &fusion_bytes_) ||
-      !absl::SimpleAtoi(parts[1], &fusion_max_tensor_bytes_)) {
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &fusion_bytes_) ||
+      !absl::SimpleAtoi(parts[1], &fusion_max_tensor_bytes_) ||
+      !absl::SimpleAtoi(parts[2], &direct_allreduce_bytes_)) {
     return absl::DataLossError(
         absl::StrCat("rendezvous: malformed fusion settings from rank 0: '", value, "'"));
   }
   if (value != mine) {
-    HPS_LOG(WARNING) << "this worker's HYBRIDPS_FUSION_BYTES / HYBRIDPS_FUSION_MAX_TENSOR_BYTES ("
-                     << options_.fusion_bytes << " / " << options_.fusion_max_tensor_bytes
-                     << ") differ from rank 0's (" << fusion_bytes_ << " / "
-                     << fusion_max_tensor_bytes_
+    HPS_LOG(WARNING) << "this worker's HYBRIDPS_FUSION_BYTES / HYBRIDPS_FUSION_MAX_TENSOR_BYTES"
+                     << " / HYBRIDPS_DIRECT_ALLREDUCE_BYTES (" << mine
+                     << ") differ from rank 0's (" << value
                      << "); every worker uses rank 0's, so that all plan alike";
   }
   return absl::OkStatus();

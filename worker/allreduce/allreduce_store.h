@@ -1,5 +1,7 @@
 // "dist_allreduce": push_pull is a sum-allreduce across all workers, broadcast a broadcast
-// from a root — no servers. CPU tensors go through Gloo (ring allreduce over tcp),
+// from a root — no servers. CPU tensors go through Gloo over tcp (the ring, or with 3
+// workers or more and up to Options::direct_allreduce_bytes two steps directly between
+// every pair of workers, GlooComm::AllreduceDirect),
 // bootstrapped through the scheduler's rendezvous store; when every worker is a local rank
 // of one node (one host), their allreduces, broadcasts and the negotiation's exchange run
 // in shared memory instead (worker/node/shm_allreduce.h, Options::local_allreduce); over
@@ -120,6 +122,7 @@ class AllreduceStore : public KVStore {
     uint64_t eager = 0;          // operations computed from the negotiation data
     uint64_t two_shots = 0;      // push_pulls run as two-shots (2 ranks, negotiation.h)
     uint64_t shm_allreduces = 0;  // allreduces run in shared memory (one host, or a node)
+    uint64_t direct_allreduces = 0;  // allreduces sent directly between every pair (Gloo)
     uint64_t broadcasts = 0;     // Gloo broadcast calls
     uint64_t nccl_groups = 0;    // NCCL launches (a group of a fused bucket counts once)
     uint64_t nccl_tensors = 0;   // GPU tensors reduced or broadcast through NCCL
@@ -251,6 +254,7 @@ class AllreduceStore : public KVStore {
   std::string gloo_host_, gloo_iface_;
   size_t fusion_bytes_ = 0;             // rank 0's Options::fusion_bytes (Start)
   size_t fusion_max_tensor_bytes_ = 0;  // rank 0's Options::fusion_max_tensor_bytes (Start)
+  size_t direct_allreduce_bytes_ = 0;   // rank 0's Options::direct_allreduce_bytes (Start)
 
   // The constructing thread until Start returns, then the I/O thread only.
   std::unique_ptr<ControlClient> control_;

@@ -6,6 +6,17 @@
 namespace hybridps {
 namespace {
 
+// The most ranks a direct allreduce runs on: each receives from every other at once, so
+// with many the bursts into one host's link grow (measured with 3 and 4 ranks only).
+constexpr int kMaxDirectRanks = 8;
+
+// An allreduce over `comm`, directly between every pair of ranks when `direct`.
+absl::Status AllreduceOver(GlooComm* comm, bool direct, DType dtype, const void* in, void* out,
+                           size_t count, absl::Duration timeout) {
+  return direct ? comm->AllreduceDirect(dtype, in, out, count, timeout)
+                : comm->Allreduce(dtype, in, out, count, timeout);
+}
+
 class GlooCollectives : public CpuCollectives {
  public:
   explicit GlooCollectives(GlooComm* world) : world_(world) {}
@@ -13,7 +24,12 @@ class GlooCollectives : public CpuCollectives {
   bool in_shared_memory() const override { return false; }
   absl::Status Allreduce(DType dtype, const void* in, void* out, size_t count,
                          absl::Duration timeout) override {
-    return world_->Allreduce(dtype, in, out, count, timeout);
+    return AllreduceOver(world_, GoesDirect(count * DTypeSize(dtype)), dtype, in, out, count,
+                         timeout);
+  }
+  void SetDirectBytes(size_t bytes) override { direct_bytes_ = bytes; }
+  bool GoesDirect(size_t bytes) const override {
+    return world_->size() >= 3 && world_->size() <= kMaxDirectRanks && bytes <= direct_bytes_;
   }
   absl::Status Broadcast(DType dtype, void* data, size_t count, int root,
                          absl::Duration timeout) override {
@@ -30,6 +46,7 @@ class GlooCollectives : public CpuCollectives {
 
  protected:
   GlooComm* world_;  // the store's: it outlives this
+  size_t direct_bytes_ = 0;
 };
 
 class SharedMemoryCollectives : public GlooCollectives {
@@ -43,6 +60,7 @@ class SharedMemoryCollectives : public GlooCollectives {
                          absl::Duration timeout) override {
     return node_->Allreduce(dtype, in, out, count, timeout);
   }
+  bool GoesDirect(size_t) const override { return false; }
   absl::Status Broadcast(DType dtype, void* data, size_t count, int root,
                          absl::Duration timeout) override {
     const int local_root =
@@ -81,11 +99,19 @@ class HierarchicalCollectives : public GlooCollectives {
   // The node's sum in shared memory, then the leaders' allreduce of it.
   absl::Status Allreduce(DType dtype, const void* in, void* out, size_t count,
                          absl::Duration timeout) override {
-    if (!node_) return leaders_->Allreduce(dtype, in, out, count, timeout);  // its own leader
+    const bool direct = GoesDirect(count * DTypeSize(dtype));
+    if (!node_) {  // its own leader
+      return AllreduceOver(leaders_.get(), direct, dtype, in, out, count, timeout);
+    }
     auto across = [&](void* data, size_t n) {
-      return leaders_->Allreduce(dtype, data, data, n, timeout);
+      return AllreduceOver(leaders_.get(), direct, dtype, data, data, n, timeout);
     };
     return node_->HierarchicalAllreduce(dtype, in, out, count, timeout, across);
+  }
+  // Across the nodes' leaders: only they run that part.
+  bool GoesDirect(size_t bytes) const override {
+    return leaders_ && leaders_->size() >= 3 && leaders_->size() <= kMaxDirectRanks &&
+           bytes <= direct_bytes_;
   }
   void Abort(const absl::Status& why) override {
     if (leaders_) leaders_->Abort();

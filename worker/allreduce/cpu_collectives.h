@@ -1,6 +1,6 @@
 // The collectives of dist_allreduce's CPU tensors across the job's workers, of one of three
 // kinds chosen once, when the store starts (AllreduceStore::SetUpSharedMemory):
-//   kGloo: one Gloo ring over every worker;
+//   kGloo: Gloo over every worker (the ring, or two direct steps: SetDirectBytes);
 //   kSharedMemory: every worker is a local rank of one node: the node's shared-memory
 //     segment (worker/node/shm_allreduce.h) carries the allreduces, the broadcasts and the
 //     negotiation's exchange (a message too large for it goes through Gloo);
@@ -37,6 +37,12 @@ class CpuCollectives {
   // The sum over every worker of `count` elements of `in`, into `out` (may alias `in`).
   virtual absl::Status Allreduce(DType dtype, const void* in, void* out, size_t count,
                                  absl::Duration timeout) = 0;
+  // Allreduces of up to `bytes` (every worker the same: rank 0's) go directly between
+  // every pair of workers over Gloo where there are 3 to 8 (hierarchical: nodes' leaders;
+  // GlooComm::AllreduceDirect); larger ones take the ring. 0 by default.
+  virtual void SetDirectBytes(size_t bytes) = 0;
+  // Whether the allreduce of `bytes` goes directly.
+  virtual bool GoesDirect(size_t bytes) const = 0;
   // Worker `root`'s `count` elements of `data` into every worker's.
   virtual absl::Status Broadcast(DType dtype, void* data, size_t count, int root,
                                  absl::Duration timeout) = 0;

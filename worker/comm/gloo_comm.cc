@@ -11,6 +11,7 @@
 #include <exception>
 #include <optional>
 #include <type_traits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -44,6 +45,16 @@ constexpr size_t kDirectSlotBytes = 2 << 20;
 constexpr uint64_t kExchangeSlot = (uint64_t{0xE1} << 56) | 1;
 // The Gloo slot of SwapWithPeer (one at a time, so matched in order too).
 constexpr uint64_t kSwapSlot = (uint64_t{0xE2} << 56) | 1;
+// The Gloo slots of AllreduceDirect's two steps (matched in order, one call at a time).
+constexpr uint64_t kScatterSlot = (uint64_t{0xE3} << 56) | 1;
+constexpr uint64_t kGatherSlot = (uint64_t{0xE3} << 56) | 2;
+
+// The elements [begin, end) of `count` that rank `rank` of `n` sums in AllreduceDirect.
+std::pair<size_t, size_t> DirectChunk(size_t count, int rank, int n) {
+  const size_t each = count / n, extra = count % n, r = static_cast<size_t>(rank);
+  const size_t begin = each * r + std::min(r, extra);
+  return {begin, begin + each + (r < extra ? 1 : 0)};
+}
 
 std::chrono::milliseconds Millis(absl::Duration d) {
   return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
@@ -273,13 +284,16 @@ void GlooComm::Abort() {
   }
 }
 
+bool GlooComm::AllreduceIsLocal(DType dtype, const void* in, void* out, size_t count) {
+  if (count == 0) return true;
+  if (context_) return false;
+  if (in != out) std::memcpy(out, in, count * DTypeSize(dtype));
+  return true;
+}
+
 absl::Status GlooComm::Allreduce(DType dtype, const void* in, void* out, size_t count,
                                  absl::Duration timeout) {
-  if (count == 0) return absl::OkStatus();
-  if (!context_) {
-    if (in != out) std::memcpy(out, in, count * DTypeSize(dtype));
-    return absl::OkStatus();
-  }
+  if (AllreduceIsLocal(dtype, in, out, count)) return absl::OkStatus();
   return Guard("allreduce", [&] {
     gloo::AllreduceOptions opts(context_);
     WithElementType(dtype, [&](auto* type) {
@@ -292,6 +306,73 @@ absl::Status GlooComm::Allreduce(DType dtype, const void* in, void* out, size_t 
     });
     opts.setTimeout(Millis(timeout));
     gloo::allreduce(opts);
+  });
+}
+
+absl::Status GlooComm::AllreduceDirect(DType dtype, const void* in, void* out, size_t count,
+                                       absl::Duration timeout) {
+  if (AllreduceIsLocal(dtype, in, out, count)) return absl::OkStatus();
+  const size_t es = DTypeSize(dtype);
+  const std::pair<size_t, size_t> own = DirectChunk(count, rank_, size_);
+  const size_t own_begin = own.first;
+  const size_t own_bytes = (own.second - own.first) * es;
+  // The peers' copies of this rank's chunk, in rank order without this rank.
+  if (direct_parts_.size() < own_bytes * (size_ - 1)) {
+    direct_parts_.resize(own_bytes * (size_ - 1));
+  }
+  char* const parts = direct_parts_.data();
+  char* const result = static_cast<char*>(out);
+  return Guard("allreduce (direct)", [&] {
+    // Every receive is posted first, so that each peer's data leaves as soon as it is sent:
+    // the summed chunks of the others go straight into the output. In place, a peer's
+    // summed chunk r overwrites the input's chunk r only after this rank's copy of that
+    // chunk reached the peer (the peer sums it first), so the send below has read it.
+    auto gathered = context_->createUnboundBuffer(result, count * es);
+    auto scattered = context_->createUnboundBuffer(parts, own_bytes * (size_ - 1));
+    auto input = context_->createUnboundBuffer(const_cast<void*>(in), count * es);
+    int gathers = 0, scatters = 0, sends = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const auto [begin, end] = DirectChunk(count, r, size_);
+      if (end > begin) {
+        gathered->recv(r, kGatherSlot, begin * es, (end - begin) * es);
+        ++gathers;
+      }
+      if (own_bytes > 0) {
+        scattered->recv(r, kScatterSlot, (r < rank_ ? r : r - 1) * own_bytes, own_bytes);
+        ++scatters;
+      }
+    }
+    for (int i = 1; i < size_; ++i) {  // starting with the next rank: no hot spot at rank 0
+      const int r = (rank_ + i) % size_;
+      const auto [begin, end] = DirectChunk(count, r, size_);
+      if (end > begin) {
+        input->send(r, kScatterSlot, begin * es, (end - begin) * es);
+        ++sends;
+      }
+    }
+    for (int i = 0; i < scatters; ++i) scattered->waitRecv(Millis(timeout));
+    if (own_bytes > 0) {
+      // This rank's own copy first, then the others' in rank order: the same bits every
+      // run, and each chunk is summed by one rank only, so every rank gets the same bits.
+      // (In place, the input's chunk is read before the output's is written over.)
+      const size_t n = own.second - own.first;
+      char* const sum = result + own_begin * es;
+      Sum2(dtype, sum, static_cast<const char*>(in) + own_begin * es, parts, n);
+      for (int i = 1; i < size_ - 1; ++i) SumInto(dtype, sum, parts + i * own_bytes, n);
+    }
+    if (own_bytes > 0) {
+      for (int i = 1; i < size_; ++i) {
+        gathered->send((rank_ + i) % size_, kGatherSlot, own_begin * es, own_bytes);
+      }
+    }
+    // The receives first: Abort ends a pending receive at once, a pending send only at
+    // its timeout.
+    for (int i = 0; i < gathers; ++i) gathered->waitRecv(Millis(timeout));
+    for (int i = 0; i < sends; ++i) input->waitSend(Millis(timeout));
+    if (own_bytes > 0) {
+      for (int i = 1; i < size_; ++i) gathered->waitSend(Millis(timeout));
+    }
   });
 }
 

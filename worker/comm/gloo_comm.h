@@ -1,7 +1,9 @@
 // Gloo for the dist_allreduce store: the scheduler's rendezvous store behind Gloo's Store
-// interface, and a communicator that wraps the few collectives we use (only Gloo's
-// newer options API: gloo::allreduce, gloo::broadcast, gloo::allgather(v); never the older
-// algorithm classes, which shrink socket buffers when mixed in on one context).
+// interface, and a communicator that wraps the few collectives we use: Gloo's newer
+// options API (gloo::allreduce, gloo::broadcast, gloo::allgather(v); never the older
+// algorithm classes, which shrink socket buffers when mixed in on one context), and our
+// own exchanges over Gloo's unbound buffers (the negotiation's, two-shots, the direct
+// allreduce), each on slots of its own.
 //
 // Every Gloo exception becomes an absl::Status here; after one, the communicator must not
 // be used again (Gloo closes the pairs of a context that failed). Every collective takes a
@@ -87,6 +89,12 @@ class GlooComm {
   // float32 at each step, integers wrap).
   absl::Status Allreduce(DType dtype, const void* in, void* out, size_t count,
                          absl::Duration timeout);
+  // The same sum in two steps sent directly between every pair of ranks, where the ring
+  // takes 2(n-1) in turn: each rank sends every peer that peer's 1/n of `in` and sums its
+  // own 1/n from what it receives (in a fixed order: the same bits every run), then sends
+  // its summed 1/n to every peer. The ring's bytes per rank, 2(n-1)/n of the tensor.
+  absl::Status AllreduceDirect(DType dtype, const void* in, void* out, size_t count,
+                               absl::Duration timeout);
   // data = the root's data, on every rank.
   absl::Status Broadcast(DType dtype, void* data, size_t count, int root,
                          absl::Duration timeout);
@@ -137,6 +145,9 @@ class GlooComm {
   std::shared_ptr<gloo::Context> context_;  // null when size_ == 1
   // The mesh's connected sockets (descriptor, inode), for Abort; empty if not found.
   std::vector<std::pair<int, ino_t>> mesh_sockets_;
+  // Whether an allreduce needs no peer: nothing to sum, or one rank (then `in` is copied
+  // to `out`).
+  bool AllreduceIsLocal(DType dtype, const void* in, void* out, size_t count);
   // Whether a slot is exchanged directly (else by Gloo's ring allgather).
   bool Direct(size_t slot) const;
   // Posts exchange_[i]'s receives of `slot` bytes from every peer.
@@ -158,6 +169,7 @@ class GlooComm {
   absl::Status post_failed_;  // PostNextExchange's failure, for the next exchange
   std::unique_ptr<gloo::transport::UnboundBuffer> send_buf_;  // over the framed message
   std::vector<std::string> joined_;  // per rank, when tails were gathered
+  std::string direct_parts_;  // AllreduceDirect: the peers' copies of this rank's chunk
 };
 
 }  // namespace hybridps
