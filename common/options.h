@@ -209,11 +209,10 @@ struct Options {
   // HYBRIDPS_EAGER_BYTES (dist_allreduce, CPU tensors): a push_pull of up to this size
   // divided by (workers - 1), or a broadcast, travels inside the negotiation message and
   // is summed from it: no collective after the negotiation. At most 2 MiB; 0: off
-  // (docs/design/defaults.md). Over Gloo with n >= 3 workers each sends n - 1 copies of
-  // the tensor where the allreduce moves 2(n - 1)/n of it: a tensor whose allreduce would
-  // go directly (direct_allreduce_bytes) also goes eagerly only while those extra bytes,
-  // (n - 1)(n - 2)/n of it, stay within this size / 8 (4 workers: up to 85 KiB by
-  // default).
+  // (docs/design/defaults.md). With 3 workers or more each sends n - 1 copies of the
+  // tensor where the allreduce moves 2(n - 1)/n of it: slow links (about 1 Gbit/s) favour
+  // 262144 (the allreduce after the negotiation then goes in two direct steps,
+  // direct_allreduce_bytes), fast ones this one (docs/performance.md, across hosts).
   size_t eager_bytes = 1 << 20;
   // HYBRIDPS_TWO_SHOT_BYTES (dist_allreduce, 2 workers, CPU tensors): push_pulls larger
   // than the eager ones and up to this size are two-shots: each worker sends the other's

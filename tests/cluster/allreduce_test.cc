@@ -100,7 +100,7 @@ TEST(AllreduceTest, LargeTensorsRunAloneWhileSmallOnesFuse) {
                            [](ClusterConfig* c) { c->fusion_max_tensor_bytes = 1 << 20; });
   ASSERT_NE(cl, nullptr);
   LocalCluster& cluster = *cl;
-  // 20 of 600 KB (over 3 ranks' eager limit, 192 KiB; fused), then 6 of 1.2 MB (alone).
+  // 20 of 600 KB (over 3 ranks' eager limit, 512 KiB; fused), then 6 of 1.2 MB (alone).
   std::vector<size_t> counts(20, 150000);
   counts.resize(26, 300000);
   PushPullSizes(cluster, counts);
@@ -374,12 +374,11 @@ TEST(AllreduceTest, TwoRanksSwapSummedHalvesOfMidSizeTensors) {
   }
 }
 
-// With 4 workers over Gloo: a small push_pull goes eagerly; a 256 KiB one is over the
-// eager limit of 4 ranks (its extra bytes over the ring would pass eager_bytes / 8) and
-// goes directly between every pair; one over direct_allreduce_bytes takes the ring. A
-// rank 0 with direct_allreduce_bytes 0 sends every allreduce through the ring, whatever
-// the others say (ranks that chose differently would hang in mismatched collectives), and
-// the 256 KiB one may go eagerly again.
+// With 4 workers over Gloo and the slow links' eager_bytes (256 KiB: eagerly up to 85
+// KiB): a small push_pull goes eagerly; a 256 KiB one goes directly between every pair;
+// one over direct_allreduce_bytes takes the ring. A rank 0 with direct_allreduce_bytes 0
+// sends every allreduce through the ring, whatever the others say (ranks that chose
+// differently would hang in mismatched collectives).
 TEST(AllreduceTest, FourRanksSendMidSizeTensorsDirectlyAsRankZeroSays) {
   for (size_t rank0_direct : {size_t{1} << 20, size_t{0}}) {
     SCOPED_TRACE(absl::StrCat("rank 0's direct_allreduce_bytes ", rank0_direct));
@@ -387,6 +386,7 @@ TEST(AllreduceTest, FourRanksSendMidSizeTensorsDirectlyAsRankZeroSays) {
       c->op_timeout = absl::Seconds(20);
       c->worker_options = [rank0_direct](int, Options* o) {
         o->direct_allreduce_bytes = o->rank == 0 ? rank0_direct : size_t{1} << 20;
+        o->eager_bytes = 256 << 10;
       };
     });
     ASSERT_NE(cluster, nullptr);
@@ -418,18 +418,10 @@ TEST(AllreduceTest, FourRanksSendMidSizeTensorsDirectlyAsRankZeroSays) {
       SCOPED_TRACE(absl::StrCat("worker ", w));
       EXPECT_EQ(large.allreduces - mid.allreduces, static_cast<uint64_t>(kRounds));
       EXPECT_EQ(large.direct_allreduces - mid.direct_allreduces, 0u) << "1 MiB went directly";
-      if (rank0_direct > 0) {
-        EXPECT_EQ(mid.eager, small.eager) << "a 256 KiB push_pull went eagerly with 4 ranks";
-        EXPECT_EQ(mid.allreduces - small.allreduces, static_cast<uint64_t>(kRounds));
-        EXPECT_EQ(mid.direct_allreduces - small.direct_allreduces,
-                  static_cast<uint64_t>(kRounds));
-      } else {
-        // The ring, and with it the eager limit of 4 ranks before the direct steps (341
-        // KiB): eagerly when the ranks are in step.
-        EXPECT_EQ(mid.eager - small.eager + mid.allreduces - small.allreduces,
-                  static_cast<uint64_t>(kRounds));
-        EXPECT_EQ(mid.direct_allreduces, 0u);
-      }
+      EXPECT_EQ(mid.eager, small.eager) << "a 256 KiB push_pull went eagerly with 4 ranks";
+      EXPECT_EQ(mid.allreduces - small.allreduces, static_cast<uint64_t>(kRounds));
+      EXPECT_EQ(mid.direct_allreduces - small.direct_allreduces,
+                rank0_direct > 0 ? static_cast<uint64_t>(kRounds) : 0u);
     }
   }
 }

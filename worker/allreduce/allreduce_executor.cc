@@ -306,21 +306,14 @@ void AllreduceStore::ListMine(const std::vector<std::shared_ptr<Op>>& listed, ab
   // eager_bytes / (n-1) bytes: with 2 ranks the same bytes as the ring, in one step instead
   // of an exchange and two ring steps; with more ranks the extra bytes stay under
   // eager_bytes per round. A round carries at most twice that per rank. An operation runs
-  // eagerly when every rank sent its data in the same round; otherwise it takes the ring.
+  // eagerly when every rank sent its data in the same round; otherwise it takes the
+  // allreduce.
   // In shared memory on one node the allreduce is cheaper than the eager path's copies
-  // above kShmEagerBytes. Over Gloo with 3 ranks or more, a tensor whose allreduce would
-  // take two direct steps (CpuCollectives::GoesDirect) goes eagerly only while its extra
-  // bytes, (n-1)(n-2)/n of it, stay within eager_bytes / 8: the eager path saves only
-  // those steps, and on slow links the extra bytes cost more.
-  const size_t n = static_cast<size_t>(num_workers_);
-  const size_t copies = std::max<size_t>(1, n - 1);
-  size_t eager_tensor = options_.eager_bytes / copies;
-  size_t eager_direct = eager_tensor;
-  if (cpu_->kind() == CpuCollectives::Kind::kSharedMemory) {
-    eager_tensor = eager_direct = std::min(eager_tensor, kShmEagerBytes);
-  } else if (cpu_->kind() == CpuCollectives::Kind::kGloo && n >= 3) {
-    eager_direct = std::min(eager_tensor, options_.eager_bytes / 8 * n / ((n - 1) * (n - 2)));
-  }
+  // above kShmEagerBytes.
+  const size_t copies = std::max(1, num_workers_ - 1);
+  const size_t eager_tensor =
+      std::min(options_.eager_bytes / copies,
+               cpu_->kind() == CpuCollectives::Kind::kSharedMemory ? kShmEagerBytes : SIZE_MAX);
   const size_t eager_round = 2 * eager_tensor;
   // With 2 ranks, larger push_pulls up to two_shot_bytes are two-shots (negotiation.h):
   // each rank sends the other's half along, and the summed halves are swapped. The same
@@ -349,9 +342,8 @@ void AllreduceStore::ListMine(const std::vector<std::shared_ptr<Op>>& listed, ab
     // GPU data never does: it is not in host memory.
     e.gpu = op->in.device == Device::kGPU;
     const bool first_time = !e.gpu && op->rounds_listed == 1;
-    const size_t eager_limit = cpu_->GoesDirect(bytes) ? eager_direct : eager_tensor;
     if (first_time && (op->kind == nego::OpKind::kPushPull || op->root == rank_) &&
-        bytes <= eager_limit && eager_bytes + bytes <= eager_round) {
+        bytes <= eager_tensor && eager_bytes + bytes <= eager_round) {
       e.has_payload = true;
       e.payload = absl::string_view(static_cast<const char*>(op->in.data), bytes);
       eager_bytes += bytes;
