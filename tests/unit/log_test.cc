@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 
 namespace hybridps {
@@ -74,3 +75,22 @@ TEST(LogTagTest, AScopedTagPinsTheThreadAndLeavesTheProcessTag) {
 
 }  // namespace
 }  // namespace hybridps
+
+// The library turns abseil's mutex deadlock detection off (common/log.cc); our test
+// binaries turn it back on (tests/deadlock_detection.cc), so a lock-order cycle in a test
+// aborts it, naming the cycle.
+TEST(DeadlockDetectionDeathTest, ALockOrderCycleAbortsATest) {
+  auto cycle = [] {
+    absl::Mutex a;
+    absl::Mutex b;
+    a.Lock();
+    b.Lock();
+    b.Unlock();
+    a.Unlock();
+    b.Lock();
+    a.Lock();  // b before a, after a before b: a cycle
+    a.Unlock();
+    b.Unlock();
+  };
+  EXPECT_DEATH(cycle(), "[Dd]eadlock");
+}
