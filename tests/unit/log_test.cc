@@ -78,7 +78,8 @@ TEST(LogTagTest, AScopedTagPinsTheThreadAndLeavesTheProcessTag) {
 
 // The library turns abseil's mutex deadlock detection off (common/log.cc); our test
 // binaries turn it back on (tests/deadlock_detection.cc), so a lock-order cycle in a test
-// aborts it, naming the cycle.
+// aborts it, naming the cycle. (It needs an abseil built without NDEBUG, as Debian's:
+// a release build of abseil compiles the detection out.)
 TEST(DeadlockDetectionDeathTest, ALockOrderCycleAbortsATest) {
   auto cycle = [] {
     absl::Mutex a;
