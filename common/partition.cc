@@ -7,6 +7,13 @@
 
 namespace hybridps {
 
+Chunk ChunkOf(uint64_t count, int rank, int n) {
+  const uint64_t each = count / n, extra = count % n;
+  const uint64_t r = static_cast<uint64_t>(rank);
+  const uint64_t begin = each * r + std::min(r, extra);
+  return Chunk{begin, begin + each + (r < extra ? 1 : 0)};
+}
+
 uint64_t TensorKey(absl::string_view name) {
   uint64_t h = Fnv1a64(name);
   // splitmix64 finaliser: FNV alone leaves the low bits poorly mixed for short names.

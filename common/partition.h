@@ -13,6 +13,15 @@
 
 namespace hybridps {
 
+// The elements [begin, end) of a tensor of `count` that rank `rank` of `n` owns when the
+// ranks split it evenly (the first count % n get one more): a two-shot's halves, a
+// shared-memory chunk's slices, a direct allreduce's shares.
+struct Chunk {
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+Chunk ChunkOf(uint64_t count, int rank, int n);
+
 // The 64-bit key of a tensor: a hash of its name (FNV-1a, then a 64-bit finaliser).
 uint64_t TensorKey(absl::string_view name);
 

@@ -349,7 +349,7 @@ void AllreduceStore::ListMine(const std::vector<std::shared_ptr<Op>>& listed, ab
       eager_bytes += bytes;
     } else if (first_time && op->kind == nego::OpKind::kPushPull && bytes > eager_tensor &&
                bytes <= two_shot_bytes) {
-      const nego::Chunk c = nego::ChunkOf(op->in.count, 1 - rank_, 2);
+      const Chunk c = ChunkOf(op->in.count, 1 - rank_, 2);
       const size_t es = DTypeSize(op->in.dtype);
       const size_t half = (c.end - c.begin) * es;
       if (eager_bytes + half <= two_shot_bytes / 2) {
@@ -564,8 +564,8 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
 absl::Status AllreduceStore::ExecuteTwoShot(const nego::Action& a, Op* op) {
   const int peer = 1 - rank_;
   const size_t es = DTypeSize(a.dtype);
-  const nego::Chunk own = nego::ChunkOf(op->in.count, rank_, 2);
-  const nego::Chunk theirs = nego::ChunkOf(op->in.count, peer, 2);
+  const Chunk own = ChunkOf(op->in.count, rank_, 2);
+  const Chunk theirs = ChunkOf(op->in.count, peer, 2);
   const char* in = static_cast<const char*>(op->in.data);
   char* out = static_cast<char*>(op->out.data);
   // The peer's chunk arrives straight into the output, while this rank sums its own (in

@@ -11,12 +11,12 @@
 #include <exception>
 #include <optional>
 #include <type_traits>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/partition.h"
 #include "common/reduce.h"
 #include "common/status.h"
 #include "common/transport.h"
@@ -48,13 +48,6 @@ constexpr uint64_t kSwapSlot = (uint64_t{0xE2} << 56) | 1;
 // The Gloo slots of AllreduceDirect's two steps (matched in order, one call at a time).
 constexpr uint64_t kScatterSlot = (uint64_t{0xE3} << 56) | 1;
 constexpr uint64_t kGatherSlot = (uint64_t{0xE3} << 56) | 2;
-
-// The elements [begin, end) of `count` that rank `rank` of `n` sums in AllreduceDirect.
-std::pair<size_t, size_t> DirectChunk(size_t count, int rank, int n) {
-  const size_t each = count / n, extra = count % n, r = static_cast<size_t>(rank);
-  const size_t begin = each * r + std::min(r, extra);
-  return {begin, begin + each + (r < extra ? 1 : 0)};
-}
 
 std::chrono::milliseconds Millis(absl::Duration d) {
   return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
@@ -313,9 +306,8 @@ absl::Status GlooComm::AllreduceDirect(DType dtype, const void* in, void* out, s
                                        absl::Duration timeout) {
   if (AllreduceIsLocal(dtype, in, out, count)) return absl::OkStatus();
   const size_t es = DTypeSize(dtype);
-  const std::pair<size_t, size_t> own = DirectChunk(count, rank_, size_);
-  const size_t own_begin = own.first;
-  const size_t own_bytes = (own.second - own.first) * es;
+  const Chunk own = ChunkOf(count, rank_, size_);  // this rank's share: it sums it
+  const size_t own_bytes = (own.end - own.begin) * es;
   // The peers' copies of this rank's chunk, in rank order without this rank.
   if (direct_parts_.size() < own_bytes * (size_ - 1)) {
     direct_parts_.resize(own_bytes * (size_ - 1));
@@ -333,9 +325,9 @@ absl::Status GlooComm::AllreduceDirect(DType dtype, const void* in, void* out, s
     int gathers = 0, scatters = 0, sends = 0;
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
-      const auto [begin, end] = DirectChunk(count, r, size_);
-      if (end > begin) {
-        gathered->recv(r, kGatherSlot, begin * es, (end - begin) * es);
+      const Chunk c = ChunkOf(count, r, size_);
+      if (c.end > c.begin) {
+        gathered->recv(r, kGatherSlot, c.begin * es, (c.end - c.begin) * es);
         ++gathers;
       }
       if (own_bytes > 0) {
@@ -345,9 +337,9 @@ absl::Status GlooComm::AllreduceDirect(DType dtype, const void* in, void* out, s
     }
     for (int i = 1; i < size_; ++i) {  // starting with the next rank: no hot spot at rank 0
       const int r = (rank_ + i) % size_;
-      const auto [begin, end] = DirectChunk(count, r, size_);
-      if (end > begin) {
-        input->send(r, kScatterSlot, begin * es, (end - begin) * es);
+      const Chunk c = ChunkOf(count, r, size_);
+      if (c.end > c.begin) {
+        input->send(r, kScatterSlot, c.begin * es, (c.end - c.begin) * es);
         ++sends;
       }
     }
@@ -356,14 +348,12 @@ absl::Status GlooComm::AllreduceDirect(DType dtype, const void* in, void* out, s
       // This rank's own copy first, then the others' in rank order: the same bits every
       // run, and each chunk is summed by one rank only, so every rank gets the same bits.
       // (In place, the input's chunk is read before the output's is written over.)
-      const size_t n = own.second - own.first;
-      char* const sum = result + own_begin * es;
-      Sum2(dtype, sum, static_cast<const char*>(in) + own_begin * es, parts, n);
+      const size_t n = own.end - own.begin;
+      char* const sum = result + own.begin * es;
+      Sum2(dtype, sum, static_cast<const char*>(in) + own.begin * es, parts, n);
       for (int i = 1; i < size_ - 1; ++i) SumInto(dtype, sum, parts + i * own_bytes, n);
-    }
-    if (own_bytes > 0) {
       for (int i = 1; i < size_; ++i) {
-        gathered->send((rank_ + i) % size_, kGatherSlot, own_begin * es, own_bytes);
+        gathered->send((rank_ + i) % size_, kGatherSlot, own.begin * es, own_bytes);
       }
     }
     // The receives first: Abort ends a pending receive at once, a pending send only at

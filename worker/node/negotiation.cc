@@ -99,13 +99,6 @@ bool Entry::WholePayload() const {
   return has_payload && payload_offset == 0 && payload.size() == count * DTypeSize(dtype);
 }
 
-Chunk ChunkOf(uint64_t count, int rank, int n) {
-  const uint64_t each = count / n, extra = count % n;
-  const uint64_t r = static_cast<uint64_t>(rank);
-  const uint64_t begin = each * r + std::min(r, extra);
-  return Chunk{begin, begin + each + (r < extra ? 1 : 0)};
-}
-
 std::string Entry::Shape() const {
   std::string s = DescribeTensor(shape, count, dtype);
   if (gpu) absl::StrAppend(&s, " on GPU");

@@ -45,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/dtype.h"
+#include "common/partition.h"  // ChunkOf: a two-shot's halves
 
 namespace hybridps::negotiation {
 
@@ -93,13 +94,6 @@ struct RankList {
   bool leaving = false;  // the rank is shutting down: this is its last round
   std::vector<Entry> entries;
 };
-
-// The chunk of `count` elements that rank `rank` of `n` owns in a two-shot: [begin, end).
-struct Chunk {
-  uint64_t begin = 0;
-  uint64_t end = 0;
-};
-Chunk ChunkOf(uint64_t count, int rank, int n);
 
 // Appends the wire form of `list` to `out`. The result is at least kHeaderBytes long.
 void Serialize(const RankList& list, int rank, std::string* out);

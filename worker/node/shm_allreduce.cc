@@ -17,9 +17,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/partition.h"
 #include "common/reduce.h"
 #include "common/status.h"
-#include "worker/node/negotiation.h"
 #include "worker/node/shm_segment.h"
 
 namespace hybridps {
@@ -354,7 +354,7 @@ absl::Status ShmAllreduce::Run(DType dtype, const void* in, void* out, size_t co
     char* out_chunk = dst + done * es;
     // This rank sums its own slice (reading its own part of the input in place), so it
     // contributes only the rest.
-    const negotiation::Chunk mine = negotiation::ChunkOf(n, local_rank_, local_size_);
+    const Chunk mine = ChunkOf(n, local_rank_, local_size_);
     const size_t off = mine.begin * es, len = mine.end - mine.begin;
     std::memcpy(Region(local_rank_), in_chunk, off);
     std::memcpy(Region(local_rank_) + off + len * es, in_chunk + off + len * es,

@@ -6,7 +6,7 @@
 // One segment per job, created by local rank 0 and unlinked as soon as every local rank
 // mapped it: a header, two exchange areas for the negotiation's messages (Allgather),
 // then one region per local rank and a result region, each `chunk_bytes`. A tensor is
-// reduced chunk by chunk; rank r owns slice r of the chunk (negotiation::ChunkOf):
+// reduced chunk by chunk; rank r owns slice r of the chunk (ChunkOf, common/partition.h):
 //   1. each rank copies its chunk, except its own slice, into its region;     barrier
 //   2. rank r sums its slice (its own input in place first, then the others' regions in
 //      rank order: a fixed order, so the same bits every run) into its output, and copies
