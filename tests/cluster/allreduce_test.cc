@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/push_pull_in_turn.h"
@@ -492,6 +493,39 @@ TEST(AllreduceTest, LeadersOfThreeNodesAllreduceDirectly) {
       const AllreduceStore::Stats s = StatsOf(cluster->worker(w));
       const bool leader = cluster->worker(w)->local_rank() == 0;
       EXPECT_EQ(s.direct_allreduces, leader ? static_cast<uint64_t>(kRounds) : 0u)
+          << "worker " << w;
+    }
+  }
+}
+
+// Hierarchical jobs whose nodes differ in size: the leaders cut a tensor larger than a
+// shared-memory region into the same pieces on every node (nodes of 2 and 1 ranks, and of
+// 8 and 2, whose regions would differ), so every worker gets exact sums.
+TEST(AllreduceTest, NodesOfDifferentSizesAllreduceTensorsLargerThanARegion) {
+  for (std::vector<int> nodes : {std::vector<int>{2, 1}, std::vector<int>{8, 2}}) {
+    SCOPED_TRACE(absl::StrCat("nodes of ", absl::StrJoin(nodes, " and ")));
+    std::vector<int> node_of, local_rank;
+    for (int n = 0; n < static_cast<int>(nodes.size()); ++n) {
+      for (int l = 0; l < nodes[n]; ++l) {
+        node_of.push_back(n);
+        local_rank.push_back(l);
+      }
+    }
+    const int workers = static_cast<int>(node_of.size());
+    auto cluster = StartAllreduce(workers, 64 << 20, 1, [&](ClusterConfig* c) {
+      c->op_timeout = absl::Seconds(30);
+      c->worker_options = [&](int rank, Options* o) {
+        o->hierarchical_allreduce = 1;
+        o->local_size = nodes[node_of[rank]];
+        o->local_rank = local_rank[rank];
+        o->node_id = absl::StrCat("node", node_of[rank]);
+      };
+    });
+    ASSERT_NE(cluster, nullptr);
+    PushPullSizes(*cluster, {(size_t{9} << 20) / 4 + 5});  // 9 MiB: over any region
+    for (int w = 0; w < workers; ++w) {
+      const AllreduceStore::Stats s = StatsOf(cluster->worker(w));
+      EXPECT_EQ(s.shm_allreduces, nodes[node_of[w]] > 1 ? 1u : 0u)
           << "worker " << w;
     }
   }

@@ -179,10 +179,18 @@ absl::Status AllreduceStore::SetUpSharedMemory(const wire::Welcome& welcome) {
   auto layout = NodeLayoutFromWelcome(welcome, rank_);
   if (!layout.ok()) return absl::OkStatus();  // the same on every rank of a bad node: Gloo
   const bool one_node = layout->num_nodes == 1 && layout->local_size == num_workers_;
-  bool several_per_node = false;
-  for (const wire::NodeInfo& w : welcome.workers()) several_per_node |= w.local_size() > 1;
-  const bool hierarchical = !one_node && wanted == "1 1" && several_per_node;
+  int largest_node = 1;
+  for (const wire::NodeInfo& w : welcome.workers()) {
+    largest_node = std::max(largest_node, w.local_size());
+  }
+  const bool hierarchical = !one_node && wanted == "1 1" && largest_node > 1;
   if (!one_node && !hierarchical) return absl::OkStatus();  // Gloo (the same on every rank)
+  // A tensor larger than a region goes chunk by chunk, and in a hierarchical job the
+  // leaders allreduce each chunk: every node cuts at the same sizes, from the largest node.
+  const size_t per_region = std::clamp<size_t>(
+      (size_t{64} << 20) / ((hierarchical ? largest_node : layout->local_size) + 1) / 4096 *
+          4096,
+      size_t{1} << 20, size_t{8} << 20);
   std::string why;
   std::unique_ptr<ShmAllreduce> node;
   if (layout->local_size > 1) {
@@ -190,9 +198,6 @@ absl::Status AllreduceStore::SetUpSharedMemory(const wire::Welcome& welcome) {
     const std::string name =
         absl::StrFormat("/hps-ar-%016x-n%d-%u", layout->job_id, layout->node,
                         layout->pids.empty() ? 0u : layout->pids[0]);
-    const size_t per_region =
-        std::clamp<size_t>((size_t{64} << 20) / (layout->local_size + 1) / 4096 * 4096,
-                           size_t{1} << 20, size_t{8} << 20);
     auto shm = ShmAllreduce::Open(name, layout->local_rank, layout->local_size, per_region,
                                   absl::Now() + options_.start_timeout);
     if (shm.ok()) {
@@ -224,7 +229,8 @@ absl::Status AllreduceStore::SetUpSharedMemory(const wire::Welcome& welcome) {
     if (!mesh.ok()) return store.status().ok() ? mesh.status() : store.status();
     leaders = std::move(*mesh);
   }
-  cpu_ = NewHierarchicalCollectives(comm_.get(), std::move(node), std::move(leaders));
+  cpu_ = NewHierarchicalCollectives(comm_.get(), std::move(node), std::move(leaders),
+                                    per_region);
   return absl::OkStatus();
 }
 

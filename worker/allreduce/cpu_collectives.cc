@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/status.h"
+
 namespace hybridps {
 namespace {
 
@@ -92,16 +94,30 @@ class SharedMemoryCollectives : public GlooCollectives {
 class HierarchicalCollectives : public GlooCollectives {
  public:
   HierarchicalCollectives(GlooComm* world, std::unique_ptr<ShmAllreduce> node,
-                          std::unique_ptr<GlooComm> leaders)
-      : GlooCollectives(world), node_(std::move(node)), leaders_(std::move(leaders)) {}
+                          std::unique_ptr<GlooComm> leaders, size_t chunk_bytes)
+      : GlooCollectives(world),
+        node_(std::move(node)),
+        leaders_(std::move(leaders)),
+        chunk_bytes_(chunk_bytes) {}
   Kind kind() const override { return Kind::kHierarchical; }
   bool in_shared_memory() const override { return node_ != nullptr; }
   // The node's sum in shared memory, then the leaders' allreduce of it.
   absl::Status Allreduce(DType dtype, const void* in, void* out, size_t count,
                          absl::Duration timeout) override {
-    const bool direct = GoesDirect(count * DTypeSize(dtype));
+    // Every leader cuts the tensor at the same places, the shared-memory node's chunks,
+    // so that each allreduce across the nodes has the same count on all of them.
+    const size_t es = DTypeSize(dtype);
+    const size_t per_chunk = std::max<size_t>(1, chunk_bytes_ / es);
+    const bool direct = GoesDirect(std::min(count, per_chunk) * es);
     if (!node_) {  // its own leader
-      return AllreduceOver(leaders_.get(), direct, dtype, in, out, count, timeout);
+      const char* src = static_cast<const char*>(in);
+      char* dst = static_cast<char*>(out);
+      for (size_t done = 0; done < count; done += per_chunk) {
+        const size_t n = std::min(per_chunk, count - done);
+        RETURN_IF_ERROR(AllreduceOver(leaders_.get(), direct, dtype, src + done * es,
+                                      dst + done * es, n, timeout));
+      }
+      return absl::OkStatus();
     }
     auto across = [&](void* data, size_t n) {
       return AllreduceOver(leaders_.get(), direct, dtype, data, data, n, timeout);
@@ -124,6 +140,7 @@ class HierarchicalCollectives : public GlooCollectives {
  private:
   std::unique_ptr<ShmAllreduce> node_;
   std::unique_ptr<GlooComm> leaders_;
+  size_t chunk_bytes_;
 };
 
 }  // namespace
@@ -140,8 +157,10 @@ std::unique_ptr<CpuCollectives> NewSharedMemoryCollectives(GlooComm* world,
 
 std::unique_ptr<CpuCollectives> NewHierarchicalCollectives(GlooComm* world,
                                                            std::unique_ptr<ShmAllreduce> node,
-                                                           std::unique_ptr<GlooComm> leaders) {
-  return std::make_unique<HierarchicalCollectives>(world, std::move(node), std::move(leaders));
+                                                           std::unique_ptr<GlooComm> leaders,
+                                                           size_t chunk_bytes) {
+  return std::make_unique<HierarchicalCollectives>(world, std::move(node), std::move(leaders),
+                                                   chunk_bytes);
 }
 
 }  // namespace hybridps

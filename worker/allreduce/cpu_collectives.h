@@ -67,9 +67,12 @@ std::unique_ptr<CpuCollectives> NewSharedMemoryCollectives(GlooComm* world,
                                                            std::unique_ptr<ShmAllreduce> node,
                                                            std::vector<int> members);
 // `node`: null for a node of one rank; `leaders`: null except at a node's local rank 0.
+// `chunk_bytes`: the leaders allreduce a tensor in pieces of this size, the same on every
+// node (`node`'s region size).
 std::unique_ptr<CpuCollectives> NewHierarchicalCollectives(GlooComm* world,
                                                            std::unique_ptr<ShmAllreduce> node,
-                                                           std::unique_ptr<GlooComm> leaders);
+                                                           std::unique_ptr<GlooComm> leaders,
+                                                           size_t chunk_bytes);
 
 }  // namespace hybridps
 
