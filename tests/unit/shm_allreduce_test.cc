@@ -199,6 +199,25 @@ TEST(ShmAllreduceTest, ARankThatNeverArrivesIsNamedAtTheDeadline) {
   EXPECT_TRUE(named) << got[0] << " / " << got[1];
 }
 
+// The negotiation's exchange counts its timeout from when it stops spinning: it still
+// ends, naming the rank that never came.
+TEST(ShmAllreduceTest, AnExchangeARankNeverJoinsEndsAtItsTimeoutNamingIt) {
+  std::vector<absl::Status> got(3);
+  OnRanks(Name("late-exchange"), 3, [&](int r, ShmAllreduce* s) {
+    if (r == 2) return;  // attaches, never calls
+    const absl::Time t0 = absl::Now();
+    got[r] = s->Allgather("mine", absl::Milliseconds(300)).status();
+    EXPECT_GE(absl::Now() - t0, absl::Milliseconds(300)) << r;
+    EXPECT_LT(absl::Now() - t0, absl::Seconds(5)) << r;
+  });
+  bool named = false;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(got[r].ok()) << r;
+    named = named || absl::StrContains(got[r].message(), "local rank 2 did not arrive");
+  }
+  EXPECT_TRUE(named) << got[0] << " / " << got[1];
+}
+
 TEST(ShmAllreduceTest, AbortEndsTheOthersWaitsAtOnce) {
   std::vector<absl::Status> got(2);
   OnRanks(Name("abort"), 2, [&](int r, ShmAllreduce* s) {

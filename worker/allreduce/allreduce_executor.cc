@@ -42,8 +42,9 @@ std::string Ranks(const std::vector<int>& ranks) {
 }  // namespace
 
 void AllreduceStore::ExecLoop() {
-  while (WaitForRound()) {
-    if (!HoldRound(/*caller=*/false)) break;
+  absl::Time claimed;
+  while (WaitForRound(&claimed)) {
+    if (!HoldRound(/*caller=*/false, claimed)) break;
   }
   // Nothing runs any more: fail what is left, and let the peers know at once.
   [[maybe_unused]] bool broken_ok;
@@ -89,7 +90,7 @@ absl::Time AllreduceStore::NextRoundLocked(bool caller) const {
   return last_round_ + (busy ? options_.cycle_time : idle_tick_);
 }
 
-bool AllreduceStore::WaitForRound() {
+bool AllreduceStore::WaitForRound(absl::Time* claimed) {
   absl::MutexLock lock(&mu_);
   while (true) {
     if (!broken_.ok()) return false;
@@ -102,14 +103,17 @@ bool AllreduceStore::WaitForRound() {
       continue;
     }
     const absl::Time at = NextRoundLocked(/*caller=*/false);
-    if (absl::Now() >= at) {
+    if (const absl::Time now = absl::Now(); now >= at) {
       // New work nobody claimed within the grace: its submitter does not wait on it, so
       // later submissions wake the executor at once. (Not when no grace was offered:
       // a waiting thread declined, or the store has GPU tensors.)
       if (!job_active_ && !stopping_ && !queued_.empty() && LeavesWorkToCallersLocked()) {
         callers_active_ = false;
       }
-      break;
+      wake_ = false;
+      ClaimRoundLocked(now);
+      *claimed = now;
+      return true;
     }
     if (job_active_ || stopping_) {
       mu_.AwaitWithDeadline(absl::Condition(
@@ -134,19 +138,16 @@ bool AllreduceStore::WaitForRound() {
       wake_ = false;
     }
   }
-  wake_ = false;
-  ClaimRoundLocked();
-  return true;
 }
 
-void AllreduceStore::ClaimRoundLocked() {
+void AllreduceStore::ClaimRoundLocked(absl::Time now) {
   round_busy_ = true;
-  last_round_ = absl::Now();
+  last_round_ = now;
 }
 
-bool AllreduceStore::HoldRound(bool caller) {
+bool AllreduceStore::HoldRound(bool caller, absl::Time claimed) {
   bool job_active = false;
-  const bool ok = RunRound(caller, &job_active);
+  const bool ok = RunRound(caller, claimed, &job_active);
   absl::MutexLock lock(&mu_);
   round_busy_ = false;
   job_active_ = job_active;
@@ -163,6 +164,7 @@ void AllreduceStore::HelpWith(HandleState* state) {
   // The cycles of a busy store stay with the executor; a waiting thread that also slept
   // until each cycle was due measured 3-5 % slower on ResNet-50's 161 tensors.
   while (!state->DoneFast()) {
+    absl::Time now;
     {
       absl::MutexLock lock(&mu_);
       callers_active_ = true;  // this thread waits on its operation
@@ -177,8 +179,8 @@ void AllreduceStore::HelpWith(HandleState* state) {
         mu_.AwaitWithTimeout(absl::Condition(&free), kCallerGrace);
         if (state->DoneFast()) return;
       }
-      if (round_busy_ || stopping_ || !broken_.ok() ||
-          absl::Now() < NextRoundLocked(/*caller=*/true)) {
+      now = absl::Now();
+      if (round_busy_ || stopping_ || !broken_.ok() || now < NextRoundLocked(/*caller=*/true)) {
         // This thread sleeps until its operation completes: the executor must not leave
         // the operation to it (it runs its round as soon as one is due). Threads do wait
         // on their operations, so later ones are left to them again.
@@ -188,10 +190,11 @@ void AllreduceStore::HelpWith(HandleState* state) {
         }
         return;
       }
-      ClaimRoundLocked();
+      ClaimRoundLocked(now);
       ++stats_.caller_rounds;
     }
-    if (!HoldRound(/*caller=*/true)) return;  // the executor sees the store broken and stops
+    // False: the executor sees the store broken and stops.
+    if (!HoldRound(/*caller=*/true, now)) return;
   }
 }
 
@@ -222,8 +225,7 @@ void AllreduceStore::ExpireDeadlines(absl::Time now) {
   }
 }
 
-bool AllreduceStore::RunRound(bool caller, bool* job_active) {
-  const absl::Time now = absl::Now();
+bool AllreduceStore::RunRound(bool caller, absl::Time now, bool* job_active) {
   verdict_awaited_ = false;
   std::vector<std::shared_ptr<Op>> listed;
   nego::RankList mine;
@@ -285,9 +287,11 @@ bool AllreduceStore::ListHeads(bool caller, absl::Time now,
                                std::vector<std::shared_ptr<Op>>* listed) {
   absl::MutexLock lock(&mu_);
   ExpireDeadlines(now);
+  // Several operations on one name: only the oldest (a lone one needs no lookup).
   absl::flat_hash_map<absl::string_view, bool> heads;
+  const bool several = queued_.size() > 1;
   for (auto& [seq, op] : queued_) {
-    if (!heads.try_emplace(op->name, true).second) continue;  // not the oldest of its name
+    if (several && !heads.try_emplace(op->name, true).second) continue;  // not the oldest
     // GPU work needs the executor's thread (its CUDA device, the NCCL communicator): a
     // waiting thread's round leaves it for a later one.
     if (caller && op->in.device == Device::kGPU) continue;
@@ -396,7 +400,7 @@ absl::Status AllreduceStore::RunPlan(const nego::Plan& plan,
   absl::Status failure;
   for (const nego::Action& a : plan.actions) {
     if (!failure.ok()) break;
-    const absl::Time start = absl::Now();
+    const absl::Time start = Recording(timeline_) ? absl::Now() : absl::InfinitePast();
     if (Recording(timeline_) && a.type != nego::Action::Type::kFail) {
       for (size_t i : a.entries) {  // from its submission until every rank had it
         const Op* op = listed[i].get();

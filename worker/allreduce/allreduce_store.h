@@ -167,8 +167,8 @@ class AllreduceStore : public KVStore {
   // The executor thread.
   void ExecLoop();
   // Waits until the next round is due and no other thread holds the round (or the store
-  // broke); then holds it (round_busy_). False: stop.
-  bool WaitForRound();
+  // broke); then holds it (round_busy_, from *claimed). False: stop.
+  bool WaitForRound(absl::Time* claimed);
   // When the next round is due (InfinitePast: now), for a waiting thread (`caller`) or
   // the executor (which leaves new CPU work to waiting threads for kCallerGrace).
   absl::Time NextRoundLocked(bool caller) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -178,19 +178,19 @@ class AllreduceStore : public KVStore {
   bool LeavesWorkToCallersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return callers_active_ && !declined_ && gpu_device_ < 0;
   }
-  // The calling thread holds the round from now (round_busy_, last_round_).
-  void ClaimRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Runs one round as the holder (round_busy_ set), then lets the round go. False: stop.
-  // `caller`: a waiting thread, not the executor.
-  bool HoldRound(bool caller);
+  // The calling thread holds the round from `now` (round_busy_, last_round_).
+  void ClaimRoundLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs one round as the holder (round_busy_ set, at `claimed`), then lets the round go.
+  // False: stop. `caller`: a waiting thread, not the executor.
+  bool HoldRound(bool caller, absl::Time claimed);
   // A thread waiting on `state` (Options::caller_rounds): runs the rounds that are due
   // while the round is free (waiting up to kCallerGrace for a held one to be let go),
   // until the operation completed or it cannot help.
   void HelpWith(HandleState* state);
   void ExpireDeadlines(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One round: list, exchange, decide, run. False: stop. A `caller` (HelpWith) lists no
-  // GPU operation.
-  bool RunRound(bool caller, bool* job_active);
+  // One round, claimed at `now`: list, exchange, decide, run. False: stop. A `caller`
+  // (HelpWith) lists no GPU operation.
+  bool RunRound(bool caller, absl::Time now, bool* job_active);
   // RunRound's parts: the oldest operation of each name, taken into the round (true: this
   // rank is leaving and has nothing left); this rank's list with the payloads that go
   // along; every rank's list, gathered and parsed (and the next round's slot size; the

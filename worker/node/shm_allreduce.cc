@@ -196,7 +196,7 @@ absl::StatusOr<std::vector<absl::string_view>> ShmAllreduce::Allgather(
   char* own = ExchangeArea(parity, local_rank_);
   std::memcpy(own, &len, sizeof len);
   if (len != kTooBig) std::memcpy(own + sizeof len, mine.data(), mine.size());
-  RETURN_IF_ERROR(Barrier(absl::Now() + timeout, "negotiation"));
+  RETURN_IF_ERROR(Barrier(Until{absl::InfiniteFuture(), timeout}, "negotiation"));
   std::vector<absl::string_view> all(local_size_);
   for (int r = 0; r < local_size_; ++r) {
     const char* area = ExchangeArea(parity, r);
@@ -241,7 +241,7 @@ absl::Status ShmAllreduce::Failed(absl::Status s) {
   return s;
 }
 
-absl::Status ShmAllreduce::Barrier(absl::Time deadline, absl::string_view step) {
+absl::Status ShmAllreduce::Barrier(Until until, absl::string_view step) {
   Header* h = header_;
   auto aborted = [&]() -> absl::Status {
     if (aborted_.load(std::memory_order_acquire)) {
@@ -281,7 +281,11 @@ absl::Status ShmAllreduce::Barrier(absl::Time deadline, absl::string_view step) 
     }
     if (absl::Status s = aborted(); !s.ok()) return s;
     const absl::Time now = absl::Now();
-    if (n == kSpins) yield_until = now + yield_for_;
+    if (n == kSpins) {
+      yield_until = now + yield_for_;
+      if (until.timeout < absl::InfiniteDuration()) until.at = now + until.timeout;
+    }
+    const absl::Time deadline = until.at;
     if (now < yield_until) {
       sched_yield();
       continue;

@@ -91,7 +91,16 @@ class ShmAllreduce {
 
  private:
   ShmAllreduce(int local_rank, int local_size, size_t chunk_bytes);
-  absl::Status Barrier(absl::Time deadline, absl::string_view step);
+  // When a barrier gives up: at a moment, or `timeout` after it stops spinning (so that a
+  // barrier the peers reach while it spins reads no clock).
+  struct Until {
+    absl::Time at = absl::InfiniteFuture();
+    absl::Duration timeout = absl::InfiniteDuration();
+  };
+  absl::Status Barrier(Until until, absl::string_view step);
+  absl::Status Barrier(absl::Time deadline, absl::string_view step) {
+    return Barrier(Until{deadline, absl::InfiniteDuration()}, step);
+  }
   absl::Status Run(DType dtype, const void* in, void* out, size_t count, absl::Duration timeout,
                    const AcrossNodes* across_nodes);
   absl::Status Failed(absl::Status s);
