@@ -100,6 +100,7 @@ absl::Status Options::Validate() const {
   if (caller_rounds != 0 && caller_rounds != 1) return bad("caller_rounds", caller_rounds);
   if (bind_to != "none" && bind_to != "core") return bad("bind_to", bind_to);
   if (eager_bytes > (2 << 20)) return bad("eager_bytes", eager_bytes);
+  if (eager_probe != 0 && eager_probe != 1) return bad("eager_probe", eager_probe);
   if (encrypt != 0 && encrypt != 1) return bad("encrypt", encrypt);
   if (local_allreduce != 0 && local_allreduce != 1) {
     return bad("local_allreduce", local_allreduce);
@@ -493,6 +494,7 @@ absl::StatusOr<Options> OptionsFromEnvironment(std::optional<Role> role) {
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_LOCAL_ALLREDUCE", &o.local_allreduce));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_HIERARCHICAL_ALLREDUCE", &o.hierarchical_allreduce));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_EAGER_BYTES", &o.eager_bytes));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_EAGER_PROBE", &o.eager_probe));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_TWO_SHOT_BYTES", &o.two_shot_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_DIRECT_ALLREDUCE_BYTES", &o.direct_allreduce_bytes));
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_CYCLE_TIME_MS", &o.cycle_time));

@@ -212,8 +212,16 @@ struct Options {
   // (docs/design/defaults.md). With 3 workers or more each sends n - 1 copies of the
   // tensor where the allreduce moves 2(n - 1)/n of it: slow links (about 1 Gbit/s) favour
   // 262144 (the allreduce after the negotiation then goes in two direct steps,
-  // direct_allreduce_bytes), fast ones this one (docs/performance.md, across hosts).
+  // direct_allreduce_bytes), fast ones this one (docs/performance.md, across hosts);
+  // eager_probe chooses between them at the start.
   size_t eager_bytes = 1 << 20;
+  // HYBRIDPS_EAGER_PROBE (dist_allreduce, 3 workers or more on several nodes, over Gloo):
+  // 1 (default): at the start the workers time, on their own links, tensors of 4 KiB up to
+  // eager_bytes / (workers - 1) sent eagerly against the negotiation and the allreduce,
+  // and only the sizes at which eager was not slower go eagerly (rank 0's timings decide
+  // for all; about 20 collectives per size, milliseconds on fast links, 1-2 s on 100
+  // Mbit/s). 0: eager_bytes as it is. Rank 0's value is used.
+  int eager_probe = 1;
   // HYBRIDPS_TWO_SHOT_BYTES (dist_allreduce, 2 workers, CPU tensors): push_pulls larger
   // than the eager ones and up to this size are two-shots: each worker sends the other's
   // half with the negotiation, sums its own half, and the two swap their summed halves —

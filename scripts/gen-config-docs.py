@@ -99,6 +99,8 @@ AGREE = {
     "HYBRIDPS_HIERARCHICAL_ALLREDUCE": RANK0,
     "HYBRIDPS_EAGER_BYTES": "each worker its own (an operation goes eagerly only when every "
                             "worker sent it so)",
+    "HYBRIDPS_EAGER_PROBE": RANK0 + " (so is its upper end, rank 0's HYBRIDPS_EAGER_BYTES; "
+                            "every worker takes rank 0's verdict)",
     "HYBRIDPS_TWO_SHOT_BYTES": "each worker its own (a two-shot runs only when both sent "
                                "their halves)",
     "HYBRIDPS_DIRECT_ALLREDUCE_BYTES": RANK0 + " (a worker whose own differs logs a warning)",
@@ -373,7 +375,7 @@ GROUPS = [
      "HYBRIDPS_CALLER_ROUNDS", "HYBRIDPS_BIND_TO"]),
     ("dist_allreduce", ["HYBRIDPS_FUSION_BYTES", "HYBRIDPS_FUSION_MAX_TENSOR_BYTES",
      "HYBRIDPS_LOCAL_ALLREDUCE", "HYBRIDPS_HIERARCHICAL_ALLREDUCE", "HYBRIDPS_EAGER_BYTES",
-     "HYBRIDPS_TWO_SHOT_BYTES", "HYBRIDPS_DIRECT_ALLREDUCE_BYTES", "HYBRIDPS_CYCLE_TIME_MS"]),
+     "HYBRIDPS_EAGER_PROBE", "HYBRIDPS_TWO_SHOT_BYTES", "HYBRIDPS_DIRECT_ALLREDUCE_BYTES", "HYBRIDPS_CYCLE_TIME_MS"]),
 ]
 
 

@@ -37,6 +37,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const ClusterC
   o.fusion_bytes = c.fusion_bytes;
   o.fusion_max_tensor_bytes = c.fusion_max_tensor_bytes;
   o.caller_rounds = c.caller_rounds;
+  o.eager_probe = c.eager_probe;
   o.cycle_time = c.cycle_time;
   o.stall_warning = c.stall_warning;
   o.log_level = 1;

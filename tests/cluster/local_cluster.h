@@ -70,6 +70,10 @@ struct ClusterConfig {
   absl::Duration cycle_time = Options().cycle_time;
   absl::Duration stall_warning = Options().stall_warning;
   int caller_rounds = Options().caller_rounds;
+  // Off unless a test turns it on: the workers of a test cluster are "nodes" of one host,
+  // so the probe would time loopback, and the tests that count eager operations would
+  // depend on its verdict.
+  int eager_probe = 0;
   // Called with each worker's rank and options before it starts (tests of workers whose
   // settings differ); null: all alike.
   std::function<void(int, Options*)> worker_options;

@@ -456,3 +456,34 @@ def test_emulated_cluster_sets_sysctls_in_every_host() -> None:
     finally:
         subprocess.run([str(EMULATED_CLUSTER), "down", "--prefix", prefix],
                        capture_output=True, timeout=60)
+
+
+@needs_build
+@needs_netns
+def test_eager_probe_keeps_tensors_off_the_negotiation_on_slow_links() -> None:
+    # Three workers on hosts linked at 100 Mbit/s: eager sends each tensor to both peers
+    # (2 copies) where the allreduce moves 4/3 of it, so from 128 KiB up eager takes
+    # milliseconds longer per operation. The probe must see that and keep them off the
+    # negotiation (HYBRIDPS_EAGER_PROBE, default on); the job's sums stay exact.
+    prefix = f"e{os.getpid() % 100000}"
+    job = (f'"{sys.executable}" "{HYBRIDRUN}" --bin-dir "{BUILD}" '
+           '--network-interface "$EMU_IFACE" --remote-shell "$EMU_REMOTE_SHELL" '
+           '-H "$EMU_HOSTS" --backend dist_allreduce -- '
+           f'"{TEST_WORKER}" --rounds 2')
+    done = subprocess.run(
+        [str(EMULATED_CLUSTER), "run", "--hosts", "3", "--bandwidth", "100mbit",
+         "--prefix", prefix, "--subnet", f"10.217.{os.getpid() % 250}", "--",
+         "sh", "-c", job], capture_output=True, text=True, timeout=RUN_TIMEOUT * 2,
+        env=clean_env(**JOB_ENV))
+    try:
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out
+        for rank in range(3):
+            assert f"[worker {rank}@{prefix}-h{rank}] round 1 ok" in out, out
+        said = re.search(r"\[worker 0@\S+\].*the eager probe \(.*?\): push_pulls up to "
+                         r"(\d+) bytes go with the negotiation", out)
+        assert said, out
+        assert int(said.group(1)) <= 64 << 10, said.group(0)
+    finally:
+        subprocess.run([str(EMULATED_CLUSTER), "down", "--prefix", prefix],
+                       capture_output=True, timeout=60)

@@ -35,7 +35,8 @@ class OptionsTest : public ::testing::Test {
                           "HYBRIDPS_CYCLE_TIME_MS", "HYBRIDPS_STALL_WARNING_MS",
                           "HYBRIDPS_CALLER_ROUNDS", "HYBRIDPS_FUSION_MAX_TENSOR_BYTES",
                           "HYBRIDPS_BIND_TO",
-                          "HYBRIDPS_EAGER_BYTES", "HYBRIDPS_TWO_SHOT_BYTES",
+                          "HYBRIDPS_EAGER_BYTES", "HYBRIDPS_EAGER_PROBE",
+                          "HYBRIDPS_TWO_SHOT_BYTES",
                           "HYBRIDPS_DIRECT_ALLREDUCE_BYTES",
                           "HYBRIDPS_LOCAL_ALLREDUCE", "HYBRIDPS_HIERARCHICAL_ALLREDUCE",
                           "HYBRIDPS_GPU_LOCAL_REDUCE", "HYBRIDPS_MXNET_MERGE",
@@ -217,6 +218,7 @@ TEST_F(OptionsTest, AllreduceFusionCycleAndStallSettings) {
       << socket.status();
   unsetenv("HYBRIDPS_BIND_TO");
   EXPECT_EQ(d->eager_bytes, size_t{1} << 20);
+  EXPECT_EQ(d->eager_probe, 1);
   EXPECT_EQ(d->two_shot_bytes, 0u);
   EXPECT_EQ(d->direct_allreduce_bytes, size_t{1} << 20);
   EXPECT_EQ(d->local_allreduce, 1);
@@ -225,6 +227,8 @@ TEST_F(OptionsTest, AllreduceFusionCycleAndStallSettings) {
        {std::tuple{"HYBRIDPS_EAGER_BYTES", "0", true},
         std::tuple{"HYBRIDPS_EAGER_BYTES", "2097152", true},
         std::tuple{"HYBRIDPS_EAGER_BYTES", "2097153", false},
+        std::tuple{"HYBRIDPS_EAGER_PROBE", "0", true},
+        std::tuple{"HYBRIDPS_EAGER_PROBE", "2", false},
         std::tuple{"HYBRIDPS_TWO_SHOT_BYTES", "8388608", true},
         std::tuple{"HYBRIDPS_TWO_SHOT_BYTES", "8388609", false},
         std::tuple{"HYBRIDPS_LOCAL_ALLREDUCE", "0", true},

@@ -283,6 +283,14 @@ bool AllreduceStore::RunRound(bool caller, absl::Time now, bool* job_active) {
   return true;
 }
 
+size_t AllreduceStore::eager_limit() const {
+  // The eager probe (Start) may have lowered it for this job's links.
+  const size_t copies = std::max(1, num_workers_ - 1);
+  return std::min(
+      {options_.eager_bytes / copies, eager_cap_,
+       cpu_->kind() == CpuCollectives::Kind::kSharedMemory ? kShmEagerBytes : SIZE_MAX});
+}
+
 bool AllreduceStore::ListHeads(bool caller, absl::Time now,
                                std::vector<std::shared_ptr<Op>>* listed) {
   absl::MutexLock lock(&mu_);
@@ -314,10 +322,7 @@ void AllreduceStore::ListMine(const std::vector<std::shared_ptr<Op>>& listed, ab
   // allreduce.
   // In shared memory on one node the allreduce is cheaper than the eager path's copies
   // above kShmEagerBytes.
-  const size_t copies = std::max(1, num_workers_ - 1);
-  const size_t eager_tensor =
-      std::min(options_.eager_bytes / copies,
-               cpu_->kind() == CpuCollectives::Kind::kSharedMemory ? kShmEagerBytes : SIZE_MAX);
+  const size_t eager_tensor = eager_limit();
   const size_t eager_round = 2 * eager_tensor;
   // With 2 ranks, larger push_pulls up to two_shot_bytes are two-shots (negotiation.h):
   // each rank sends the other's half along, and the summed halves are swapped. The same

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
@@ -131,13 +132,22 @@ absl::Status AllreduceStore::Start() {
   RETURN_IF_ERROR(ShareNcclId());
 #endif
   gate_->Open(this);
-  exec_thread_ = std::thread([this] {
-    pthread_setname_np(pthread_self(), "hps-ar-exec");
-    ExecLoop();
-  });
   io_thread_ = std::thread([this] {
     pthread_setname_np(pthread_self(), "hps-ar-io");
     IoLoop();
+  });
+  // With the I/O thread heartbeating (the probe takes seconds on slow links), and before
+  // the executor, whose rounds would interleave with the probe's collectives.
+  if (absl::Status s = ProbeEager(welcome); !s.ok()) {
+    s = ExplainFailure(s);  // a peer that died: the scheduler names it
+    io_exit_.store(true);
+    io_waker_.Wake();
+    io_thread_.join();
+    return s;
+  }
+  exec_thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "hps-ar-exec");
+    ExecLoop();
   });
   HPS_LOG(INFO) << "joined the job as worker " << rank_ << " of " << num_workers_
                 << " (dist_allreduce, gloo on " << (gloo_iface_.empty() ? gloo_host_ : gloo_iface_)
@@ -238,11 +248,19 @@ absl::Status AllreduceStore::ShareFusionSettings() {
   const std::string mine = absl::StrCat(options_.fusion_bytes, " ",
                                         options_.fusion_max_tensor_bytes, " ",
                                         options_.direct_allreduce_bytes);
-  ASSIGN_OR_RETURN(std::string value, FromRankZero("fusion/", [&] { return mine; }));
-  std::vector<std::string> parts = absl::StrSplit(value, ' ');
-  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &fusion_bytes_) ||
+  // The eager probe's settings go along (a collective: every rank runs it or none does),
+  // but a difference in them is not worth a warning.
+  const std::string probe = absl::StrCat(options_.eager_probe, " ", options_.eager_bytes);
+  ASSIGN_OR_RETURN(std::string both,
+                   FromRankZero("fusion/", [&] { return absl::StrCat(mine, " ", probe); }));
+  std::vector<std::string> parts = absl::StrSplit(both, ' ');
+  const std::string value =
+      parts.size() == 5 ? absl::StrJoin(parts.begin(), parts.begin() + 3, " ") : both;
+  if (parts.size() != 5 || !absl::SimpleAtoi(parts[0], &fusion_bytes_) ||
       !absl::SimpleAtoi(parts[1], &fusion_max_tensor_bytes_) ||
-      !absl::SimpleAtoi(parts[2], &direct_allreduce_bytes_)) {
+      !absl::SimpleAtoi(parts[2], &direct_allreduce_bytes_) ||
+      !absl::SimpleAtoi(parts[3], &eager_probe_) ||
+      !absl::SimpleAtoi(parts[4], &probe_eager_bytes_)) {
     return absl::DataLossError(
         absl::StrCat("rendezvous: malformed fusion settings from rank 0: '", value, "'"));
   }
@@ -251,6 +269,35 @@ absl::Status AllreduceStore::ShareFusionSettings() {
                      << " / HYBRIDPS_DIRECT_ALLREDUCE_BYTES (" << mine
                      << ") differ from rank 0's (" << value
                      << "); every worker uses rank 0's, so that all plan alike";
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AllreduceStore::ProbeEager(const wire::Welcome& welcome) {
+  // Eager costs more than the allreduce's bytes only with 3 workers or more, and only
+  // links between nodes can make that cost more than the step it saves (one host: shared
+  // memory, or loopback).
+  const size_t largest = probe_eager_bytes_ / std::max(1, num_workers_ - 1);
+  if (eager_probe_ != 1 || num_workers_ < 3 || welcome.num_nodes() < 2 ||
+      cpu_->kind() == CpuCollectives::Kind::kSharedMemory || largest < EagerProbe::kSmallest) {
+    return absl::OkStatus();
+  }
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(EagerProbe probe,
+                   ProbeEagerLimit(cpu_.get(), largest, kEagerProbeReps, gloo_timeout_));
+  eager_cap_ = probe.limit;
+  {
+    absl::MutexLock lock(&mu_);
+    ++stats_.eager_probes;
+  }
+  const std::string said = absl::StrCat(
+      "the eager probe (", absl::FormatDuration(absl::Now() - start), "): push_pulls up to ",
+      probe.limit, " bytes go with the negotiation, larger ones through the allreduce (",
+      rank_ == 0 ? "" : "rank 0 decides; ", "this rank measured ", probe.Describe(), ")");
+  if (rank_ == 0) {
+    HPS_LOG(INFO) << said;
+  } else {
+    HPS_LOG(DEBUG) << said;
   }
   return absl::OkStatus();
 }

@@ -63,6 +63,7 @@
 #define HYBRIDPS_WORKER_ALLREDUCE_ALLREDUCE_STORE_H_
 
 #include <atomic>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
@@ -80,6 +81,7 @@
 #include "worker/kvstore.h"
 #include "worker/node/negotiation.h"
 #include "worker/allreduce/cpu_collectives.h"
+#include "worker/allreduce/eager_probe.h"
 #include "worker/node/node_layout.h"
 #include "worker/node/shm_allreduce.h"
 
@@ -126,10 +128,14 @@ class AllreduceStore : public KVStore {
     uint64_t broadcasts = 0;     // Gloo broadcast calls
     uint64_t nccl_groups = 0;    // NCCL launches (a group of a fused bucket counts once)
     uint64_t nccl_tensors = 0;   // GPU tensors reduced or broadcast through NCCL
+    uint64_t eager_probes = 0;   // 1 when the eager probe ran at the start
     absl::Duration negotiating;  // in the rounds' allgathers
     absl::Duration executing;    // running what the rounds decided
   };
   Stats stats() const;
+  // The largest push_pull (bytes) that goes eagerly: Options::eager_bytes / (workers - 1),
+  // 64 KiB at most in shared memory, lowered by the eager probe where it ran.
+  size_t eager_limit() const;
 
   struct Op;  // an operation in progress (allreduce_op.h)
   // The smallest negotiation slot (bytes per rank in a round's allgather).
@@ -155,6 +161,11 @@ class AllreduceStore : public KVStore {
   // Start: every rank takes rank 0's fusion settings (Options::fusion_bytes,
   // fusion_max_tensor_bytes), so that all plan alike; a rank whose own differ warns.
   absl::Status ShareFusionSettings();
+  // Start: the eager probe (Options::eager_probe, eager_probe.h), where it applies; sets
+  // eager_cap_.
+  absl::Status ProbeEager(const wire::Welcome& welcome);
+  // Each size's runs in the eager probe, eagerly and through the allreduce.
+  static constexpr int kEagerProbeReps = 5;
   // OK for a tensor this build and this worker can reduce; else an error naming it.
   absl::Status CheckTensor(absl::string_view name, const TensorView& t,
                            absl::string_view what);
@@ -255,6 +266,11 @@ class AllreduceStore : public KVStore {
   size_t fusion_bytes_ = 0;             // rank 0's Options::fusion_bytes (Start)
   size_t fusion_max_tensor_bytes_ = 0;  // rank 0's Options::fusion_max_tensor_bytes (Start)
   size_t direct_allreduce_bytes_ = 0;   // rank 0's Options::direct_allreduce_bytes (Start)
+  int eager_probe_ = 0;                 // rank 0's Options::eager_probe (Start)
+  size_t probe_eager_bytes_ = 0;        // rank 0's Options::eager_bytes, for the probe
+  // The largest push_pull that goes eagerly, as the eager probe found (Start); SIZE_MAX
+  // when it did not run.
+  size_t eager_cap_ = SIZE_MAX;
 
   // The constructing thread until Start returns, then the I/O thread only.
   std::unique_ptr<ControlClient> control_;
