@@ -286,9 +286,9 @@ bool AllreduceStore::RunRound(bool caller, absl::Time now, bool* job_active) {
 size_t AllreduceStore::eager_limit() const {
   // The eager probe (Start) may have lowered it for this job's links.
   const size_t copies = std::max(1, num_workers_ - 1);
-  return std::min(
-      {options_.eager_bytes / copies, eager_cap_,
-       cpu_->kind() == CpuCollectives::Kind::kSharedMemory ? kShmEagerBytes : SIZE_MAX});
+  const bool shm = cpu_ && cpu_->kind() == CpuCollectives::Kind::kSharedMemory;
+  return std::min({options_.eager_bytes / copies, eager_cap_,
+                   shm ? kShmEagerBytes : SIZE_MAX});
 }
 
 bool AllreduceStore::ListHeads(bool caller, absl::Time now,
@@ -343,8 +343,9 @@ void AllreduceStore::ListMine(const std::vector<std::shared_ptr<Op>>& listed, ab
     e.shape = op->in.shape;
     e.root = op->root;
     e.priority = op->priority;
-    e.age_ms = static_cast<uint32_t>(
-        std::min<int64_t>(absl::ToInt64Milliseconds(now - op->submitted), UINT32_MAX));
+    // `now` is when the round was claimed: an operation submitted since is of age 0.
+    e.age_ms = static_cast<uint32_t>(std::clamp<int64_t>(
+        absl::ToInt64Milliseconds(now - op->submitted), 0, UINT32_MAX));
     const size_t bytes = op->in.bytes();
     // Data goes along only the first time an operation is listed: when the ranks are in
     // step that is the round that runs it; a rank waiting for late peers does not resend.
@@ -405,8 +406,9 @@ absl::Status AllreduceStore::RunPlan(const nego::Plan& plan,
   absl::Status failure;
   for (const nego::Action& a : plan.actions) {
     if (!failure.ok()) break;
-    const absl::Time start = Recording(timeline_) ? absl::Now() : absl::InfinitePast();
-    if (Recording(timeline_) && a.type != nego::Action::Type::kFail) {
+    const bool recording = Recording(timeline_);  // once: StartTimeline may come meanwhile
+    const absl::Time start = recording ? absl::Now() : absl::InfinitePast();
+    if (recording && a.type != nego::Action::Type::kFail) {
       for (size_t i : a.entries) {  // from its submission until every rank had it
         const Op* op = listed[i].get();
         timeline_->Span(absl::StrCat("'", op->name, "'"), "wait for data", op->submitted,
@@ -414,7 +416,7 @@ absl::Status AllreduceStore::RunPlan(const nego::Plan& plan,
       }
     }
     failure = Execute(a, listed);
-    if (Recording(timeline_) && a.type != nego::Action::Type::kFail) {
+    if (recording && a.type != nego::Action::Type::kFail) {
       static constexpr const char* kKind[] = {"eager", "two-shot", "allreduce", "broadcast",
                                               "fail"};
       const Op* first = listed[a.entries[0]].get();

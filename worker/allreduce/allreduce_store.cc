@@ -275,8 +275,10 @@ absl::Status AllreduceStore::ShareFusionSettings() {
 
 absl::Status AllreduceStore::ProbeEager(const wire::Welcome& welcome) {
   // Eager costs more than the allreduce's bytes only with 3 workers or more, and only
-  // links between nodes can make that cost more than the step it saves (one host: shared
-  // memory, or loopback).
+  // links between nodes can make that cost more than the step it saves. "Nodes" as the
+  // scheduler groups workers: one host's workers launched with local sizes are one node;
+  // workers that declare none are a node each, even on one host (where the probe times
+  // loopback, and eager usually wins).
   const size_t largest = probe_eager_bytes_ / std::max(1, num_workers_ - 1);
   if (eager_probe_ != 1 || num_workers_ < 3 || welcome.num_nodes() < 2 ||
       cpu_->kind() == CpuCollectives::Kind::kSharedMemory || largest < EagerProbe::kSmallest) {

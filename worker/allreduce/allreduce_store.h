@@ -53,8 +53,8 @@
 // - "hps-ar-io" owns the scheduler client once the store has started: heartbeats,
 //   barriers, finalisation, and the scheduler's notices (a peer died, the job ended),
 //   which break the store (Break).
-// Until Create returns, the constructing thread owns the scheduler client and pumps it
-// itself (registration, the Gloo rendezvous).
+// Until the I/O thread starts (in Start, before the eager probe), the constructing thread
+// owns the scheduler client and pumps it itself (registration, the Gloo rendezvous).
 //
 // Leaving: Shutdown finishes this rank's pending operations (bounded by their deadlines)
 // and announces, in a last round, that the rank leaves; the ranks that are not leaving
@@ -272,7 +272,7 @@ class AllreduceStore : public KVStore {
   // when it did not run.
   size_t eager_cap_ = SIZE_MAX;
 
-  // The constructing thread until Start returns, then the I/O thread only.
+  // The constructing thread until Start starts the I/O thread, then that thread only.
   std::unique_ptr<ControlClient> control_;
   CrossPlace cross_;  // set when the store connects
   // Records with HYBRIDPS_TIMELINE, or between StartTimeline and StopTimeline (any

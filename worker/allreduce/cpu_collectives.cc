@@ -108,7 +108,7 @@ class HierarchicalCollectives : public GlooCollectives {
     // so that each allreduce across the nodes has the same count on all of them.
     const size_t es = DTypeSize(dtype);
     const size_t per_chunk = std::max<size_t>(1, chunk_bytes_ / es);
-    const bool direct = GoesDirect(std::min(count, per_chunk) * es);
+    const bool direct = GoesDirect(count * es);
     if (!node_) {  // its own leader
       const char* src = static_cast<const char*>(in);
       char* dst = static_cast<char*>(out);

@@ -94,10 +94,18 @@ absl::StatusOr<EagerProbe> ProbeEagerLimit(CpuCollectives* cpu, size_t largest, 
     probe.timings.push_back(
         EagerProbe::Timing{sizes[k], Median(eager_us[k]), Median(allreduce_us[k])});
   }
-  for (const EagerProbe::Timing& t : probe.timings) {
-    if (t.eager_us <= t.allreduce_us) {
+  // From the smallest size up, each size's gain from going eagerly (its share of the
+  // allreduce's time saved, negative where eager was slower), summed: the limit is the size
+  // at which the sum peaks. One noisy size moves it little (a lone win above sizes that
+  // lost does not outweigh their losses), and where eager won everywhere it is the largest.
+  double gain = 0, best = 0;
+  for (size_t k = sizes.size(); k-- > 0;) {
+    const EagerProbe::Timing& t = probe.timings[k];
+    if (t.bytes == EagerProbe::kSmallest) continue;  // eager at any rate
+    gain += 1 - t.eager_us / std::max(t.allreduce_us, 1e-3);
+    if (gain > best) {
+      best = gain;
       limit = static_cast<int64_t>(t.bytes);
-      break;
     }
   }
   RETURN_IF_ERROR(cpu->Broadcast(DType::kInt64, &limit, 1, /*root=*/0, timeout));

@@ -19,17 +19,18 @@
 namespace hybridps {
 
 struct EagerProbe {
-  // The smallest size timed: below it a push_pull always goes eagerly.
+  // The smallest size timed: up to it a push_pull goes eagerly whatever the timings.
   static constexpr size_t kSmallest = 4096;
   struct Timing {
     size_t bytes;
-    double eager_us;      // rank 0's median
-    double allreduce_us;  // rank 0's median
+    double eager_us;      // this rank's median
+    double allreduce_us;  // this rank's median
   };
   std::vector<Timing> timings;  // largest first; every rank's own, only rank 0's decide
-  // The largest tensor (bytes) that goes eagerly, rank 0's verdict on every rank: the
-  // largest size timed at which eager was not slower, kSmallest when it was slower at
-  // every size.
+  // The largest tensor (bytes) that goes eagerly, rank 0's verdict on every rank: going up
+  // from the smallest size, each size's gain from eager (1 - eager / allreduce, negative
+  // where eager was slower) is summed, and the limit is the size at which the sum is
+  // largest (kSmallest when it never gets above 0).
   size_t limit = 0;
   // "256 KiB eager 2100 us / allreduce 1300 us; ..." for the log.
   std::string Describe() const;

@@ -283,7 +283,9 @@ absl::Status ShmAllreduce::Barrier(Until until, absl::string_view step) {
     const absl::Time now = absl::Now();
     if (n == kSpins) {
       yield_until = now + yield_for_;
-      if (until.timeout < absl::InfiniteDuration()) until.at = now + until.timeout;
+      if (until.timeout < absl::InfiniteDuration()) {
+        until.at = std::min(until.at, now + until.timeout);
+      }
     }
     const absl::Time deadline = until.at;
     if (now < yield_until) {
