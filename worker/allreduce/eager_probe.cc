@@ -22,12 +22,6 @@ size_t SlotFor(size_t message_bytes) {
                   (message_bytes + sizeof(uint64_t) + kSlotGrain - 1) / kSlotGrain * kSlotGrain);
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 std::string Size(size_t bytes) {
   return bytes % (1 << 20) == 0 ? absl::StrCat(bytes >> 20, " MiB")
          : bytes % 1024 == 0    ? absl::StrCat(bytes >> 10, " KiB")
@@ -49,64 +43,73 @@ absl::StatusOr<EagerProbe> ProbeEagerLimit(CpuCollectives* cpu, size_t largest, 
                                            absl::Duration timeout) {
   EagerProbe probe;
   largest = largest / sizeof(float) * sizeof(float);
-  std::vector<float> data(largest / sizeof(float));
-  std::string msg;  // framed as the exchange takes it: 8 bytes of room, then the message
-  // The operations in the order every rank runs them: per size, one of each to warm up,
-  // then `reps` of each in turn. Each exchange's receives are posted when the operation
-  // before it ends, as a round posts the next round's, except the first one's.
-  struct Step {
-    size_t bytes;
-    bool eager;
-    bool timed;
-  };
-  std::vector<Step> steps;
+  // Largest first as halvings of it, then timed from the smallest up.
   std::vector<size_t> sizes;
   for (size_t b = largest; b >= EagerProbe::kSmallest;
        b = b / 2 / sizeof(float) * sizeof(float)) {
-    sizes.push_back(b);
-    for (int i = 0; i < reps + 1; ++i) {
-      steps.push_back(Step{b, true, i > 0});
-      steps.push_back(Step{b, false, i > 0});
-    }
+    sizes.insert(sizes.begin(), b);
   }
-  auto slot_of = [&](const Step& s) {
-    return s.eager ? SlotFor(s.bytes + kListRoom) : SlotFor(kListRoom);
-  };
-  std::vector<std::vector<double>> eager_us(sizes.size()), allreduce_us(sizes.size());
-  size_t size_index = 0;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const Step& s = steps[i];
-    if (i > 0 && s.bytes != steps[i - 1].bytes) ++size_index;
+  std::vector<float> data(largest / sizeof(float));
+  std::string msg;  // framed as the exchange takes it: 8 bytes of room, then the message
+  // One operation; the next one's exchange is posted when it ends (`next_slot`, 0: none),
+  // as a round posts the next round's receives.
+  auto run = [&](size_t bytes, bool eager, size_t next_slot) -> absl::Status {
     msg.assign(sizeof(uint64_t) + kListRoom, '\0');
-    if (s.eager) msg.append(reinterpret_cast<const char*>(data.data()), s.bytes);
-    const absl::Time t0 = absl::Now();
-    RETURN_IF_ERROR(cpu->Exchange(&msg, slot_of(s), timeout).status());
-    if (!s.eager) {
+    if (eager) msg.append(reinterpret_cast<const char*>(data.data()), bytes);
+    RETURN_IF_ERROR(
+        cpu->Exchange(&msg, eager ? SlotFor(bytes + kListRoom) : SlotFor(kListRoom), timeout)
+            .status());
+    if (!eager) {
       RETURN_IF_ERROR(cpu->Allreduce(DType::kFloat32, data.data(), data.data(),
-                                     s.bytes / sizeof(float), timeout));
+                                     bytes / sizeof(float), timeout));
     }
-    const double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
-    if (s.timed) (s.eager ? eager_us : allreduce_us)[size_index].push_back(us);
-    if (i + 1 < steps.size()) cpu->PostNextExchange(slot_of(steps[i + 1]));
-  }
+    if (next_slot > 0) cpu->PostNextExchange(next_slot);
+    return absl::OkStatus();
+  };
+  // Per size: one sample of each way to warm up, then `reps` of each in turn; a sample is
+  // kRun operations back to back, as a training step sends them (so that a link that
+  // lets a burst through fast, as a shaped one does, is timed at its steady rate), and
+  // each way's time is its fastest sample's mean (the scheduler only ever adds time).
+  // After each size rank 0 says whether to go on: not once eager has lost so much that
+  // the larger sizes could not make up for it.
+  constexpr int kRun = 4;
   int64_t limit = static_cast<int64_t>(EagerProbe::kSmallest);
-  for (size_t k = 0; k < sizes.size(); ++k) {
-    probe.timings.push_back(
-        EagerProbe::Timing{sizes[k], Median(eager_us[k]), Median(allreduce_us[k])});
-  }
-  // From the smallest size up, each size's gain from going eagerly (its share of the
-  // allreduce's time saved, negative where eager was slower), summed: the limit is the size
-  // at which the sum peaks. One noisy size moves it little (a lone win above sizes that
-  // lost does not outweigh their losses), and where eager won everywhere it is the largest.
   double gain = 0, best = 0;
-  for (size_t k = sizes.size(); k-- > 0;) {
-    const EagerProbe::Timing& t = probe.timings[k];
-    if (t.bytes == EagerProbe::kSmallest) continue;  // eager at any rate
-    gain += 1 - t.eager_us / std::max(t.allreduce_us, 1e-3);
-    if (gain > best) {
-      best = gain;
-      limit = static_cast<int64_t>(t.bytes);
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const size_t bytes = sizes[k];
+    const size_t eager_slot = SlotFor(bytes + kListRoom), small_slot = SlotFor(kListRoom);
+    double eager_us = 1e300, allreduce_us = 1e300;
+    for (int sample = 0; sample < 2 * (reps + 1); ++sample) {
+      const bool eager = sample % 2 == 0;
+      const absl::Time t0 = absl::Now();
+      for (int i = 0; i < kRun; ++i) {
+        // The last operation of the last sample leaves nothing posted: a broadcast, or the
+        // next size's first exchange (posted unknowingly would mismatch), comes next.
+        const bool last = sample + 1 == 2 * (reps + 1) && i + 1 == kRun;
+        const bool next_eager = i + 1 < kRun ? eager : !eager;
+        RETURN_IF_ERROR(run(bytes, eager, last ? 0 : next_eager ? eager_slot : small_slot));
+      }
+      const double us = absl::ToDoubleMicroseconds(absl::Now() - t0) / kRun;
+      double& fastest = eager ? eager_us : allreduce_us;
+      if (sample >= 2) fastest = std::min(fastest, us);
     }
+    probe.timings.insert(probe.timings.begin(),
+                         EagerProbe::Timing{bytes, eager_us, allreduce_us});
+    // Each size's gain from going eagerly (its share of the allreduce's time saved,
+    // negative where eager was slower), summed from the smallest size up: the limit is
+    // the size at which the sum peaks. One noisy size moves it little.
+    int64_t go_on = 1;
+    if (bytes > EagerProbe::kSmallest) {
+      gain += 1 - eager_us / std::max(allreduce_us, 1e-3);
+      if (gain > best) {
+        best = gain;
+        limit = static_cast<int64_t>(bytes);
+      }
+      go_on = gain > best - 1 ? 1 : 0;
+    }
+    if (k + 1 == sizes.size()) break;
+    RETURN_IF_ERROR(cpu->Broadcast(DType::kInt64, &go_on, 1, /*root=*/0, timeout));
+    if (go_on == 0) break;
   }
   RETURN_IF_ERROR(cpu->Broadcast(DType::kInt64, &limit, 1, /*root=*/0, timeout));
   if (limit < static_cast<int64_t>(EagerProbe::kSmallest) ||

@@ -23,10 +23,12 @@ struct EagerProbe {
   static constexpr size_t kSmallest = 4096;
   struct Timing {
     size_t bytes;
-    double eager_us;      // this rank's median
-    double allreduce_us;  // this rank's median
+    double eager_us;      // per operation, this rank's fastest sample
+    double allreduce_us;  // per operation, this rank's fastest sample
   };
-  std::vector<Timing> timings;  // largest first; every rank's own, only rank 0's decide
+  // The sizes timed, largest first (those above the point where rank 0 stopped are not);
+  // every rank's own, only rank 0's decide.
+  std::vector<Timing> timings;
   // The largest tensor (bytes) that goes eagerly, rank 0's verdict on every rank: going up
   // from the smallest size, each size's gain from eager (1 - eager / allreduce, negative
   // where eager was slower) is summed, and the limit is the size at which the sum is
@@ -38,10 +40,11 @@ struct EagerProbe {
 
 // A collective: every worker of the job calls it at the same point with the same
 // `largest` (bytes, at least kSmallest) and `reps`, before the store's first round (it
-// uses `cpu`'s exchange, and leaves no exchange posted). Times `largest`, then half that,
-// down to kSmallest, each size `reps` times eagerly and `reps` times through the
-// allreduce, in turn, after one of each to warm up; rank 0 decides, and its verdict is
-// broadcast.
+// uses `cpu`'s exchange, and leaves no exchange posted). Times the halvings of `largest`
+// from the smallest (at least kSmallest) up, at each size `reps` samples of 4 operations
+// back to back eagerly and as many through the allreduce, in turn, after one of each to
+// warm up. After each size rank 0 says whether to go on (not once eager lost so much that
+// larger sizes could not make up for it); its verdict is broadcast.
 absl::StatusOr<EagerProbe> ProbeEagerLimit(CpuCollectives* cpu, size_t largest, int reps,
                                            absl::Duration timeout);
 
