@@ -531,6 +531,23 @@ TEST(AllreduceTest, NodesOfDifferentSizesAllreduceTensorsLargerThanARegion) {
   }
 }
 
+// A malformed node (two workers claiming local rank 0 of node1) sends the whole
+// hierarchical job through Gloo, on every rank alike: the well-formed node's ranks do not
+// wait for the others in shared memory's set-up, and the sums are exact.
+TEST(AllreduceTest, AMalformedNodeSendsEveryRankThroughGloo) {
+  auto cluster = StartAllreduce(4, 64 << 20, 1, [](ClusterConfig* c) {
+    c->local_size = 2;
+    c->start_timeout = absl::Seconds(5);
+    c->worker_options = [](int rank, Options* o) {
+      o->hierarchical_allreduce = 1;
+      if (rank >= 2) o->local_rank = 0;
+    };
+  });
+  ASSERT_NE(cluster, nullptr);
+  PushPullSizes(*cluster, {1000, 300001});
+  for (int w = 0; w < 4; ++w) EXPECT_EQ(StatsOf(cluster->worker(w)).shm_allreduces, 0u) << w;
+}
+
 TEST(AllreduceTest, RankThatLeavesFailsTheOthersAtOnceNamingIt) {
   auto cluster = StartAllreduce(3);
   ASSERT_NE(cluster, nullptr);

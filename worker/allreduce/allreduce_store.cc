@@ -186,8 +186,14 @@ absl::Status AllreduceStore::SetUpSharedMemory(const wire::Welcome& welcome) {
   if (!absl::StartsWith(wanted, "1 ") || num_workers_ < 2) return absl::OkStatus();
   // Every rank decides from the same welcome which case the job is; a rank that cannot
   // set its part up tells the others in the exchange below.
+  // One malformed node sends the whole job through Gloo: every rank checks every node,
+  // so that all decide alike (a node's own ranks alone would leave the others waiting
+  // for them in the exchange below).
+  for (int r = 0; r < num_workers_; ++r) {
+    if (!NodeLayoutFromWelcome(welcome, r).ok()) return absl::OkStatus();
+  }
   auto layout = NodeLayoutFromWelcome(welcome, rank_);
-  if (!layout.ok()) return absl::OkStatus();  // the same on every rank of a bad node: Gloo
+  if (!layout.ok()) return absl::OkStatus();
   const bool one_node = layout->num_nodes == 1 && layout->local_size == num_workers_;
   int largest_node = 1;
   for (const wire::NodeInfo& w : welcome.workers()) {
