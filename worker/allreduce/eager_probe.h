@@ -30,9 +30,9 @@ struct EagerProbe {
   // every rank's own, only rank 0's decide.
   std::vector<Timing> timings;
   // The largest tensor (bytes) that goes eagerly, rank 0's verdict on every rank: going up
-  // from the smallest size, each size's gain from eager (1 - eager / allreduce, negative
-  // where eager was slower) is summed, and the limit is the size at which the sum is
-  // largest (kSmallest when it never gets above 0).
+  // from the smallest size, each size's gain from eager (1.1 - eager / allreduce, negative
+  // where eager was more than 10 % slower) is summed, and the limit is the size at which
+  // the sum is largest (kSmallest when it never gets above 0).
   size_t limit = 0;
   // "256 KiB eager 2100 us / allreduce 1300 us; ..." for the log.
   std::string Describe() const;
