@@ -218,10 +218,11 @@ struct Options {
   // HYBRIDPS_EAGER_PROBE (dist_allreduce, 3 workers or more on several nodes, over Gloo):
   // 1 (default): at the start the workers time, on their own links, tensors of 4 KiB up to
   // eager_bytes / (workers - 1) sent eagerly against the negotiation and the allreduce,
-  // and push_pulls go eagerly up to the size below which eager saved the most time, summed
-  // from the smallest size up (rank 0's timings decide for all; 48 operations per size,
-  // going up until eager clearly loses: a fraction of a second on fast links and on 1
-  // Gbit/s ones). 0: eager_bytes as it is. Rank 0's value is used.
+  // and push_pulls go eagerly up to the size at which eager's gains, summed from the
+  // smallest size up, peak (a size counts as a gain unless eager took over 1.1x the
+  // allreduce; rank 0's timings decide for all; 48 operations per size, going up until
+  // eager clearly loses: a fraction of a second on fast links and on 1 Gbit/s ones). 0:
+  // eager_bytes as it is. Rank 0's value is used.
   int eager_probe = 1;
   // HYBRIDPS_TWO_SHOT_BYTES (dist_allreduce, 2 workers, CPU tensors): push_pulls larger
   // than the eager ones and up to this size are two-shots: each worker sends the other's

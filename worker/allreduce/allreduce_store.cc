@@ -189,8 +189,21 @@ absl::Status AllreduceStore::SetUpSharedMemory(const wire::Welcome& welcome) {
   // One malformed node sends the whole job through Gloo: every rank checks every node,
   // so that all decide alike (a node's own ranks alone would leave the others waiting
   // for them in the exchange below).
+  if (welcome.workers_size() != num_workers_) return absl::OkStatus();  // Gloo, on every rank
+  std::vector<bool> checked(std::max(welcome.num_nodes(), num_workers_), false);
   for (int r = 0; r < num_workers_; ++r) {
-    if (!NodeLayoutFromWelcome(welcome, r).ok()) return absl::OkStatus();
+    const int node = welcome.num_nodes() > 0 ? welcome.workers(r).node() : r;
+    // One rank per node: the check depends on the node only.
+    const bool known = node >= 0 && node < static_cast<int>(checked.size());
+    if (known && checked[node]) continue;
+    if (known) checked[node] = true;
+    if (auto bad = NodeLayoutFromWelcome(welcome, r); !bad.ok()) {
+      if (rank_ == 0) {
+        HPS_LOG(WARNING) << "CPU allreduces go through Gloo, not shared memory: "
+                         << bad.status().message();
+      }
+      return absl::OkStatus();
+    }
   }
   auto layout = NodeLayoutFromWelcome(welcome, rank_);
   if (!layout.ok()) return absl::OkStatus();

@@ -74,8 +74,8 @@ absl::StatusOr<EagerProbe> ProbeEagerLimit(CpuCollectives* cpu, size_t largest, 
   // kRun operations back to back, as a training step sends them (so that a link that
   // lets a burst through fast, as a shaped one does, is timed at its steady rate), and
   // each way's time is its fastest sample's mean (the scheduler only ever adds time).
-  // After each size rank 0 says whether to go on: not once eager has lost so much that
-  // the larger sizes could not make up for it.
+  // After each size rank 0 says whether to go on: not once eager clearly lost (the summed
+  // gain fell 1 below its peak).
   constexpr int kRun = 4;
   int64_t limit = static_cast<int64_t>(EagerProbe::kSmallest);
   double gain = 0, best = 0;
@@ -87,8 +87,9 @@ absl::StatusOr<EagerProbe> ProbeEagerLimit(CpuCollectives* cpu, size_t largest, 
       const bool eager = sample % 2 == 0;
       const absl::Time t0 = absl::Now();
       for (int i = 0; i < kRun; ++i) {
-        // The last operation of the last sample leaves nothing posted: a broadcast, or the
-        // next size's first exchange (posted unknowingly would mismatch), comes next.
+        // The last operation of the last sample leaves nothing posted: a broadcast comes
+        // next, and when rank 0 stops there, receives left posted would fail the store's
+        // first round (its slot differs).
         const bool last = sample + 1 == 2 * (reps + 1) && i + 1 == kRun;
         const bool next_eager = i + 1 < kRun ? eager : !eager;
         RETURN_IF_ERROR(run(bytes, eager, last ? 0 : next_eager ? eager_slot : small_slot));

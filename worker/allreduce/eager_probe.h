@@ -43,8 +43,8 @@ struct EagerProbe {
 // uses `cpu`'s exchange, and leaves no exchange posted). Times the halvings of `largest`
 // from the smallest (at least kSmallest) up, at each size `reps` samples of 4 operations
 // back to back eagerly and as many through the allreduce, in turn, after one of each to
-// warm up. After each size rank 0 says whether to go on (not once eager lost so much that
-// larger sizes could not make up for it); its verdict is broadcast.
+// warm up. After each size rank 0 says whether to go on (not once eager clearly lost: the
+// summed gain fell 1 below its peak); its verdict is broadcast.
 absl::StatusOr<EagerProbe> ProbeEagerLimit(CpuCollectives* cpu, size_t largest, int reps,
                                            absl::Duration timeout);
 
