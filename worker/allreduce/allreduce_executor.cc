@@ -21,13 +21,12 @@ namespace nego = negotiation;
 namespace {
 
 // The negotiation slot (bytes per rank in a round's allgather) of the next round: the
-// largest message of the last kSlotHistory rounds, rounded up to kSlotGrain. Every rank
+// largest message of the last kSlotHistory rounds, in whole pages (ExchangeSlotFor). Every rank
 // computes it from the same gathered sizes, so slots always agree; a message larger than
 // the slot still gets through (with an extra allgatherv). A short history: repeated
 // rounds of one size fit, and a burst's large slot is not dragged through the small
 // rounds that follow it.
 constexpr size_t kSlotHistory = 2;
-constexpr size_t kSlotGrain = 4096;
 // Room for a round's eager payloads or two-shot halves (4 MiB per rank at most, see
 // Options::eager_bytes and two_shot_bytes) and its list.
 constexpr size_t kMaxSlot = 5 << 20;
@@ -396,8 +395,7 @@ absl::Status AllreduceStore::GatherLists(const nego::RankList& mine,
   recent_sizes_.push_back(largest + sizeof(uint64_t));
   if (recent_sizes_.size() > kSlotHistory) recent_sizes_.pop_front();
   const size_t want = *std::max_element(recent_sizes_.begin(), recent_sizes_.end());
-  slot_bytes_ =
-      std::clamp((want + kSlotGrain - 1) / kSlotGrain * kSlotGrain, kMinSlotBytes, kMaxSlot);
+  slot_bytes_ = std::clamp(ExchangeSlotFor(want), kMinSlotBytes, kMaxSlot);
   return absl::OkStatus();
 }
 

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -185,18 +186,15 @@ absl::Status AllreduceStore::SetUpSharedMemory(const wire::Welcome& welcome) {
                    }));
   if (!absl::StartsWith(wanted, "1 ") || num_workers_ < 2) return absl::OkStatus();
   // Every rank decides from the same welcome which case the job is; a rank that cannot
-  // set its part up tells the others in the exchange below.
-  // One malformed node sends the whole job through Gloo: every rank checks every node,
-  // so that all decide alike (a node's own ranks alone would leave the others waiting
-  // for them in the exchange below).
+  // set its part up tells the others in the exchange below. One malformed node sends the
+  // whole job through Gloo: every rank checks every node (once: the check depends on the
+  // node only), so that all decide alike.
   if (welcome.workers_size() != num_workers_) return absl::OkStatus();  // Gloo, on every rank
-  std::vector<bool> checked(std::max(welcome.num_nodes(), num_workers_), false);
+  absl::flat_hash_set<int> checked;
   for (int r = 0; r < num_workers_; ++r) {
-    const int node = welcome.num_nodes() > 0 ? welcome.workers(r).node() : r;
-    // One rank per node: the check depends on the node only.
-    const bool known = node >= 0 && node < static_cast<int>(checked.size());
-    if (known && checked[node]) continue;
-    if (known) checked[node] = true;
+    if (!checked.insert(welcome.num_nodes() > 0 ? welcome.workers(r).node() : r).second) {
+      continue;
+    }
     if (auto bad = NodeLayoutFromWelcome(welcome, r); !bad.ok()) {
       if (rank_ == 0) {
         HPS_LOG(WARNING) << "CPU allreduces go through Gloo, not shared memory: "
@@ -273,16 +271,15 @@ absl::Status AllreduceStore::ShareFusionSettings() {
   ASSIGN_OR_RETURN(std::string both,
                    FromRankZero("fusion/", [&] { return absl::StrCat(mine, " ", probe); }));
   std::vector<std::string> parts = absl::StrSplit(both, ' ');
-  const std::string value =
-      parts.size() == 5 ? absl::StrJoin(parts.begin(), parts.begin() + 3, " ") : both;
   if (parts.size() != 5 || !absl::SimpleAtoi(parts[0], &fusion_bytes_) ||
       !absl::SimpleAtoi(parts[1], &fusion_max_tensor_bytes_) ||
       !absl::SimpleAtoi(parts[2], &direct_allreduce_bytes_) ||
       !absl::SimpleAtoi(parts[3], &eager_probe_) ||
       !absl::SimpleAtoi(parts[4], &probe_eager_bytes_)) {
     return absl::DataLossError(
-        absl::StrCat("rendezvous: malformed fusion settings from rank 0: '", value, "'"));
+        absl::StrCat("rendezvous: malformed fusion settings from rank 0: '", both, "'"));
   }
+  const std::string value = absl::StrJoin(parts.begin(), parts.begin() + 3, " ");
   if (value != mine) {
     HPS_LOG(WARNING) << "this worker's HYBRIDPS_FUSION_BYTES / HYBRIDPS_FUSION_MAX_TENSOR_BYTES"
                      << " / HYBRIDPS_DIRECT_ALLREDUCE_BYTES (" << mine

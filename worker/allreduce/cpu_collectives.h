@@ -11,6 +11,7 @@
 #ifndef HYBRIDPS_WORKER_ALLREDUCE_CPU_COLLECTIVES_H_
 #define HYBRIDPS_WORKER_ALLREDUCE_CPU_COLLECTIVES_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -59,6 +60,14 @@ class CpuCollectives {
   // Closes what it owns (after the executor is done with it).
   virtual void Close() = 0;
 };
+
+// The Exchange slot for a framed message of `framed_bytes` (its 8 bytes of length
+// included): whole pages, at least one. The store's rounds and the eager probe size their
+// slots with it, so that the probe's exchanges are the rounds'.
+inline size_t ExchangeSlotFor(size_t framed_bytes) {
+  constexpr size_t kPage = 4096;
+  return std::max(kPage, (framed_bytes + kPage - 1) / kPage * kPage);
+}
 
 // `world`: the Gloo ring over every worker, the store's; it outlives the collectives.
 std::unique_ptr<CpuCollectives> NewGlooCollectives(GlooComm* world);

@@ -12,19 +12,15 @@
 namespace hybridps {
 namespace {
 
-// Exchange slots grow in pages, as the store's rounds size them; the list of the operation
-// rides beside an eager payload, hence the room above it.
-constexpr size_t kSlotGrain = 4096;
+// The operation's list rides beside an eager payload in the negotiation's message.
 constexpr size_t kListRoom = 256;
 // How much slower than the timed allreduce eager may be and still count as a gain: on
 // emulated 1 Gbit/s links with 4 workers 85 KiB timed 1.03x the allreduce, while in the
 // rounds 64 KiB ran eagerly at half the time of the allreduce path.
 constexpr double kEagerEdge = 0.1;
 
-size_t SlotFor(size_t message_bytes) {
-  return std::max(kSlotGrain,
-                  (message_bytes + sizeof(uint64_t) + kSlotGrain - 1) / kSlotGrain * kSlotGrain);
-}
+// The slot of an exchange of `message_bytes`, as a round sizes it.
+size_t SlotFor(size_t message_bytes) { return ExchangeSlotFor(message_bytes + sizeof(uint64_t)); }
 
 std::string Size(size_t bytes) {
   return bytes % (1 << 20) == 0 ? absl::StrCat(bytes >> 20, " MiB")
