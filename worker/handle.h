@@ -18,6 +18,21 @@
 
 namespace hybridps {
 
+class HandleState;
+
+// What a handle's waiting thread and its first watcher call (HandleState::SetWaitHelper):
+// the store's work. One object serves every handle of a store (WaitHelperGate), so that
+// an operation's handle costs no allocation for it.
+class WaitHelper {
+ public:
+  virtual ~WaitHelper() = default;
+  // On a thread about to wait on `state`: may complete the operation (see SetWaitHelper).
+  virtual void Help(HandleState* state) = 0;
+  // Once, the first time someone follows an operation without waiting on it (see
+  // SetWaitHelper).
+  virtual void Watched() {}
+};
+
 // Completion state shared by a Handle and the store's I/O thread.
 class HandleState {
  public:
@@ -51,7 +66,7 @@ class HandleState {
   // past it, DeadlineExceeded while the operation is still not complete (Done() false).
   absl::Status Wait() {
     // The store's helper first (see SetWaitHelper): it may complete the operation here.
-    if (helper_ && !done_fast_.load(std::memory_order_acquire)) helper_(this);
+    if (helper_ && !done_fast_.load(std::memory_order_acquire)) helper_->Help(this);
     // Options::spin: poll for a while before sleeping (see SetWaitSpin).
     const int64_t spin_ns = wait_spin_ns_.load(std::memory_order_relaxed);
     if (spin_ns > 0 && !done_fast_.load(std::memory_order_acquire)) {
@@ -61,7 +76,8 @@ class HandleState {
     absl::MutexLock lock(&mu_);
     if (!mu_.AwaitWithDeadline(absl::Condition(&done_), wait_deadline_)) {
       return absl::DeadlineExceededError(absl::StrCat(
-          what_, " is not complete although its store should have failed it by now: the "
+          describe_ ? describe_() : what_,
+          " is not complete although its store should have failed it by now: the "
           "store's threads are stuck. The operation still holds its tensors: keep their "
           "memory alive until the handle is done, and do not use this store again"));
     }
@@ -75,6 +91,12 @@ class HandleState {
   void SetDeadline(absl::Time give_up_at, std::string what) {
     wait_deadline_ = give_up_at;
     what_ = std::move(what);
+  }
+  // The same, `describe` called only when Wait() gives up (a store's operation names
+  // itself then, rather than formatting its name for every operation).
+  void SetDeadline(absl::Time give_up_at, std::function<std::string()> describe) {
+    wait_deadline_ = give_up_at;
+    describe_ = std::move(describe);
   }
   // SetDeadline's moment (InfiniteFuture when unset). A helper gives up by then too.
   absl::Time wait_deadline() const { return wait_deadline_; }
@@ -90,16 +112,18 @@ class HandleState {
   // Done(), without the lock (an acquire load).
   bool DoneFast() const { return done_fast_.load(std::memory_order_acquire); }
   // Set at most once, before the state is shared with any other thread: Wait() calls
-  // `helper` before it blocks, on the waiting thread. The dist_allreduce store runs its
+  // helper->Help before it blocks, on the waiting thread. The dist_allreduce store runs its
   // due negotiation rounds there, and GPU staging its steps, so that an operation costs
-  // no hand-off to a background thread and back. The helper returns when it cannot help
-  // (any more). See WaitHelperGate.
-  void SetWaitHelper(std::function<void(HandleState*)> helper) { helper_ = std::move(helper); }
-  // Set at most once, like SetWaitHelper: `hook` runs once, on the calling thread, the
-  // first time someone follows the operation without waiting on it (OnComplete while it
-  // is pending, or Done() false). A store whose waiting threads do its work (dist_hybrid's
+  // no hand-off to a background thread and back. Help returns when it cannot help (any
+  // more). With `watched`, helper->Watched() runs once, on the calling thread, the first
+  // time someone follows the operation without waiting on it (OnComplete while it is
+  // pending, or Done() false): a store whose waiting threads do its work (dist_hybrid's
   // I/O turns) then knows that nobody will wait on this one and runs it itself at once.
-  void SetWatchedHook(std::function<void()> hook) { watched_hook_ = std::move(hook); }
+  // See WaitHelperGate.
+  void SetWaitHelper(std::shared_ptr<WaitHelper> helper, bool watched = false) {
+    helper_ = std::move(helper);
+    watched_hook_ = watched;
+  }
   // The watched hook has run (or would have, had one been set).
   bool watched() const { return watched_.load(std::memory_order_relaxed); }
   // How long Wait() polls before it sleeps, for every handle of this process (the
@@ -125,7 +149,7 @@ class HandleState {
     if (watch) NoteWatched();
   }
   void NoteWatched() {
-    if (!watched_.exchange(true, std::memory_order_relaxed) && watched_hook_) watched_hook_();
+    if (!watched_.exchange(true, std::memory_order_relaxed) && watched_hook_) helper_->Watched();
   }
 
   absl::Mutex mu_;
@@ -133,21 +157,25 @@ class HandleState {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> done_fast_{false};  // done_, readable without the lock
-  std::function<void(HandleState*)> helper_;  // see SetWaitHelper
-  std::function<void()> watched_hook_;        // see SetWatchedHook
-  std::atomic<bool> watched_{false};          // the hook ran
+  std::shared_ptr<WaitHelper> helper_;  // see SetWaitHelper
+  bool watched_hook_ = false;           // helper_->Watched() is wanted (SetWaitHelper)
+  std::atomic<bool> watched_{false};    // someone followed it without waiting
   absl::Time wait_deadline_ = absl::InfiniteFuture();  // see SetDeadline
   std::string what_;                                    // see SetDeadline
+  std::function<std::string()> describe_;               // see SetDeadline
   static inline std::atomic<int64_t> wait_spin_ns_{0};
 };
 
 // How handles' wait helpers reach the object that does the work (a store, a stager),
 // which may be destroyed while handles live on: the object opens the gate once it can
-// help, installs helpers through it, and closes it in its destructor (which then waits
-// for the helpers in progress to return).
+// help, installs the gate as its handles' helper, and closes it in its destructor (which
+// then waits for the helpers in progress to return). `help` and `watched` are the
+// object's member functions that Help and Watched call.
 template <typename T>
-class WaitHelperGate {
+class WaitHelperGate : public WaitHelper {
  public:
+  explicit WaitHelperGate(void (T::*help)(HandleState*), void (T::*watched)() = nullptr)
+      : help_(help), watched_(watched) {}
   void Open(T* target) {
     absl::WriterMutexLock lock(&mu_);
     target_ = target;
@@ -156,24 +184,23 @@ class WaitHelperGate {
     absl::WriterMutexLock lock(&mu_);
     target_ = nullptr;
   }
-  // Makes `state`'s helper call (target->*help)(state) while the gate is open.
-  static void Install(const std::shared_ptr<WaitHelperGate>& gate, HandleState* state,
-                      void (T::*help)(HandleState*)) {
-    state->SetWaitHelper([gate, help](HandleState* s) {
-      absl::ReaderMutexLock lock(&gate->mu_);
-      if (gate->target_ != nullptr) (gate->target_->*help)(s);
-    });
+  // Makes `gate` `state`'s helper (with Watched when the gate has `watched`).
+  static void Install(const std::shared_ptr<WaitHelperGate>& gate, HandleState* state) {
+    state->SetWaitHelper(gate, gate->watched_ != nullptr);
   }
-  // Makes `state`'s watched hook call (target->*watched)() while the gate is open.
-  static void InstallWatched(const std::shared_ptr<WaitHelperGate>& gate, HandleState* state,
-                             void (T::*watched)()) {
-    state->SetWatchedHook([gate, watched] {
-      absl::ReaderMutexLock lock(&gate->mu_);
-      if (gate->target_ != nullptr) (gate->target_->*watched)();
-    });
+
+  void Help(HandleState* state) override {
+    absl::ReaderMutexLock lock(&mu_);
+    if (target_ != nullptr) (target_->*help_)(state);
+  }
+  void Watched() override {
+    absl::ReaderMutexLock lock(&mu_);
+    if (target_ != nullptr && watched_ != nullptr) (target_->*watched_)();
   }
 
  private:
+  void (T::*const help_)(HandleState*);
+  void (T::*const watched_)();
   absl::Mutex mu_;
   T* target_ ABSL_GUARDED_BY(mu_) = nullptr;
 };

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -46,6 +47,28 @@ TEST(HandleTest, WaitGivesUpAtTheDeadlineNamingTheOperationWhichStaysPending) {
   state->Complete(absl::OkStatus());
   EXPECT_TRUE(h.Done());
   EXPECT_OK(h.Wait());
+}
+
+// A store names its operation only when Wait gives up (no formatting per operation).
+TEST(HandleTest, TheOperationIsNamedOnlyWhenWaitGivesUp) {
+  int named = 0;
+  auto describe = [&named] {
+    ++named;
+    return std::string("push_pull of 'w' (10 float32 elements)");
+  };
+  auto done = std::make_shared<HandleState>();
+  done->SetDeadline(absl::Now() + absl::Hours(1), describe);
+  done->Complete(absl::OkStatus());
+  EXPECT_OK(Handle(done).Wait());
+  EXPECT_EQ(named, 0);
+
+  auto stuck = std::make_shared<HandleState>();
+  stuck->SetDeadline(absl::Now() + absl::Milliseconds(50), describe);
+  const absl::Status s = Handle(stuck).Wait();
+  ASSERT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "push_pull of 'w' (10 float32 elements) is not "
+                                             "complete")) << s;
+  EXPECT_EQ(named, 1);
 }
 
 TEST(HandleTest, WithoutADeadlineWaitWaitsForCompletion) {

@@ -9,9 +9,13 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace hybridps::negotiation {
 namespace {
+
+// An action's entry indices, comparable with a std::vector.
+std::vector<size_t> Indices(const Action& a) { return {a.entries.begin(), a.entries.end()}; }
 
 Entry PushPull(const std::string& name, uint64_t count, DType dtype = DType::kFloat32,
                int priority = 0, uint32_t occurrence = 0) {
@@ -119,7 +123,7 @@ TEST(NegotiationTest, ReadyOnlyWhenEveryRankListedIt) {
   Plan p = Decide(lists, 1, 0);
   ASSERT_EQ(p.actions.size(), 1u);
   EXPECT_EQ(p.actions[0].type, Action::Type::kAllreduce);
-  EXPECT_EQ(p.actions[0].entries, std::vector<size_t>{1});  // rank 1's own index of "a"
+  EXPECT_EQ(Indices(p.actions[0]), std::vector<size_t>{1});  // rank 1's own index of "a"
   ASSERT_EQ(p.missing.size(), 1u);
   EXPECT_EQ(p.missing[0].entry, 0u);
   EXPECT_EQ(p.missing[0].ranks, std::vector<int>{2});
@@ -270,7 +274,7 @@ TEST(NegotiationTest, PriorityThenRankZeroOrderAndFusionPerDType) {
   std::reverse(lists[1].entries.begin(), lists[1].entries.end());
   Plan p = Decide(lists, 0, 1 << 20);
   std::vector<std::vector<size_t>> got;
-  for (const Action& a : p.actions) got.push_back(a.entries);
+  for (const Action& a : p.actions) got.push_back(Indices(a));
   // "hi" (priority 9) opens the float32 bucket; f1 and f2 join it; i1 gets its own bucket;
   // "huge" exceeds the threshold and runs alone; the broadcast alone.
   EXPECT_EQ(got, (std::vector<std::vector<size_t>>{{3, 0, 2}, {1}, {4}, {5}}));
@@ -279,10 +283,72 @@ TEST(NegotiationTest, PriorityThenRankZeroOrderAndFusionPerDType) {
   // Rank 1 computes the same plan in its own indices.
   Plan q = Decide(lists, 1, 1 << 20);
   ASSERT_EQ(q.actions.size(), 4u);
-  EXPECT_EQ(q.actions[0].entries, (std::vector<size_t>{2, 5, 3}));
+  EXPECT_EQ(Indices(q.actions[0]), (std::vector<size_t>{2, 5, 3}));
   // A full bucket is closed and a new one opened.
   Plan small = Decide(lists, 0, 8000);
-  EXPECT_EQ(small.actions[0].entries, (std::vector<size_t>{3, 0}));
+  EXPECT_EQ(Indices(small.actions[0]), (std::vector<size_t>{3, 0}));
+}
+
+// A round's lists are parsed into the last round's (their memory kept): what the earlier
+// message held (a longer name, a shape, a payload, more entries) must not show through.
+TEST(NegotiationTest, ParsingIntoAReusedListReadsOnlyTheNewMessage) {
+  float data[6] = {1, 2, 3, 4, 5, 6};
+  RankList first;
+  first.leaving = true;
+  Entry shaped = PushPull("a.rather.long.layer.name.weight", 6);
+  shaped.shape = TensorShape{2, {2, 3}};
+  shaped.has_payload = true;
+  shaped.payload = absl::string_view(reinterpret_cast<const char*>(data), sizeof data);
+  first.entries = {shaped, Bcast("b", 4, 1)};
+  RankList second;
+  second.entries = {PushPull("w", 6)};
+  std::string w1, w2;
+  Serialize(first, 1, &w1);
+  Serialize(second, 1, &w2);
+  RankList reused;
+  ASSERT_OK(ParseInto(w1, 1, &reused));
+  ASSERT_EQ(reused.entries[0].shape.ToString(), "(2, 3)");
+  ASSERT_OK(ParseInto(w2, 1, &reused));
+  ASSERT_OK_AND_ASSIGN(RankList fresh, Parse(w2, 1));
+  EXPECT_FALSE(reused.leaving);
+  ASSERT_EQ(reused.entries.size(), 1u);
+  const Entry& e = reused.entries[0];
+  EXPECT_EQ(e.name, "w");
+  EXPECT_FALSE(e.shape.known());
+  EXPECT_FALSE(e.has_payload);
+  EXPECT_TRUE(e.payload.empty());
+  EXPECT_EQ(e.Shape(), fresh.entries[0].Shape());
+  EXPECT_EQ(e.kind, OpKind::kPushPull);
+  EXPECT_EQ(e.root, fresh.entries[0].root);
+}
+
+// Rounds of a few entries find their keys by a scan, larger ones through a map: the same
+// keys get the same plan either way. Padding a round with keys only one rank listed moves
+// it over to the map; the common keys' actions must not change.
+TEST(NegotiationTest, SmallAndLargeRoundsDecideTheSameWay) {
+  std::vector<RankList> lists(3);
+  lists[0].entries = {PushPull("a", 1000), PushPull("b", 1000, DType::kFloat32, 5),
+                      PushPull("c", 10), Bcast("d", 100, 2)};
+  lists[1].entries = {PushPull("c", 10), PushPull("a", 1000), Bcast("d", 100, 2),
+                      PushPull("b", 1000, DType::kFloat32, 5)};
+  lists[2].entries = {Bcast("d", 100, 2), PushPull("b", 1000, DType::kFloat32, 5),
+                      PushPull("a", 1000), PushPull("c", 12)};  // "c" mismatches
+  for (int self = 0; self < 3; ++self) {
+    const Plan small = Decide(lists, self, 1 << 20);
+    std::vector<RankList> padded = lists;
+    for (int i = 0; i < 20; ++i) {
+      padded[self].entries.push_back(PushPull(absl::StrCat("only", i), 4));
+    }
+    const Plan large = Decide(padded, self, 1 << 20);
+    ASSERT_EQ(small.actions.size(), large.actions.size());
+    for (size_t i = 0; i < small.actions.size(); ++i) {
+      EXPECT_EQ(small.actions[i].type, large.actions[i].type) << i;
+      EXPECT_EQ(Indices(small.actions[i]), Indices(large.actions[i])) << i;
+      EXPECT_EQ(small.actions[i].error, large.actions[i].error) << i;
+    }
+    EXPECT_TRUE(small.missing.empty());
+    EXPECT_EQ(large.missing.size(), 20u);
+  }
 }
 
 TEST(NegotiationTest, CpuTensorsOverTheMaxTensorSizeRunAloneGpuOnesStillFuse) {
@@ -294,11 +360,11 @@ TEST(NegotiationTest, CpuTensorsOverTheMaxTensorSizeRunAloneGpuOnesStillFuse) {
   // CPU tensors of more than 4000 bytes run alone; GPU ones fuse whatever their size.
   Plan p = Decide(lists, 0, 1 << 20, 4000);
   std::vector<std::vector<size_t>> got;
-  for (const Action& a : p.actions) got.push_back(a.entries);
+  for (const Action& a : p.actions) got.push_back(Indices(a));
   EXPECT_EQ(got, (std::vector<std::vector<size_t>>{{0, 2}, {1}, {3, 4}}));
   // Exactly at the limit still fuses.
   Plan at = Decide(lists, 0, 1 << 20, 4004);
-  EXPECT_EQ(at.actions[0].entries, (std::vector<size_t>{0, 1, 2}));
+  EXPECT_EQ(Indices(at.actions[0]), (std::vector<size_t>{0, 1, 2}));
   // 0: no CPU tensor is fused.
   Plan none = Decide(lists, 0, 1 << 20, 0);
   EXPECT_EQ(none.actions.size(), 4u);
@@ -340,7 +406,7 @@ TEST(NegotiationTest, DeviceKindIsPartOfTheSignatureAndOfTheFusionBucket) {
   std::vector<std::vector<size_t>> got;
   for (const Action& a : p.actions) {
     EXPECT_EQ(a.type, Action::Type::kAllreduce);
-    got.push_back(a.entries);
+    got.push_back(Indices(a));
   }
   EXPECT_EQ(got, (std::vector<std::vector<size_t>>{{0, 2}, {1, 3}}));
 }

@@ -226,11 +226,11 @@ void AllreduceStore::ExpireDeadlines(absl::Time now) {
 
 bool AllreduceStore::RunRound(bool caller, absl::Time now, bool* job_active) {
   verdict_awaited_ = false;
-  std::vector<std::shared_ptr<Op>> listed;
-  nego::RankList mine;
+  std::vector<std::shared_ptr<Op>>& listed = listed_;
+  nego::RankList& mine = mine_;
+  std::vector<nego::RankList>& lists = lists_;
   mine.leaving = ListHeads(caller, now, &listed);
   ListMine(listed, now, &mine);
-  std::vector<nego::RankList> lists;
   absl::Time t0, t1;  // around the exchange itself (stats_.negotiating)
   absl::Status failure = GatherLists(mine, &lists, &t0, &t1);
   nego::Plan plan;
@@ -265,6 +265,7 @@ bool AllreduceStore::RunRound(bool caller, absl::Time now, bool* job_active) {
   stats_.negotiating += t1 - t0;
   stats_.executing += absl::Now() - t1;
   for (auto& op : listed) op->in_round = false;
+  listed.clear();  // the operations are not the round's any more (the memory stays)
   if (!failure.ok()) {
     BreakLocked(failure);
     return false;
@@ -332,9 +333,12 @@ void AllreduceStore::ListMine(const std::vector<std::shared_ptr<Op>>& listed, ab
           ? options_.two_shot_bytes
           : 0;
   size_t eager_bytes = 0;
-  for (const auto& op : listed) {
-    nego::Entry e;
-    e.name = op->name;
+  // The entries of the last round are reused (their names' memory): every field is set.
+  mine->entries.resize(listed.size());
+  for (size_t i = 0; i < listed.size(); ++i) {
+    const std::shared_ptr<Op>& op = listed[i];
+    nego::Entry& e = mine->entries[i];
+    e.name.assign(op->name);
     e.occurrence = op->occurrence;
     e.kind = op->kind;
     e.dtype = op->in.dtype;
@@ -350,6 +354,10 @@ void AllreduceStore::ListMine(const std::vector<std::shared_ptr<Op>>& listed, ab
     // step that is the round that runs it; a rank waiting for late peers does not resend.
     // GPU data never does: it is not in host memory.
     e.gpu = op->in.device == Device::kGPU;
+    e.phase = 0;
+    e.has_payload = false;
+    e.payload_offset = 0;
+    e.payload = {};
     const bool first_time = !e.gpu && op->rounds_listed == 1;
     if (first_time && (op->kind == nego::OpKind::kPushPull || op->root == rank_) &&
         bytes <= eager_tensor && eager_bytes + bytes <= eager_round) {
@@ -369,7 +377,6 @@ void AllreduceStore::ListMine(const std::vector<std::shared_ptr<Op>>& listed, ab
         eager_bytes += half;
       }
     }
-    mine->entries.push_back(std::move(e));
   }
 }
 
@@ -381,15 +388,14 @@ absl::Status AllreduceStore::GatherLists(const nego::RankList& mine,
   msg_.assign(sizeof(uint64_t), '\0');
   nego::Serialize(mine, rank_, &msg_);
   *t0 = absl::Now();
-  absl::StatusOr<std::vector<absl::string_view>> gathered =
-      cpu_->Exchange(&msg_, slot_bytes_, gloo_timeout_);
+  const absl::Status exchanged = cpu_->Exchange(&msg_, slot_bytes_, gloo_timeout_, &gathered_);
   *t1 = absl::Now();
-  if (!gathered.ok()) return gathered.status();
+  RETURN_IF_ERROR(exchanged);
   size_t largest = 0;
+  lists->resize(num_workers_);
   for (int r = 0; r < num_workers_; ++r) {
-    largest = std::max(largest, (*gathered)[r].size());
-    ASSIGN_OR_RETURN(nego::RankList parsed, nego::Parse((*gathered)[r], r));
-    lists->push_back(std::move(parsed));
+    largest = std::max(largest, gathered_[r].size());
+    RETURN_IF_ERROR(nego::ParseInto(gathered_[r], r, &(*lists)[r]));
   }
   // The next slot, from data every rank holds.
   recent_sizes_.push_back(largest + sizeof(uint64_t));

@@ -28,7 +28,10 @@ struct AllreduceStore::Op {
   std::vector<bool> seen;
   int rounds_listed = 0;  // round holder only
   bool in_round = false;  // guarded by mu_: a round is running it; Break leaves it
-  std::shared_ptr<HandleState> handle = std::make_shared<HandleState>();
+  // The operation's handle, within it: Submit gives the user a Handle that shares the
+  // Op, so that an operation is one allocation.
+  HandleState state;
+  HandleState* const handle = &state;
 
   std::string Describe() const {
     return absl::StrCat(negotiation::OpKindName(kind), " of '", name, "' (", in.count, " ",

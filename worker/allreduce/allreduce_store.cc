@@ -392,13 +392,13 @@ absl::StatusOr<Handle> AllreduceStore::Submit(std::shared_ptr<Op> op) {
   op->submitted = absl::Now();
   op->deadline = op->submitted + options_.op_timeout;
   // A negotiation exchange and a collective under way at the deadline run to their own
-  // timeouts before the executor fails the operation.
-  op->handle->SetDeadline(op->deadline + 2 * gloo_timeout_ + options_.wait_grace, op->Describe());
+  // timeouts before the executor fails the operation. The description is formatted only
+  // if Wait gives up (the handle's state lives in the Op).
+  op->handle->SetDeadline(op->deadline + 2 * gloo_timeout_ + options_.wait_grace,
+                          [op = op.get()] { return op->Describe(); });
   op->next_warning = op->submitted + options_.stall_warning;
-  if (options_.caller_rounds) {
-    WaitHelperGate<AllreduceStore>::Install(gate_, op->handle.get(), &AllreduceStore::HelpWith);
-  }
-  Handle h(op->handle);
+  if (options_.caller_rounds) WaitHelperGate<AllreduceStore>::Install(gate_, op->handle);
+  Handle h(std::shared_ptr<HandleState>(op, op->handle));
   absl::MutexLock lock(&mu_);
   if (!closed_.ok()) return closed_;
   if (!broken_.ok()) {

@@ -289,6 +289,12 @@ class AllreduceStore : public KVStore {
   std::deque<size_t> recent_sizes_;  // largest negotiation message of the last rounds
   std::string fusion_;  // the fusion buffer
   std::string msg_;     // this round's negotiation message, framed (AllgatherFramed)
+  // A round's lists, kept with their memory from round to round (RunRound): this rank's
+  // operations in it, its list, everyone's messages and everyone's lists parsed.
+  std::vector<std::shared_ptr<Op>> listed_;
+  negotiation::RankList mine_;
+  std::vector<absl::string_view> gathered_;
+  std::vector<negotiation::RankList> lists_;
   bool verdict_awaited_ = false;  // in this round (AwaitPeerVerdict)
   absl::flat_hash_map<std::string, absl::Time> foreign_warned_;  // name -> next warning
 #if HYBRIDPS_WITH_NCCL
@@ -332,7 +338,7 @@ class AllreduceStore : public KVStore {
   bool job_active_ ABSL_GUARDED_BY(mu_) = false;  // the last round left work pending somewhere
   // Handles' wait helpers reach the store through this (closed when it is destroyed).
   std::shared_ptr<WaitHelperGate<AllreduceStore>> gate_ =
-      std::make_shared<WaitHelperGate<AllreduceStore>>();
+      std::make_shared<WaitHelperGate<AllreduceStore>>(&AllreduceStore::HelpWith);
   Stats stats_ ABSL_GUARDED_BY(mu_);
   int gpu_device_ ABSL_GUARDED_BY(mu_) = -1;  // the first GPU tensor's device
 

@@ -37,10 +37,10 @@ class GlooCollectives : public CpuCollectives {
                          absl::Duration timeout) override {
     return world_->Broadcast(dtype, data, count, root, timeout);
   }
-  absl::StatusOr<std::vector<absl::string_view>> Exchange(std::string* framed,
-                                                           size_t slot_bytes,
-                                                           absl::Duration timeout) override {
-    return world_->AllgatherFramed(framed, slot_bytes, timeout);
+  absl::Status Exchange(std::string* framed, size_t slot_bytes, absl::Duration timeout,
+                        std::vector<absl::string_view>* out) override {
+    ASSIGN_OR_RETURN(*out, world_->AllgatherFramed(framed, slot_bytes, timeout));
+    return absl::OkStatus();
   }
   void PostNextExchange(size_t slot_bytes) override { world_->PostNextExchange(slot_bytes); }
   void Abort(const absl::Status&) override {}  // the store aborts `world` itself
@@ -71,17 +71,17 @@ class SharedMemoryCollectives : public GlooCollectives {
   }
   // Through the segment (a store and a barrier, no socket), indexed by worker rank; a
   // message too big for it (every rank sees the same) goes through Gloo.
-  absl::StatusOr<std::vector<absl::string_view>> Exchange(std::string* framed,
-                                                           size_t slot_bytes,
-                                                           absl::Duration timeout) override {
-    auto local = node_->Allgather(absl::string_view(*framed).substr(sizeof(uint64_t)), timeout);
-    if (local.ok()) {
-      std::vector<absl::string_view> by_rank(members_.size());
-      for (size_t lr = 0; lr < local->size(); ++lr) by_rank[members_[lr]] = (*local)[lr];
-      return by_rank;
+  absl::Status Exchange(std::string* framed, size_t slot_bytes, absl::Duration timeout,
+                        std::vector<absl::string_view>* out) override {
+    const absl::Status s =
+        node_->Allgather(absl::string_view(*framed).substr(sizeof(uint64_t)), timeout, &local_);
+    if (s.ok()) {
+      out->resize(members_.size());
+      for (size_t lr = 0; lr < local_.size(); ++lr) (*out)[members_[lr]] = local_[lr];
+      return s;
     }
-    if (local.status().code() != absl::StatusCode::kResourceExhausted) return local.status();
-    return GlooCollectives::Exchange(framed, slot_bytes, timeout);
+    if (s.code() != absl::StatusCode::kResourceExhausted) return s;
+    return GlooCollectives::Exchange(framed, slot_bytes, timeout, out);
   }
   void PostNextExchange(size_t) override {}  // the next exchange is the segment's
   void Abort(const absl::Status& why) override { node_->Abort(why); }
@@ -89,6 +89,7 @@ class SharedMemoryCollectives : public GlooCollectives {
  private:
   std::unique_ptr<ShmAllreduce> node_;
   std::vector<int> members_;  // the worker rank of each local rank
+  std::vector<absl::string_view> local_;  // Exchange's, by local rank
 };
 
 class HierarchicalCollectives : public GlooCollectives {

@@ -49,10 +49,9 @@ class CpuCollectives {
                                  absl::Duration timeout) = 0;
   // The negotiation's exchange: every worker's message, by worker rank. `framed` holds 8
   // bytes for the length, then this worker's message (GlooComm::AllgatherFramed); the
-  // views stay valid until the next call.
-  virtual absl::StatusOr<std::vector<absl::string_view>> Exchange(std::string* framed,
-                                                                   size_t slot_bytes,
-                                                                   absl::Duration timeout) = 0;
+  // views, in `out` (its memory reused from call to call), stay valid until the next call.
+  virtual absl::Status Exchange(std::string* framed, size_t slot_bytes, absl::Duration timeout,
+                                std::vector<absl::string_view>* out) = 0;
   // The next Exchange's receives, posted now when it goes through Gloo.
   virtual void PostNextExchange(size_t slot_bytes) = 0;
   // Ends what runs (any thread): the collective in progress fails with `why`.

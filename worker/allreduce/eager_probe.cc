@@ -51,14 +51,14 @@ absl::StatusOr<EagerProbe> ProbeEagerLimit(CpuCollectives* cpu, size_t largest, 
   }
   std::vector<float> data(largest / sizeof(float));
   std::string msg;  // framed as the exchange takes it: 8 bytes of room, then the message
+  std::vector<absl::string_view> gathered;
   // One operation; the next one's exchange is posted when it ends (`next_slot`, 0: none),
   // as a round posts the next round's receives.
   auto run = [&](size_t bytes, bool eager, size_t next_slot) -> absl::Status {
     msg.assign(sizeof(uint64_t) + kListRoom, '\0');
     if (eager) msg.append(reinterpret_cast<const char*>(data.data()), bytes);
-    RETURN_IF_ERROR(
-        cpu->Exchange(&msg, eager ? SlotFor(bytes + kListRoom) : SlotFor(kListRoom), timeout)
-            .status());
+    RETURN_IF_ERROR(cpu->Exchange(
+        &msg, eager ? SlotFor(bytes + kListRoom) : SlotFor(kListRoom), timeout, &gathered));
     if (!eager) {
       RETURN_IF_ERROR(cpu->Allreduce(DType::kFloat32, data.data(), data.data(),
                                      bytes / sizeof(float), timeout));

@@ -232,7 +232,7 @@ absl::StatusOr<Handle> GpuStager::Submit(OpPtr op) {
       // operation (at most three op_timeouts, dist_allreduce's), the copy back.
       op->handle->SetDeadline(absl::Now() + 5 * op_timeout_ + wait_grace_, op->Describe());
       if (waiting_threads_help_) {
-        WaitHelperGate<GpuStager>::Install(gate_, op->handle.get(), &GpuStager::HelpWith);
+        WaitHelperGate<GpuStager>::Install(gate_, op->handle.get());
       }
       ++pending_[op->name];
       ++outstanding_;

@@ -254,7 +254,7 @@ class GpuStager {
   absl::Time last_progress_ ABSL_GUARDED_BY(mu_);  // of the turns
   // Handles' wait helpers reach the stager through this (closed when it is destroyed).
   std::shared_ptr<WaitHelperGate<GpuStager>> gate_ =
-      std::make_shared<WaitHelperGate<GpuStager>>();
+      std::make_shared<WaitHelperGate<GpuStager>>(&GpuStager::HelpWith);
   absl::Mutex join_mu_;
   std::thread thread_;  // joined under join_mu_
 };

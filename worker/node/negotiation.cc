@@ -7,9 +7,12 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "common/byte_io.h"
+#include "common/status.h"
 
 namespace hybridps::negotiation {
 namespace {
@@ -42,7 +45,7 @@ bool SameSignature(const Entry& a, const Entry& b) {
 
 // Whether every rank's entry of a key agrees with the first: a rank that gave no shape
 // agrees with any, so the ranks that gave one are compared with the first such rank.
-bool AllAgree(const std::vector<RankList>& lists, const std::vector<int>& idx) {
+bool AllAgree(const std::vector<RankList>& lists, absl::Span<const int> idx) {
   const Entry& e0 = lists[0].entries[idx[0]];
   const Entry* shaped = nullptr;
   for (size_t r = 0; r < idx.size(); ++r) {
@@ -58,7 +61,7 @@ bool AllAgree(const std::vector<RankList>& lists, const std::vector<int>& idx) {
 
 // The error of a key whose ranks disagree: every distinct signature with its ranks, the
 // group of `self` last.
-absl::Status Mismatch(const std::vector<RankList>& lists, const std::vector<int>& idx,
+absl::Status Mismatch(const std::vector<RankList>& lists, absl::Span<const int> idx,
                       int self) {
   std::vector<std::pair<const Entry*, std::vector<int>>> groups;
   bool same_kind = true;
@@ -139,6 +142,12 @@ void Serialize(const RankList& list, int rank, std::string* out) {
 }
 
 absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
+  RankList list;
+  RETURN_IF_ERROR(ParseInto(bytes, rank, &list));
+  return list;
+}
+
+absl::Status ParseInto(absl::string_view bytes, int rank, RankList* list) {
   auto bad = [rank](absl::string_view why) {
     return absl::DataLossError(
         absl::StrCat("malformed negotiation message from rank ", rank, ": ", why));
@@ -157,10 +166,10 @@ absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
   }
   if (sender != rank) return bad(absl::StrCat("it claims to be rank ", sender));
   if (num > in.left() / kEntryBytes) return bad(absl::StrCat(num, " entries cannot fit"));
-  RankList list;
-  list.leaving = (flags & kFlagLeaving) != 0;
-  list.entries.resize(num);
-  for (Entry& e : list.entries) {
+  list->leaving = (flags & kFlagLeaving) != 0;
+  list->entries.resize(num);
+  for (Entry& e : list->entries) {
+    e.shape = TensorShape();  // a reused entry: every other field is read below
     uint8_t kind = 0, dtype = 0, has_payload = 0, gpu = 0, ndim = 0;
     uint32_t name_len = 0;
     uint64_t payload_len = 0;
@@ -191,7 +200,7 @@ absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
     if (name_len == 0 || name_len > kMaxNameBytes) return bad("bad name length");
     absl::string_view name;
     if (!in.Take(name_len, &name) || !SkipPad(in, name_len)) return bad("truncated name");
-    e.name = std::string(name);
+    e.name.assign(name.data(), name.size());
     if (ndim > kMaxShapeDims) return bad(absl::StrCat("shape of ", +ndim, " dimensions"));
     e.shape.ndim = ndim;
     for (int d = 0; d < ndim; ++d) {
@@ -217,7 +226,7 @@ absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {
     }
   }
   if (in.left() != 0) return bad(absl::StrCat(in.left(), " trailing bytes"));
-  return list;
+  return absl::OkStatus();
 }
 
 Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
@@ -225,25 +234,42 @@ Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
   const int n = static_cast<int>(lists.size());
   Plan plan;
   // Every key, in order of first appearance (rank 0's list first): the same on every rank.
+  using Id = std::tuple<absl::string_view, uint32_t, uint8_t>;  // name, occurrence, phase
   struct Key {
-    std::vector<int> idx;  // entry index per rank, -1: not listed
+    Id id;
+    absl::InlinedVector<int, 8> idx;  // entry index per rank, -1: not listed
     int listed = 0;
   };
-  std::vector<Key> keys;
-  absl::flat_hash_map<std::tuple<absl::string_view, uint32_t, uint8_t>, size_t> by_name;
+  absl::InlinedVector<Key, 1> keys;
+  // A round of a few entries (small operations) finds its keys by a scan, without the
+  // memory of a map.
+  size_t total = 0;
+  for (const RankList& l : lists) total += l.entries.size();
+  const bool scan = total <= 16;
+  absl::flat_hash_map<Id, size_t> by_id;
+  auto key_of = [&](const Entry& e) -> Key& {
+    const Id id(e.name, e.occurrence, e.phase);
+    if (scan) {
+      for (Key& k : keys) {
+        if (k.id == id) return k;
+      }
+    } else if (auto it = by_id.find(id); it != by_id.end()) {
+      return keys[it->second];
+    }
+    if (!scan) by_id.emplace(id, keys.size());
+    keys.push_back(Key{id, absl::InlinedVector<int, 8>(n, -1), 0});
+    return keys.back();
+  };
   for (int r = 0; r < n; ++r) {
     if (lists[r].leaving) plan.leaving.push_back(r);
     if (!lists[r].entries.empty()) plan.any_entries = true;
     for (size_t i = 0; i < lists[r].entries.size(); ++i) {
-      const Entry& e = lists[r].entries[i];
-      auto [it, inserted] = by_name.try_emplace({e.name, e.occurrence, e.phase}, keys.size());
-      if (inserted) keys.push_back(Key{std::vector<int>(n, -1), 0});
-      Key& k = keys[it->second];
+      Key& k = key_of(lists[r].entries[i]);
       if (k.idx[r] < 0) ++k.listed;  // a duplicate in one list counts once
       k.idx[r] = static_cast<int>(i);
     }
   }
-  std::vector<const Key*> ready;
+  absl::InlinedVector<const Key*, 4> ready;
   for (const Key& k : keys) {
     if (k.listed < n) {
       plan.pending = true;
@@ -283,15 +309,17 @@ Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
       ready.push_back(&k);
     }
   }
-  // Priority (rank 0's) first, then rank 0's submission order.
-  std::stable_sort(ready.begin(), ready.end(), [&](const Key* a, const Key* b) {
+  // Priority (rank 0's) first, then rank 0's submission order. (Not for one: the sort
+  // takes a buffer even then.)
+  auto before = [&](const Key* a, const Key* b) {
     const Entry& ea = lists[0].entries[a->idx[0]];
     const Entry& eb = lists[0].entries[b->idx[0]];
     if (ea.priority != eb.priority) return ea.priority > eb.priority;
     return a->idx[0] < b->idx[0];
-  });
+  };
+  if (ready.size() > 1) std::stable_sort(ready.begin(), ready.end(), before);
   // Eager operations first: they need no collective.
-  std::vector<const Key*> rest;
+  absl::InlinedVector<const Key*, 4> rest;
   for (const Key* k : ready) {
     const Entry& e0 = lists[0].entries[k->idx[0]];
     Action a;

@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -101,6 +102,9 @@ inline constexpr size_t kHeaderBytes = 16;
 // Parses what rank `rank` sent. Payload views point into `bytes`, which must outlive
 // the result.
 absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank);
+// The same into `list`, reusing its entries' memory (a round's lists, kept from round to
+// round). On failure `list` holds an unspecified part of the message.
+absl::Status ParseInto(absl::string_view bytes, int rank, RankList* list);
 
 // One step of a plan. Entries are indices into this rank's own list of the round.
 struct Action {
@@ -114,11 +118,13 @@ struct Action {
     kFail,       // fails on every rank with `error`
   };
   Type type = Type::kAllreduce;
-  std::vector<size_t> entries;
+  // Inline storage: a round of one operation, the common case of small tensors, plans
+  // without allocating.
+  absl::InlinedVector<size_t, 1> entries;
   DType dtype = DType::kFloat32;
   uint64_t total_count = 0;  // kAllreduce: elements of all entries together
   // kEager push_pull: every rank's payload, by rank; broadcast: the root's only.
-  std::vector<absl::string_view> payloads;
+  absl::InlinedVector<absl::string_view, 4> payloads;
   absl::Status error;  // kFail
 };
 
@@ -137,7 +143,7 @@ struct Foreign {
 };
 
 struct Plan {
-  std::vector<Action> actions;  // in execution order
+  absl::InlinedVector<Action, 1> actions;  // in execution order
   std::vector<Missing> missing;
   std::vector<Foreign> foreign;
   std::vector<int> leaving;     // ranks that are shutting down

@@ -187,6 +187,13 @@ char* ShmAllreduce::ExchangeArea(int parity, int rank) const {
 
 absl::StatusOr<std::vector<absl::string_view>> ShmAllreduce::Allgather(
     absl::string_view mine, absl::Duration timeout) {
+  std::vector<absl::string_view> all;
+  RETURN_IF_ERROR(Allgather(mine, timeout, &all));
+  return all;
+}
+
+absl::Status ShmAllreduce::Allgather(absl::string_view mine, absl::Duration timeout,
+                                     std::vector<absl::string_view>* all) {
   // Two areas take turns: a rank writes area p again only after the next exchange's
   // barrier, which a rank reaches after it is done with what it read from area p (the
   // store reads a round's messages only in that round).
@@ -197,7 +204,7 @@ absl::StatusOr<std::vector<absl::string_view>> ShmAllreduce::Allgather(
   std::memcpy(own, &len, sizeof len);
   if (len != kTooBig) std::memcpy(own + sizeof len, mine.data(), mine.size());
   RETURN_IF_ERROR(Barrier(Until{absl::InfiniteFuture(), timeout}, "negotiation"));
-  std::vector<absl::string_view> all(local_size_);
+  all->resize(local_size_);
   for (int r = 0; r < local_size_; ++r) {
     const char* area = ExchangeArea(parity, r);
     uint64_t n = 0;
@@ -212,9 +219,9 @@ absl::StatusOr<std::vector<absl::string_view>> ShmAllreduce::Allgather(
           "shared-memory allreduce: local rank ", r, " wrote a negotiation message of ", n,
           " bytes")));
     }
-    all[r] = absl::string_view(area + sizeof n, n);
+    (*all)[r] = absl::string_view(area + sizeof n, n);
   }
-  return all;
+  return absl::OkStatus();
 }
 
 void ShmAllreduce::Abort(const absl::Status& why) {

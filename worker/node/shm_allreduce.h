@@ -78,6 +78,9 @@ class ShmAllreduce {
   // exchanges this round another way.
   absl::StatusOr<std::vector<absl::string_view>> Allgather(absl::string_view mine,
                                                           absl::Duration timeout);
+  // The same into `all` (its memory reused from call to call).
+  absl::Status Allgather(absl::string_view mine, absl::Duration timeout,
+                         std::vector<absl::string_view>* all);
   static constexpr size_t kExchangeBytes = 256 << 10;  // per rank and area
 
   // Fails the current and every later wait with `why`, here and in the other local ranks.

@@ -146,8 +146,7 @@ absl::StatusOr<Handle> PsStore::Submit(std::shared_ptr<Op> op) {
   op->handle->SetDeadline(op->deadline + absl::Seconds(10) + options_.wait_grace,
                           op->Describe());
   if (caller_turns_) {
-    WaitHelperGate<PsStore>::Install(gate_, op->handle.get(), &PsStore::HelpWith);
-    WaitHelperGate<PsStore>::InstallWatched(gate_, op->handle.get(), &PsStore::Watched);
+    WaitHelperGate<PsStore>::Install(gate_, op->handle.get());
   }
   Handle h(op->handle);
   {

@@ -344,7 +344,7 @@ class PsStore : public KVStore, public NodeSumSink {
   bool caller_turns_ = false;           // waiting threads may take the turns (Start)
   std::thread::id io_thread_id_;        // set before the gate opens (Start)
   std::shared_ptr<WaitHelperGate<PsStore>> gate_ =
-      std::make_shared<WaitHelperGate<PsStore>>();
+      std::make_shared<WaitHelperGate<PsStore>>(&PsStore::HelpWith, &PsStore::Watched);
   std::atomic<size_t> max_unanswered_{0};
   absl::Mutex local_mu_;
   std::vector<LocalReducer::Event> local_events_ ABSL_GUARDED_BY(local_mu_);
