@@ -94,11 +94,7 @@ bool AllreduceStore::WaitForRound(absl::Time* claimed) {
   while (true) {
     if (!broken_.ok()) return false;
     if (round_busy_) {  // a waiting thread runs rounds (HelpWith)
-      mu_.Await(absl::Condition(
-          +[](AllreduceStore* s) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return !s->round_busy_ || !s->broken_.ok();
-          },
-          this));
+      round_free_cv_.Wait(&mu_);
       continue;
     }
     const absl::Time at = NextRoundLocked(/*caller=*/false);
@@ -115,13 +111,9 @@ bool AllreduceStore::WaitForRound(absl::Time* claimed) {
       return true;
     }
     if (job_active_ || stopping_) {
-      mu_.AwaitWithDeadline(absl::Condition(
-                                +[](absl::Status* b) { return !b->ok(); }, &broken_),
-                            at);
+      // Until the round is due (a wake-up before it only looks again).
+      wake_cv_.WaitWithDeadline(&mu_, at);
     } else {
-      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return wake_ || !broken_.ok();
-      };
       // With work queued, `at` is when the oldest of it is the executor's; without, within
       // kPollWindow of the last submission, the executor looks again each cycle. Until
       // then submissions leave it asleep (Submit): waking it would only compete with the
@@ -129,10 +121,11 @@ bool AllreduceStore::WaitForRound(absl::Time* claimed) {
       const absl::Time now = absl::Now();
       exec_polling_ = LeavesWorkToCallersLocked() &&
                       (!queued_.empty() || now - last_submit_ < kPollWindow);
-      mu_.AwaitWithDeadline(absl::Condition(&woken),
-                            exec_polling_ && queued_.empty()
-                                ? std::min(at, now + options_.cycle_time)
-                                : at);
+      if (!wake_) {
+        wake_cv_.WaitWithDeadline(&mu_, exec_polling_ && queued_.empty()
+                                            ? std::min(at, now + options_.cycle_time)
+                                            : at);
+      }
       exec_polling_ = false;
       wake_ = false;
     }
@@ -149,11 +142,12 @@ bool AllreduceStore::HoldRound(bool caller, absl::Time claimed) {
   const bool ok = RunRound(caller, claimed, &job_active);
   absl::MutexLock lock(&mu_);
   round_busy_ = false;
+  round_free_cv_.Signal();
   job_active_ = job_active;
   if (queued_.empty()) declined_ = false;  // what a declining thread waited for is done
   // The executor may sleep until an idle tick computed before this round: what is left
   // is its work now (HelpWith runs only rounds due at once), so it re-reads the state.
-  if (caller && (job_active || !queued_.empty())) wake_ = true;
+  if (caller && (job_active || !queued_.empty())) WakeExecutorLocked();
   return ok;
 }
 
@@ -185,7 +179,7 @@ void AllreduceStore::HelpWith(HandleState* state) {
         // on their operations, so later ones are left to them again.
         if (!declined_) {
           declined_ = true;
-          wake_ = true;
+          WakeExecutorLocked();
         }
         return;
       }

@@ -411,7 +411,7 @@ absl::StatusOr<Handle> AllreduceStore::Submit(std::shared_ptr<Op> op) {
   // An executor that polls the queue (waiting threads run the rounds) looks at this one
   // within a cycle anyway; waking it now would only compete with the thread that may
   // wait on it.
-  if (!exec_polling_ || op->in.device == Device::kGPU) wake_ = true;
+  if (!exec_polling_ || op->in.device == Device::kGPU) WakeExecutorLocked();
   last_submit_ = op->submitted;
   queued_.emplace(op->seq, std::move(op));
   return h;
@@ -439,7 +439,7 @@ absl::Status AllreduceStore::Shutdown() {
     if (stopping_) return absl::OkStatus();
     stopping_ = true;
     closed_ = absl::FailedPreconditionError("the store was shut down");
-    wake_ = true;
+    WakeExecutorLocked();
   }
   if (exec_thread_.joinable()) exec_thread_.join();  // finishes, then leaves the job
   absl::Status s;
@@ -493,7 +493,8 @@ void AllreduceStore::BreakLocked(const absl::Status& status) {
   }
   for (auto& b : barriers_) b->Complete(broken_);
   barriers_.clear();
-  wake_ = true;
+  WakeExecutorLocked();
+  round_free_cv_.Signal();
   io_waker_.Wake();
 }
 
