@@ -122,9 +122,10 @@ class HandleState {
   // See WaitHelperGate.
   void SetWaitHelper(std::shared_ptr<WaitHelper> helper, bool watched = false) {
     helper_ = std::move(helper);
-    watched_hook_ = watched;
+    want_watched_ = watched;
   }
-  // The watched hook has run (or would have, had one been set).
+  // Someone followed the operation without waiting on it (whether or not the helper's
+  // Watched was wanted).
   bool watched() const { return watched_.load(std::memory_order_relaxed); }
   // How long Wait() polls before it sleeps, for every handle of this process (the
   // stores set it from Options::spin when created; zero: sleep at once).
@@ -149,7 +150,7 @@ class HandleState {
     if (watch) NoteWatched();
   }
   void NoteWatched() {
-    if (!watched_.exchange(true, std::memory_order_relaxed) && watched_hook_) helper_->Watched();
+    if (!watched_.exchange(true, std::memory_order_relaxed) && want_watched_) helper_->Watched();
   }
 
   absl::Mutex mu_;
@@ -158,7 +159,7 @@ class HandleState {
   std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> done_fast_{false};  // done_, readable without the lock
   std::shared_ptr<WaitHelper> helper_;  // see SetWaitHelper
-  bool watched_hook_ = false;           // helper_->Watched() is wanted (SetWaitHelper)
+  bool want_watched_ = false;           // helper_->Watched() is wanted (SetWaitHelper)
   std::atomic<bool> watched_{false};    // someone followed it without waiting
   absl::Time wait_deadline_ = absl::InfiniteFuture();  // see SetDeadline
   std::string what_;                                    // see SetDeadline

@@ -122,9 +122,11 @@ bool AllreduceStore::WaitForRound(absl::Time* claimed) {
       exec_polling_ = LeavesWorkToCallersLocked() &&
                       (!queued_.empty() || now - last_submit_ < kPollWindow);
       if (!wake_) {
+        exec_awaits_wake_ = true;
         wake_cv_.WaitWithDeadline(&mu_, exec_polling_ && queued_.empty()
                                             ? std::min(at, now + options_.cycle_time)
                                             : at);
+        exec_awaits_wake_ = false;
       }
       exec_polling_ = false;
       wake_ = false;
@@ -140,6 +142,9 @@ void AllreduceStore::ClaimRoundLocked(absl::Time now) {
 bool AllreduceStore::HoldRound(bool caller, absl::Time claimed) {
   bool job_active = false;
   const bool ok = RunRound(caller, claimed, &job_active);
+  // The operations are not the round's any more (the vector's memory stays for the next
+  // round); those already completed and let go by their users are freed here, unlocked.
+  listed_.clear();
   absl::MutexLock lock(&mu_);
   round_busy_ = false;
   round_free_cv_.Signal();
@@ -259,7 +264,6 @@ bool AllreduceStore::RunRound(bool caller, absl::Time now, bool* job_active) {
   stats_.negotiating += t1 - t0;
   stats_.executing += absl::Now() - t1;
   for (auto& op : listed) op->in_round = false;
-  listed.clear();  // the operations are not the round's any more (the memory stays)
   if (!failure.ok()) {
     BreakLocked(failure);
     return false;

@@ -494,6 +494,7 @@ void AllreduceStore::BreakLocked(const absl::Status& status) {
   for (auto& b : barriers_) b->Complete(broken_);
   barriers_.clear();
   WakeExecutorLocked();
+  wake_cv_.Signal();  // also from a wait for a due round
   round_free_cv_.Signal();
   io_waker_.Wake();
 }

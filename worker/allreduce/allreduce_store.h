@@ -194,10 +194,11 @@ class AllreduceStore : public KVStore {
   // Runs one round as the holder (round_busy_ set, at `claimed`), then lets the round go.
   // False: stop. `caller`: a waiting thread, not the executor.
   bool HoldRound(bool caller, absl::Time claimed);
-  // Sets wake_, and wakes the executor if it sleeps on it.
+  // Sets wake_, and wakes the executor if it sleeps until it is set (not while it sleeps
+  // until a due round: there a submission need not wake it).
   void WakeExecutorLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     wake_ = true;
-    wake_cv_.Signal();
+    if (exec_awaits_wake_) wake_cv_.Signal();
   }
   // A thread waiting on `state` (Options::caller_rounds): runs the rounds that are due
   // while the round is free (waiting up to kCallerGrace for a held one to be let go),
@@ -321,10 +322,12 @@ class AllreduceStore : public KVStore {
   bool wake_ ABSL_GUARDED_BY(mu_) = false;      // a submission since the executor looked
   // The executor sleeps on these (WaitForRound), not on conditions of mu_, which every
   // unlock of mu_ by the threads that submit and run the rounds would evaluate:
-  // wake_cv_ is signalled with wake_ (WakeExecutorLocked), round_free_cv_ when a round is
-  // let go, both when the store breaks.
+  // wake_cv_ is signalled with wake_ while the executor waits for it (exec_awaits_wake_,
+  // WakeExecutorLocked), round_free_cv_ when a round is let go, both when the store
+  // breaks.
   absl::CondVar wake_cv_;
   absl::CondVar round_free_cv_;
+  bool exec_awaits_wake_ ABSL_GUARDED_BY(mu_) = false;
   // A thread waited on its operation (HelpWith) since the executor last ran a round for
   // work nobody claimed within kCallerGrace: see the threading notes.
   bool callers_active_ ABSL_GUARDED_BY(mu_) = false;

@@ -49,7 +49,8 @@ class CpuCollectives {
                                  absl::Duration timeout) = 0;
   // The negotiation's exchange: every worker's message, by worker rank. `framed` holds 8
   // bytes for the length, then this worker's message (GlooComm::AllgatherFramed); the
-  // views, in `out` (its memory reused from call to call), stay valid until the next call.
+  // views, in `out`, stay valid until the next call (in shared memory `out` keeps its
+  // memory from call to call; over Gloo it is replaced).
   virtual absl::Status Exchange(std::string* framed, size_t slot_bytes, absl::Duration timeout,
                                 std::vector<absl::string_view>* out) = 0;
   // The next Exchange's receives, posted now when it goes through Gloo.

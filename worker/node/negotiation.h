@@ -57,7 +57,8 @@ absl::string_view OpKindName(OpKind kind);
 // Names longer than this are refused at submission (they travel in every list).
 inline constexpr size_t kMaxNameBytes = 4096;
 
-// One ready operation of one rank.
+// One ready operation of one rank. The store reuses entries from round to round
+// (AllreduceStore::ListMine, ParseInto): a new field must be set in both.
 struct Entry {
   std::string name;
   uint32_t occurrence = 0;  // operations this rank issued on `name` before this one

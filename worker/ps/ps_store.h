@@ -195,7 +195,7 @@ class PsStore : public KVStore, public NodeSumSink {
   // thread for them, or waiting for another waiting thread to let them go) and runs them
   // until the operation completed. Returns at once when it cannot help.
   void HelpWith(HandleState* state);
-  // Someone follows an operation without waiting on it (HandleState's watched hook): the
+  // Someone follows an operation without waiting on it (WaitHelper::Watched): the
   // I/O thread takes the turns for it as soon as they are free, without the grace.
   void Watched() ABSL_LOCKS_EXCLUDED(mu_);
   // Whether an operation queued or in flight is watched (HandleState::watched); by the
