@@ -453,6 +453,20 @@ def test_emulated_cluster_sets_sysctls_in_every_host() -> None:
                              capture_output=True, text=True, timeout=60)
         assert bad.returncode == 2
         assert "--sysctl wants KEY=VALUE, not 'no-equals-sign'" in bad.stderr
+        # A setting the kernel refuses fails `up` half-way (after the bridge and the first
+        # host exist): what it made is removed.
+        refused = subprocess.run(
+            [str(EMULATED_CLUSTER), "up", "--hosts", "2", "--prefix", prefix,
+             "--subnet", f"10.216.{os.getpid() % 250}",
+             "--sysctl", "net.ipv4.tcp_congestion_control=nosuchcc"],
+            capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2, refused.stderr
+        assert "sysctl net.ipv4.tcp_congestion_control=nosuchcc failed" in refused.stderr
+        left = subprocess.run(["ip", "netns", "list"], capture_output=True,
+                              text=True).stdout
+        assert f"{prefix}-h" not in left
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        assert f"{prefix}-" not in links
     finally:
         subprocess.run([str(EMULATED_CLUSTER), "down", "--prefix", prefix],
                        capture_output=True, timeout=60)
