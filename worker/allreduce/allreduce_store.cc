@@ -493,8 +493,8 @@ void AllreduceStore::BreakLocked(const absl::Status& status) {
   }
   for (auto& b : barriers_) b->Complete(broken_);
   barriers_.clear();
-  WakeExecutorLocked();
-  wake_cv_.Signal();  // also from a wait for a due round
+  wake_ = true;
+  wake_cv_.Signal();  // whichever wait the executor is in
   round_free_cv_.Signal();
   io_waker_.Wake();
 }

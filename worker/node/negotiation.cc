@@ -249,16 +249,12 @@ Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
   absl::flat_hash_map<Id, size_t> by_id;
   auto key_of = [&](const Entry& e) -> Key& {
     const Id id(e.name, e.occurrence, e.phase);
-    if (scan) {
-      for (Key& k : keys) {
-        if (k.id == id) return k;
-      }
-    } else if (auto it = by_id.find(id); it != by_id.end()) {
-      return keys[it->second];
-    }
-    if (!scan) by_id.emplace(id, keys.size());
-    keys.push_back(Key{id, absl::InlinedVector<int, 8>(n, -1), 0});
-    return keys.back();
+    const size_t at =
+        scan ? std::find_if(keys.begin(), keys.end(), [&](const Key& k) { return k.id == id; }) -
+                   keys.begin()
+             : by_id.try_emplace(id, keys.size()).first->second;
+    if (at == keys.size()) keys.push_back(Key{id, absl::InlinedVector<int, 8>(n, -1), 0});
+    return keys[at];
   };
   for (int r = 0; r < n; ++r) {
     if (lists[r].leaving) plan.leaving.push_back(r);
