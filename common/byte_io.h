@@ -1,6 +1,7 @@
 // Fixed-layout messages between processes of one build on one host (shared-memory
-// exchanges): fields in host byte order, appended by Put and read back by ByteReader,
-// which refuses to read past the end (the bytes came from another process).
+// exchanges): fields in host byte order, appended by Put (or written by ByteWriter into
+// memory sized beforehand) and read back by ByteReader, which refuses to read past the end
+// (the bytes came from another process).
 #ifndef HYBRIDPS_COMMON_BYTE_IO_H_
 #define HYBRIDPS_COMMON_BYTE_IO_H_
 
@@ -17,6 +18,29 @@ void Put(std::string* out, T v) {
   static_assert(std::is_trivially_copyable_v<T>);
   out->append(reinterpret_cast<const char*>(&v), sizeof v);
 }
+
+// Writes fields at `out` one after another. The caller sized the memory for what it
+// writes (no bounds are checked): the message's length is computed before it is written.
+class ByteWriter {
+ public:
+  explicit ByteWriter(char* out) : at_(out) {}
+  template <typename T>
+  void Put(T v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    std::memcpy(at_, &v, sizeof v);
+    at_ += sizeof v;
+  }
+  void Append(absl::string_view bytes) {
+    if (!bytes.empty()) std::memcpy(at_, bytes.data(), bytes.size());
+    at_ += bytes.size();
+  }
+  void Zeros(size_t n) {
+    std::memset(at_, 0, n);
+    at_ += n;
+  }
+ private:
+  char* at_;
+};
 
 class ByteReader {
  public:

@@ -12,8 +12,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/spin.h"
 
 namespace hybridps {
@@ -70,8 +70,8 @@ class HandleState {
     // Options::spin: poll for a while before sleeping (see SetWaitSpin).
     const int64_t spin_ns = wait_spin_ns_.load(std::memory_order_relaxed);
     if (spin_ns > 0 && !done_fast_.load(std::memory_order_acquire)) {
-      const absl::Time until = absl::Now() + absl::Nanoseconds(spin_ns);
-      while (!done_fast_.load(std::memory_order_acquire) && absl::Now() < until) CpuRelax();
+      const absl::Time until = WallNow() + absl::Nanoseconds(spin_ns);
+      while (!done_fast_.load(std::memory_order_acquire) && WallNow() < until) CpuRelax();
     }
     absl::MutexLock lock(&mu_);
     if (!mu_.AwaitWithDeadline(absl::Condition(&done_), wait_deadline_)) {

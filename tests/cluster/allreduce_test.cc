@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "tests/cluster/local_cluster.h"
 #include "tests/cluster/push_pull_in_turn.h"
@@ -24,6 +25,7 @@
 #include "gloo/rendezvous/hash_store.h"
 #include "worker/allreduce/allreduce_store.h"
 #include "worker/comm/gloo_comm.h"
+#include "worker/node/shm_allreduce.h"
 
 namespace hybridps::testing {
 namespace {
@@ -457,6 +459,48 @@ TEST(AllreduceTest, OneHostReducesInSharedMemoryAsRankZeroSays) {
       EXPECT_EQ(s.shm_allreduces, k.shm ? s.allreduces : 0u) << "worker " << w;
     }
   }
+}
+
+// On one host each rank writes its negotiation message straight into its exchange area
+// when it fits there. A round in which rank 0's message does not (70 names of 4,000
+// bytes) and rank 1's does (one name) goes through Gloo on both: rank 1 sends the message
+// it wrote in place. Rank 1 submits only after rank 0 has queued all 70, so the round that
+// runs the first one lists all of rank 0's; every sum exact.
+TEST(AllreduceTest, ARoundWithOneMessageTooBigForSharedMemoryGoesThroughGloo) {
+  auto cluster = StartAllreduce(2, 64 << 20, 1, [](ClusterConfig* c) { c->local_size = 2; });
+  ASSERT_NE(cluster, nullptr);
+  constexpr int kTensors = 70;
+  constexpr size_t kNameBytes = 4000;
+  static_assert(kTensors * kNameBytes > ShmAllreduce::kMessageBytes);
+  auto name = [](int i) { return absl::StrCat(i, "/", std::string(kNameBytes, 'n')); };
+  absl::Notification queued;
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    std::vector<Buffer> bufs;
+    for (int i = 0; i < kTensors; ++i) bufs.emplace_back(DType::kFloat32, 16);
+    std::vector<Handle> handles;
+    if (rank == 1) {
+      ASSERT_TRUE(queued.WaitForNotificationWithTimeout(absl::Seconds(120)));
+    }
+    for (int i = 0; i < kTensors; ++i) {
+      bufs[i].Fill(rank, 0, i);
+      auto h = kv->PushPullAsync(name(i), bufs[i].view(), bufs[i].view());
+      ASSERT_OK(h);
+      handles.push_back(*h);
+      if (rank == 1 && i == 0) {
+        ASSERT_OK(handles[0].Wait());  // alone in rank 1's list
+      }
+    }
+    if (rank == 0) queued.Notify();
+    for (auto& h : handles) ASSERT_OK(h.Wait());
+    for (int i = 0; i < kTensors; ++i) {
+      for (size_t k = 0; k < 16; ++k) {
+        ASSERT_EQ(bufs[i].at(k), Value(k, 0, 0, i) + Value(k, 1, 0, i)) << i << " " << k;
+      }
+    }
+  });
+  // The job's collectives are the shared-memory ones (so its exchanges were too).
+  PushPullSizes(*cluster, {100000});
+  EXPECT_GT(StatsOf(cluster->worker(0)).shm_allreduces, 0u);
 }
 
 // Hierarchical jobs of 3 nodes: the nodes' leaders allreduce directly (a 256 KiB

@@ -86,6 +86,39 @@ TEST(NegotiationTest, RoundTripKeepsEveryFieldAndAlignsPayloads) {
   EXPECT_EQ(p->entries[1].root, 1);
 }
 
+// SerializeTo writes exactly SerializedBytes(list) bytes, the same as Serialize (which
+// appends them), for lists with names and payloads of every length modulo 8 and shapes.
+TEST(NegotiationTest, SerializingInPlaceWritesExactlyTheMeasuredBytes) {
+  const std::string data(64, '\x5a');
+  for (size_t name_len : {1, 7, 8, 9, 16}) {
+    for (size_t payload : {0, 4, 12, 16, 20}) {
+      RankList l;
+      l.leaving = payload == 4;
+      Entry e = PushPull(std::string(name_len, 'n'), payload / 4 + 1, DType::kFloat32, 3, 9);
+      e.has_payload = payload > 0;
+      e.payload = absl::string_view(data.data(), payload);
+      const int64_t dims[2] = {static_cast<int64_t>(payload / 4 + 1), 1};
+      if (name_len % 2 == 1) e.shape = TensorShape::Of(dims, 2);
+      l.entries = {e, Bcast("b", 2, 1), e};
+      l.entries[2].name += "2";
+      std::string appended = "prefix";
+      Serialize(l, 1, &appended);
+      const size_t bytes = SerializedBytes(l);
+      ASSERT_EQ(appended.size(), 6 + bytes) << name_len << " " << payload;
+      std::string in_place(bytes + 8, '\x7f');  // the 8 after it must stay as they were
+      SerializeTo(l, 1, in_place.data());
+      EXPECT_EQ(in_place.substr(0, bytes), appended.substr(6)) << name_len << " " << payload;
+      EXPECT_EQ(in_place.substr(bytes), std::string(8, '\x7f')) << name_len << " " << payload;
+      auto p = Parse(absl::string_view(in_place).substr(0, bytes), 1);
+      ASSERT_OK(p);
+      ASSERT_EQ(p->entries.size(), 3u);
+      EXPECT_EQ(p->entries[2].name, e.name + "2");
+      EXPECT_EQ(p->entries[2].payload, e.has_payload ? e.payload : absl::string_view());
+      EXPECT_EQ(p->leaving, l.leaving);
+    }
+  }
+}
+
 TEST(NegotiationTest, MalformedMessagesAreRefusedNotTrusted) {
   RankList l;
   l.entries = {PushPull("w", 10)};

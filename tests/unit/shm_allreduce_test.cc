@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -85,8 +86,9 @@ TEST(ShmAllreduceTest, ExactSumsInEveryDTypeAcrossChunks) {
 
 // The negotiation's exchange: every rank's message by local rank, the views of one call
 // valid until the rank's next call (two areas take turns; the others may be a call ahead
-// by then), interleaved with allreduces; a message too big for an area is
-// ResourceExhausted on every rank alike.
+// by then), interleaved with allreduces, some messages written in place
+// (AllgatherWritten); a message too big for an area is ResourceExhausted on every rank
+// alike.
 TEST(ShmAllreduceTest, AllgatherGivesEveryRanksMessageAndRefusesTooBigOnesEverywhere) {
   constexpr int kRanks = 3;
   std::vector<absl::StatusCode> too_big(kRanks);
@@ -101,13 +103,21 @@ TEST(ShmAllreduceTest, AllgatherGivesEveryRanksMessageAndRefusesTooBigOnesEveryw
         ASSERT_EQ(previous[k], msg(k, round - 1)) << "round " << round << " rank " << k;
       }
       const std::string mine = msg(r, round);
-      auto got = s->Allgather(mine, absl::Seconds(20));
-      ASSERT_OK(got);
-      ASSERT_EQ(got->size(), static_cast<size_t>(kRanks));
-      for (int k = 0; k < kRanks; ++k) {
-        ASSERT_EQ((*got)[k], msg(k, round)) << "round " << round << " rank " << k;
+      std::vector<absl::string_view> got;
+      if ((r + round) % 2 == 0) {  // written in place by this rank, copied by the others
+        std::memcpy(s->NextMessage(), mine.data(), mine.size());
+        for (int k = 0; k < kRanks && round > 0; ++k) {  // another area than the last call's
+          ASSERT_EQ(previous[k], msg(k, round - 1)) << "round " << round << " rank " << k;
+        }
+        ASSERT_OK(s->AllgatherWritten(mine.size(), absl::Seconds(20), &got));
+      } else {
+        ASSERT_OK(s->Allgather(mine, absl::Seconds(20), &got));
       }
-      previous = *got;
+      ASSERT_EQ(got.size(), static_cast<size_t>(kRanks));
+      for (int k = 0; k < kRanks; ++k) {
+        ASSERT_EQ(got[k], msg(k, round)) << "round " << round << " rank " << k;
+      }
+      previous = got;
       if (round % 3 == 0) {  // allreduces between exchanges use other memory
         float x[100];
         for (float& v : x) v = static_cast<float>(r);
@@ -116,8 +126,15 @@ TEST(ShmAllreduceTest, AllgatherGivesEveryRanksMessageAndRefusesTooBigOnesEveryw
         for (int k = 0; k < kRanks; ++k) ASSERT_EQ(previous[k], msg(k, round));
       }
     }
+    // Rank 1's is too big; rank 2 wrote its own in place.
     const std::string big(r == 1 ? ShmAllreduce::kExchangeBytes : 10, 'x');
-    too_big[r] = s->Allgather(big, absl::Seconds(20)).status().code();
+    if (r == 2) {
+      std::memcpy(s->NextMessage(), big.data(), big.size());
+      std::vector<absl::string_view> got;
+      too_big[r] = s->AllgatherWritten(big.size(), absl::Seconds(20), &got).code();
+    } else {
+      too_big[r] = s->Allgather(big, absl::Seconds(20)).status().code();
+    }
     // Still usable afterwards.
     auto after = s->Allgather("after", absl::Seconds(20));
     ASSERT_OK(after);
@@ -198,6 +215,25 @@ TEST(ShmAllreduceTest, ARankThatNeverArrivesIsNamedAtTheDeadline) {
     named = named || absl::StrContains(got[r].message(), "local rank 2 did not arrive");
   }
   EXPECT_TRUE(named) << got[0] << " / " << got[1];
+}
+
+// A caller that claims more bytes in place than the area holds gets an internal error,
+// and the peers' exchange fails at once with it instead of waiting for their timeout.
+TEST(ShmAllreduceTest, AnInPlaceMessageOverTheRoomFailsEveryRankAtOnce) {
+  std::vector<absl::Status> got(2);
+  OnRanks(Name("over-room"), 2, [&](int r, ShmAllreduce* s) {
+    std::vector<absl::string_view> all;
+    const absl::Time t0 = absl::Now();
+    got[r] = r == 0 ? s->AllgatherWritten(ShmAllreduce::kMessageBytes + 1, absl::Seconds(60),
+                                          &all)
+                    : s->Allgather("mine", absl::Seconds(60), &all);
+    EXPECT_LT(absl::Now() - t0, absl::Seconds(30)) << r;
+  });
+  EXPECT_EQ(got[0].code(), absl::StatusCode::kInternal) << got[0];
+  EXPECT_TRUE(absl::StrContains(got[0].message(), "written in place")) << got[0];
+  // Named by local rank (the reason may not be in the segment yet when the flag is seen).
+  EXPECT_FALSE(got[1].ok());
+  EXPECT_TRUE(absl::StrContains(got[1].message(), "local rank 0")) << got[1];
 }
 
 // The negotiation's exchange counts its timeout from when it stops spinning: it still

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/reduce.h"
 #include "common/status.h"
@@ -98,7 +99,7 @@ bool AllreduceStore::WaitForRound(absl::Time* claimed) {
       continue;
     }
     const absl::Time at = NextRoundLocked(/*caller=*/false);
-    if (const absl::Time now = absl::Now(); now >= at) {
+    if (const absl::Time now = WallNow(); now >= at) {
       // New work nobody claimed within the grace: its submitter does not wait on it, so
       // later submissions wake the executor at once. (Not when no grace was offered:
       // a waiting thread declined, or the store has GPU tensors.)
@@ -118,7 +119,7 @@ bool AllreduceStore::WaitForRound(absl::Time* claimed) {
       // kPollWindow of the last submission, the executor looks again each cycle. Until
       // then submissions leave it asleep (Submit): waking it would only compete with the
       // threads that wait on them.
-      const absl::Time now = absl::Now();
+      const absl::Time now = WallNow();
       exec_polling_ = LeavesWorkToCallersLocked() &&
                       (!queued_.empty() || now - last_submit_ < kPollWindow);
       if (!wake_) {
@@ -177,7 +178,7 @@ void AllreduceStore::HelpWith(HandleState* state) {
         mu_.AwaitWithTimeout(absl::Condition(&free), kCallerGrace);
         if (state->DoneFast()) return;
       }
-      now = absl::Now();
+      now = WallNow();
       if (round_busy_ || stopping_ || !broken_.ok() || now < NextRoundLocked(/*caller=*/true)) {
         // This thread sleeps until its operation completes: the executor must not leave
         // the operation to it (it runs its round as soon as one is due). Threads do wait
@@ -230,8 +231,11 @@ bool AllreduceStore::RunRound(bool caller, absl::Time now, bool* job_active) {
   std::vector<nego::RankList>& lists = lists_;
   mine.leaving = ListHeads(caller, now, &listed);
   ListMine(listed, now, &mine);
-  absl::Time t0, t1;  // around the exchange itself (stats_.negotiating)
-  absl::Status failure = GatherLists(mine, &lists, &t0, &t1);
+  // The negotiation runs from the round's start to the end of the exchange
+  // (stats_.negotiating and the timeline's span).
+  const absl::Time t0 = now;
+  absl::Time t1;
+  absl::Status failure = GatherLists(mine, &lists, &t1);
   nego::Plan plan;
   if (failure.ok()) {
     plan = nego::Decide(lists, rank_, fusion_bytes_, fusion_max_tensor_bytes_);
@@ -253,7 +257,7 @@ bool AllreduceStore::RunRound(bool caller, absl::Time now, bool* job_active) {
                      << " bytes), "
                      << plan.actions.size() << " actions for " << runs << " operations, "
                      << plan.missing.size() << " not ready here, " << plan.foreign.size()
-                     << " not submitted here; allgather " << absl::FormatDuration(t1 - t0);
+                     << " not submitted here; negotiation " << absl::FormatDuration(t1 - t0);
     }
     failure = RunPlan(plan, listed);
     Warn(plan, listed, now);
@@ -262,7 +266,7 @@ bool AllreduceStore::RunRound(bool caller, absl::Time now, bool* job_active) {
   absl::MutexLock lock(&mu_);
   ++stats_.rounds;
   stats_.negotiating += t1 - t0;
-  stats_.executing += absl::Now() - t1;
+  stats_.executing += WallNow() - t1;
   for (auto& op : listed) op->in_round = false;
   if (!failure.ok()) {
     BreakLocked(failure);
@@ -379,15 +383,22 @@ void AllreduceStore::ListMine(const std::vector<std::shared_ptr<Op>>& listed, ab
 }
 
 absl::Status AllreduceStore::GatherLists(const nego::RankList& mine,
-                                         std::vector<nego::RankList>* lists, absl::Time* t0,
-                                         absl::Time* t1) {
-  // Framed for AllgatherFramed (8 bytes for the length, then the message): the eager
-  // payloads are copied once, here, and sent from this buffer, kept from round to round.
-  msg_.assign(sizeof(uint64_t), '\0');
-  nego::Serialize(mine, rank_, &msg_);
-  *t0 = absl::Now();
-  const absl::Status exchanged = cpu_->Exchange(&msg_, slot_bytes_, gloo_timeout_, &gathered_);
-  *t1 = absl::Now();
+                                         std::vector<nego::RankList>* lists, absl::Time* t1) {
+  // The eager payloads are copied into the message: in shared memory straight into this
+  // rank's exchange area; otherwise into a buffer kept from round to round, framed for
+  // AllgatherFramed (8 bytes for the length, then the message), and sent from there.
+  const absl::Span<char> room = cpu_->ExchangeRoom();
+  const size_t bytes = nego::SerializedBytes(mine);
+  absl::Status exchanged;
+  if (bytes <= room.size()) {
+    nego::SerializeTo(mine, rank_, room.data());
+    exchanged = cpu_->ExchangeWritten(bytes, slot_bytes_, gloo_timeout_, &gathered_);
+  } else {
+    msg_.resize(sizeof(uint64_t) + bytes);  // the length is AllgatherFramed's to write
+    nego::SerializeTo(mine, rank_, msg_.data() + sizeof(uint64_t));
+    exchanged = cpu_->Exchange(&msg_, slot_bytes_, gloo_timeout_, &gathered_);
+  }
+  *t1 = WallNow();
   RETURN_IF_ERROR(exchanged);
   size_t largest = 0;
   lists->resize(num_workers_);
@@ -409,7 +420,7 @@ absl::Status AllreduceStore::RunPlan(const nego::Plan& plan,
   for (const nego::Action& a : plan.actions) {
     if (!failure.ok()) break;
     const bool recording = Recording(timeline_);  // once: StartTimeline may come meanwhile
-    const absl::Time start = recording ? absl::Now() : absl::InfinitePast();
+    const absl::Time start = recording ? WallNow() : absl::InfinitePast();
     if (recording && a.type != nego::Action::Type::kFail) {
       for (size_t i : a.entries) {  // from its submission until every rank had it
         const Op* op = listed[i].get();
@@ -429,7 +440,7 @@ absl::Status AllreduceStore::RunPlan(const nego::Plan& plan,
                                          "'")
                           : absl::StrCat(kKind[static_cast<int>(a.type)], " of ",
                                          a.entries.size(), " tensors from '", first->name, "'"),
-                      "collective", start, absl::Now(), 1,
+                      "collective", start, WallNow(), 1,
                       absl::StrCat("\"bytes\": ", bytes, ", \"tensors\": ", a.entries.size()));
     }
   }
@@ -475,7 +486,7 @@ void AllreduceStore::Finish(Op* op, absl::Status status) {
   }
   if (Recording(timeline_)) {
     timeline_->Span(op->Describe(), status.ok() ? "operation" : "failed operation",
-                    op->submitted, absl::Now(), 0,
+                    op->submitted, WallNow(), 0,
                     absl::StrCat("\"bytes\": ", op->in.bytes()));
   }
   absl::MutexLock lock(&mu_);
@@ -534,16 +545,16 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
   } else {
     // Pack, reduce once, unpack.
     if (fusion_.size() < a.total_count * es) fusion_.resize(a.total_count * es);
-    const absl::Time packing = Recording(timeline_) ? absl::Now() : absl::InfinitePast();
+    const absl::Time packing = Recording(timeline_) ? WallNow() : absl::InfinitePast();
     size_t offset = 0;
     for (size_t i : a.entries) {
       const Op* op = listed[i].get();
       if (op->in.count > 0) std::memcpy(fusion_.data() + offset, op->in.data, op->in.bytes());
       offset += op->in.bytes();
     }
-    const absl::Time packed = Recording(timeline_) ? absl::Now() : absl::InfinitePast();
+    const absl::Time packed = Recording(timeline_) ? WallNow() : absl::InfinitePast();
     s = allreduce(fusion_.data(), fusion_.data(), a.total_count);
-    const absl::Time reduced = Recording(timeline_) ? absl::Now() : absl::InfinitePast();
+    const absl::Time reduced = Recording(timeline_) ? WallNow() : absl::InfinitePast();
     offset = 0;
     for (size_t i : a.entries) {
       Op* op = listed[i].get();
@@ -557,7 +568,7 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
                                             a.entries.size());
       timeline_->Span("into the fusion buffer", "fusion copy", packing, packed, 1, args);
       if (s.ok()) {
-        timeline_->Span("out of the fusion buffer", "fusion copy", reduced, absl::Now(), 1,
+        timeline_->Span("out of the fusion buffer", "fusion copy", reduced, WallNow(), 1,
                         args);
       }
     }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/transport.h"
@@ -389,7 +390,7 @@ absl::StatusOr<Handle> AllreduceStore::Submit(std::shared_ptr<Op> op) {
     return absl::InvalidArgumentError(absl::StrCat("tensor name of ", op->name.size(),
                                                    " bytes (at most ", nego::kMaxNameBytes, ")"));
   }
-  op->submitted = absl::Now();
+  op->submitted = WallNow();
   op->deadline = op->submitted + options_.op_timeout;
   // A negotiation exchange and a collective under way at the deadline run to their own
   // timeouts before the executor fails the operation. The description is formatted only

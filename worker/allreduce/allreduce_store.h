@@ -129,7 +129,7 @@ class AllreduceStore : public KVStore {
     uint64_t nccl_groups = 0;    // NCCL launches (a group of a fused bucket counts once)
     uint64_t nccl_tensors = 0;   // GPU tensors reduced or broadcast through NCCL
     uint64_t eager_probes = 0;   // 1 when the eager probe ran at the start
-    absl::Duration negotiating;  // in the rounds' allgathers
+    absl::Duration negotiating;  // rounds' listing and exchanges
     absl::Duration executing;    // running what the rounds decided
   };
   Stats stats() const;
@@ -211,13 +211,12 @@ class AllreduceStore : public KVStore {
   // RunRound's parts: the oldest operation of each name, taken into the round (true: this
   // rank is leaving and has nothing left); this rank's list with the payloads that go
   // along; every rank's list, gathered and parsed (and the next round's slot size; the
-  // exchange itself runs from *t0 to *t1); what the plan runs.
+  // exchange ends at *t1); what the plan runs.
   bool ListHeads(bool caller, absl::Time now, std::vector<std::shared_ptr<Op>>* listed);
   void ListMine(const std::vector<std::shared_ptr<Op>>& listed, absl::Time now,
                 negotiation::RankList* mine);
   absl::Status GatherLists(const negotiation::RankList& mine,
-                           std::vector<negotiation::RankList>* lists, absl::Time* t0,
-                           absl::Time* t1);
+                           std::vector<negotiation::RankList>* lists, absl::Time* t1);
   absl::Status RunPlan(const negotiation::Plan& plan,
                        const std::vector<std::shared_ptr<Op>>& listed);
   absl::Status Execute(const negotiation::Action& action,
@@ -294,7 +293,8 @@ class AllreduceStore : public KVStore {
   size_t slot_bytes_;
   std::deque<size_t> recent_sizes_;  // largest negotiation message of the last rounds
   std::string fusion_;  // the fusion buffer
-  std::string msg_;     // this round's negotiation message, framed (AllgatherFramed)
+  std::string msg_;     // a round's negotiation message, framed (AllgatherFramed), when it
+                        // does not go in place (CpuCollectives::ExchangeRoom)
   // A round's lists, kept with their memory from round to round (RunRound): this rank's
   // operations in it, its list, everyone's messages and everyone's lists parsed.
   std::vector<std::shared_ptr<Op>> listed_;

@@ -75,21 +75,39 @@ class SharedMemoryCollectives : public GlooCollectives {
                         std::vector<absl::string_view>* out) override {
     const absl::Status s =
         node_->Allgather(absl::string_view(*framed).substr(sizeof(uint64_t)), timeout, &local_);
-    if (s.ok()) {
-      out->resize(members_.size());
-      for (size_t lr = 0; lr < local_.size(); ++lr) (*out)[members_[lr]] = local_[lr];
-      return s;
-    }
-    if (s.code() != absl::StatusCode::kResourceExhausted) return s;
+    if (s.code() != absl::StatusCode::kResourceExhausted) return ByWorker(s, out);
     return GlooCollectives::Exchange(framed, slot_bytes, timeout, out);
+  }
+  absl::Span<char> ExchangeRoom() override {
+    return absl::Span<char>(node_->NextMessage(), ShmAllreduce::kMessageBytes);
+  }
+  absl::Status ExchangeWritten(size_t bytes, size_t slot_bytes, absl::Duration timeout,
+                               std::vector<absl::string_view>* out) override {
+    const char* mine = node_->NextMessage();
+    const absl::Status s = node_->AllgatherWritten(bytes, timeout, &local_);
+    if (s.code() != absl::StatusCode::kResourceExhausted) return ByWorker(s, out);
+    // Another rank's message did not fit: this one, still in its area (nobody writes
+    // there before this rank's next exchange), goes through Gloo with theirs.
+    framed_.assign(sizeof(uint64_t), '\0');
+    framed_.append(mine, bytes);
+    return GlooCollectives::Exchange(&framed_, slot_bytes, timeout, out);
   }
   void PostNextExchange(size_t) override {}  // the next exchange is the segment's
   void Abort(const absl::Status& why) override { node_->Abort(why); }
 
  private:
+  // The segment's exchange `s`, on success from local_ into `out` by worker rank.
+  absl::Status ByWorker(const absl::Status& s, std::vector<absl::string_view>* out) {
+    if (!s.ok()) return s;
+    out->resize(members_.size());
+    for (size_t lr = 0; lr < local_.size(); ++lr) (*out)[members_[lr]] = local_[lr];
+    return s;
+  }
+
   std::unique_ptr<ShmAllreduce> node_;
   std::vector<int> members_;  // the worker rank of each local rank
   std::vector<absl::string_view> local_;  // Exchange's, by local rank
+  std::string framed_;  // ExchangeWritten's message when it goes through Gloo
 };
 
 class HierarchicalCollectives : public GlooCollectives {

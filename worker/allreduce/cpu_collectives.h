@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/dtype.h"
 #include "worker/comm/gloo_comm.h"
 #include "worker/node/shm_allreduce.h"
@@ -53,6 +54,16 @@ class CpuCollectives {
   // memory from call to call; over Gloo it is replaced).
   virtual absl::Status Exchange(std::string* framed, size_t slot_bytes, absl::Duration timeout,
                                 std::vector<absl::string_view>* out) = 0;
+  // Room to write this worker's next Exchange message in place (then ExchangeWritten), or
+  // an empty span where the exchange sends it from the caller's buffer (Gloo).
+  virtual absl::Span<char> ExchangeRoom() { return {}; }
+  // Exchange of the `bytes` this worker wrote at ExchangeRoom() (unframed; at most its
+  // size): the same results as Exchange.
+  virtual absl::Status ExchangeWritten(size_t /*bytes*/, size_t /*slot_bytes*/,
+                                       absl::Duration /*timeout*/,
+                                       std::vector<absl::string_view>* /*out*/) {
+    return absl::InternalError("this exchange takes no message in place");
+  }
   // The next Exchange's receives, posted now when it goes through Gloo.
   virtual void PostNextExchange(size_t slot_bytes) = 0;
   // Ends what runs (any thread): the collective in progress fails with `why`.

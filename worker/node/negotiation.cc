@@ -109,36 +109,53 @@ std::string Entry::Shape() const {
   return s;
 }
 
-void Serialize(const RankList& list, int rank, std::string* out) {
-  Put(out, kMagic);
-  Put(out, kVersion);
-  Put(out, static_cast<uint16_t>(list.leaving ? kFlagLeaving : 0));
-  Put(out, static_cast<int32_t>(rank));
-  Put(out, static_cast<uint32_t>(list.entries.size()));
+size_t SerializedBytes(const RankList& list) {
+  size_t bytes = kHeaderBytes;
   for (const Entry& e : list.entries) {
-    Put(out, e.occurrence);
-    Put(out, static_cast<uint8_t>(e.kind));
-    Put(out, static_cast<uint8_t>(e.dtype));
-    Put(out, static_cast<uint8_t>(e.has_payload ? 1 : 0));
-    Put(out, static_cast<uint8_t>(e.gpu ? 1 : 0));
-    Put(out, e.root);
-    Put(out, e.priority);
-    Put(out, e.age_ms);
-    Put(out, static_cast<uint32_t>(e.name.size()));
-    Put(out, e.count);
-    Put(out, static_cast<uint64_t>(e.has_payload ? e.payload.size() : 0));
-    Put(out, static_cast<uint64_t>(e.has_payload ? e.payload_offset : 0));
-    Put(out, e.phase);
-    Put(out, static_cast<uint8_t>(e.shape.ndim));
-    out->append(kReservedBytes, '\0');
-    out->append(e.name);
-    out->append(PadOf(e.name.size()), '\0');
-    for (int d = 0; d < e.shape.ndim; ++d) Put(out, e.shape.dims[d]);
+    bytes += kEntryBytes + e.name.size() + PadOf(e.name.size()) +
+             sizeof(e.shape.dims[0]) * static_cast<size_t>(e.shape.ndim);
+    if (e.has_payload) bytes += e.payload.size() + PadOf(e.payload.size());
+  }
+  return bytes;
+}
+
+void SerializeTo(const RankList& list, int rank, char* out) {
+  ByteWriter w(out);
+  w.Put(kMagic);
+  w.Put(kVersion);
+  w.Put(static_cast<uint16_t>(list.leaving ? kFlagLeaving : 0));
+  w.Put(static_cast<int32_t>(rank));
+  w.Put(static_cast<uint32_t>(list.entries.size()));
+  for (const Entry& e : list.entries) {
+    w.Put(e.occurrence);
+    w.Put(static_cast<uint8_t>(e.kind));
+    w.Put(static_cast<uint8_t>(e.dtype));
+    w.Put(static_cast<uint8_t>(e.has_payload ? 1 : 0));
+    w.Put(static_cast<uint8_t>(e.gpu ? 1 : 0));
+    w.Put(e.root);
+    w.Put(e.priority);
+    w.Put(e.age_ms);
+    w.Put(static_cast<uint32_t>(e.name.size()));
+    w.Put(e.count);
+    w.Put(static_cast<uint64_t>(e.has_payload ? e.payload.size() : 0));
+    w.Put(static_cast<uint64_t>(e.has_payload ? e.payload_offset : 0));
+    w.Put(e.phase);
+    w.Put(static_cast<uint8_t>(e.shape.ndim));
+    w.Zeros(kReservedBytes);
+    w.Append(e.name);
+    w.Zeros(PadOf(e.name.size()));
+    for (int d = 0; d < e.shape.ndim; ++d) w.Put(e.shape.dims[d]);
     if (e.has_payload) {
-      out->append(e.payload.data(), e.payload.size());
-      out->append(PadOf(e.payload.size()), '\0');
+      w.Append(e.payload);
+      w.Zeros(PadOf(e.payload.size()));
     }
   }
+}
+
+void Serialize(const RankList& list, int rank, std::string* out) {
+  const size_t at = out->size();
+  out->resize(at + SerializedBytes(list));
+  SerializeTo(list, rank, out->data() + at);
 }
 
 absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank) {

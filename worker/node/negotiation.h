@@ -9,8 +9,9 @@
 //
 // Rules:
 // - An operation is keyed by (name, occurrence, phase): the k-th operation a rank issued
-//   on a name matches the k-th of every other rank in the same phase. Only the oldest pending operation of a
-//   name is listed, so operations on one name run in the order they were issued.
+//   on a name matches the k-th of every other rank in the same phase. Only the oldest
+//   pending operation of a name is listed, so operations on one name run in the order they
+//   were issued.
 // - A key listed by every rank with the same kind, dtype, count, shape (where given),
 //   device kind (CPU or GPU: the ranks' tensors must be on the same kind of device) and
 //   root is ready; with
@@ -100,6 +101,11 @@ struct RankList {
 // Appends the wire form of `list` to `out`. The result is at least kHeaderBytes long.
 void Serialize(const RankList& list, int rank, std::string* out);
 inline constexpr size_t kHeaderBytes = 16;
+// The length of the wire form of `list`.
+size_t SerializedBytes(const RankList& list);
+// Writes the wire form of `list` at `out`, which has room for SerializedBytes(list) bytes
+// (a message written straight into a shared-memory exchange area).
+void SerializeTo(const RankList& list, int rank, char* out);
 // Parses what rank `rank` sent. Payload views point into `bytes`, which must outlive
 // the result.
 absl::StatusOr<RankList> Parse(absl::string_view bytes, int rank);

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/clock.h"
 #include "common/partition.h"
 #include "common/reduce.h"
 #include "common/status.h"
@@ -28,6 +29,7 @@ namespace {
 constexpr uint64_t kMagic = 0x6879627073617273ull;  // "hybpsars"
 constexpr int kMaxLocal = 256;
 constexpr size_t kReasonBytes = 512;  // of an abort's error, shared with the other ranks
+constexpr uint64_t kTooBig = ~uint64_t{0};  // an exchange's length: the message did not fit
 constexpr size_t kPage = 4096;
 // Spins before a barrier yields: a few microseconds, less than a futex round trip, and
 // short enough not to starve the rank it waits for on a machine with few cores.
@@ -138,7 +140,7 @@ absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Open(const std::stri
     return s;
   };
   while (h->magic.load(std::memory_order_acquire) != kMagic) {
-    if (absl::Now() >= deadline) {
+    if (WallNow() >= deadline) {
       return fail(absl::DeadlineExceededError(
           absl::StrCat("shared-memory allreduce: ", name, " was never initialised")));
     }
@@ -152,7 +154,7 @@ absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Open(const std::stri
   }
   h->attached.fetch_add(1, std::memory_order_acq_rel);
   while (h->attached.load(std::memory_order_acquire) < static_cast<uint32_t>(local_size)) {
-    if (absl::Now() >= deadline) {
+    if (WallNow() >= deadline) {
       return fail(absl::DeadlineExceededError(absl::StrCat(
           "shared-memory allreduce: ", h->attached.load(), " of ", local_size,
           " local ranks attached to ", name, " in time")));
@@ -194,15 +196,29 @@ absl::StatusOr<std::vector<absl::string_view>> ShmAllreduce::Allgather(
 
 absl::Status ShmAllreduce::Allgather(absl::string_view mine, absl::Duration timeout,
                                      std::vector<absl::string_view>* all) {
+  const bool fits = mine.size() <= kMessageBytes;
+  if (fits) std::memcpy(NextMessage(), mine.data(), mine.size());
+  return Gather(fits ? mine.size() : kTooBig, timeout, all);
+}
+
+absl::Status ShmAllreduce::AllgatherWritten(size_t bytes, absl::Duration timeout,
+                                            std::vector<absl::string_view>* all) {
+  if (bytes > kMessageBytes) {
+    // The caller's mistake: the peers must not wait for this rank until their timeout.
+    return Failed(absl::InternalError(absl::StrCat(
+        "shared-memory allreduce: a negotiation message of ", bytes,
+        " bytes written in place (room: ", kMessageBytes, ")")));
+  }
+  return Gather(bytes, timeout, all);
+}
+
+absl::Status ShmAllreduce::Gather(uint64_t len, absl::Duration timeout,
+                                  std::vector<absl::string_view>* all) {
   // Two areas take turns: a rank writes area p again only after the next exchange's
   // barrier, which a rank reaches after it is done with what it read from area p (the
   // store reads a round's messages only in that round).
   const int parity = static_cast<int>(exchanges_++ % 2);
-  constexpr uint64_t kTooBig = ~uint64_t{0};
-  const uint64_t len = mine.size() + sizeof(uint64_t) <= kExchangeBytes ? mine.size() : kTooBig;
-  char* own = ExchangeArea(parity, local_rank_);
-  std::memcpy(own, &len, sizeof len);
-  if (len != kTooBig) std::memcpy(own + sizeof len, mine.data(), mine.size());
+  std::memcpy(ExchangeArea(parity, local_rank_), &len, sizeof len);
   RETURN_IF_ERROR(Barrier(Until{absl::InfiniteFuture(), timeout}, "negotiation"));
   all->resize(local_size_);
   for (int r = 0; r < local_size_; ++r) {
@@ -211,10 +227,9 @@ absl::Status ShmAllreduce::Allgather(absl::string_view mine, absl::Duration time
     std::memcpy(&n, area, sizeof n);
     if (n == kTooBig) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "local rank ", r, "'s negotiation message is over ", kExchangeBytes - sizeof n,
-          " bytes"));
+          "local rank ", r, "'s negotiation message is over ", kMessageBytes, " bytes"));
     }
-    if (n > kExchangeBytes - sizeof n) {
+    if (n > kMessageBytes) {
       return Failed(absl::DataLossError(absl::StrCat(
           "shared-memory allreduce: local rank ", r, " wrote a negotiation message of ", n,
           " bytes")));
@@ -287,7 +302,7 @@ absl::Status ShmAllreduce::Barrier(Until until, absl::string_view step) {
       continue;
     }
     if (absl::Status s = aborted(); !s.ok()) return s;
-    const absl::Time now = absl::Now();
+    const absl::Time now = WallNow();
     if (n == kSpins) {
       yield_until = now + yield_for_;
       if (until.timeout < absl::InfiniteDuration()) {
@@ -330,7 +345,7 @@ absl::Status ShmAllreduce::Broadcast(DType dtype, void* data, size_t count, int 
   }
   const size_t es = DTypeSize(dtype);
   const size_t per_chunk = chunk_bytes_ / es;
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = WallNow() + timeout;
   char* bytes = static_cast<char*>(data);
   for (size_t done = 0; done < count; done += per_chunk) {
     const size_t n = std::min(per_chunk, count - done);
@@ -357,7 +372,7 @@ absl::Status ShmAllreduce::Run(DType dtype, const void* in, void* out, size_t co
                                absl::Duration timeout, const AcrossNodes* across_nodes) {
   const size_t es = DTypeSize(dtype);
   const size_t per_chunk = chunk_bytes_ / es;
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time deadline = WallNow() + timeout;
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   char* const result = Region(local_size_);

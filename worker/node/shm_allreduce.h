@@ -72,16 +72,26 @@ class ShmAllreduce {
                          absl::Duration timeout);
   // Every local rank's `mine`, indexed by local rank, for the negotiation of a one-host
   // job; the views point into the segment and stay valid until this rank's next
-  // Allgather (two areas take turns: to write this area again, a rank must first pass the
-  // next exchange's barrier, which this rank has not reached). ResourceExhausted on every
-  // rank alike when some rank's message is over kExchangeBytes - 8: the caller then
-  // exchanges this round another way.
+  // Allgather or AllgatherWritten (two areas take turns: to write this area again, a rank
+  // must first pass the next exchange's barrier, which this rank has not reached).
+  // ResourceExhausted on every rank alike when some rank's message is over kMessageBytes:
+  // the caller then exchanges this round another way.
   absl::StatusOr<std::vector<absl::string_view>> Allgather(absl::string_view mine,
                                                           absl::Duration timeout);
   // The same into `all` (its memory reused from call to call).
   absl::Status Allgather(absl::string_view mine, absl::Duration timeout,
                          std::vector<absl::string_view>* all);
   static constexpr size_t kExchangeBytes = 256 << 10;  // per rank and area
+  static constexpr size_t kMessageBytes = kExchangeBytes - sizeof(uint64_t);  // its room
+  // Where this rank's message of the next Allgather goes (kMessageBytes of room), for a
+  // caller that writes it there itself and then calls AllgatherWritten: no copy. The
+  // area is free from the moment the last Allgather returned, as for Allgather's own copy.
+  char* NextMessage() const {
+    return ExchangeArea(static_cast<int>(exchanges_ % 2), local_rank_) + sizeof(uint64_t);
+  }
+  // Allgather of the `bytes` (at most kMessageBytes) this rank wrote at NextMessage().
+  absl::Status AllgatherWritten(size_t bytes, absl::Duration timeout,
+                                std::vector<absl::string_view>* all);
 
   // Fails the current and every later wait with `why`, here and in the other local ranks.
   void Abort(const absl::Status& why);
@@ -108,7 +118,11 @@ class ShmAllreduce {
                    const AcrossNodes* across_nodes);
   absl::Status Failed(absl::Status s);
   char* Region(int i) const;  // i == local_size_: the result region
+  // Local rank `rank`'s area of exchange `parity`: 8 bytes of length, then its message.
   char* ExchangeArea(int parity, int rank) const;
+  // The exchange of this rank's message of `len` bytes, already in place (or of a length
+  // that says it did not fit).
+  absl::Status Gather(uint64_t len, absl::Duration timeout, std::vector<absl::string_view>* all);
 
   int local_rank_;
   int local_size_;
