@@ -101,15 +101,16 @@ def configs_for(n: int, compression: str = "none") -> list[Config]:
 
 class Cluster:
     def __init__(self, hosts: int, bandwidth: str, prefix: str,
-                 sysctls: list[str] | None = None) -> None:
+                 sysctls: list[str] | None = None, queue_ms: int = 200) -> None:
         self.hosts = [f"{prefix}-h{i}" for i in range(hosts)]
-        self.prefix, self.bandwidth = prefix, bandwidth
+        self.prefix, self.bandwidth, self.queue_ms = prefix, bandwidth, queue_ms
         self.sysctls = sysctls or []
         self.iface = f"{prefix}-net"
 
     def __enter__(self) -> Cluster:
         subprocess.run([str(EMULATED), "up", "--hosts", str(len(self.hosts)),
                         "--bandwidth", self.bandwidth, "--prefix", self.prefix,
+                        "--queue-ms", str(self.queue_ms),
                         "--subnet", "10.213.9"]
                        + [a for s in self.sysctls for a in ("--sysctl", s)],
                        check=True, timeout=120)
@@ -130,6 +131,22 @@ class Cluster:
             subprocess.run(["ip", "netns", "exec", host, "ip", "tcp_metrics", "flush", "all"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
 
+    def tcp_counters(self) -> dict[str, int]:
+        """Every host's TCP retransmitted segments and retransmission timeouts, summed.
+
+        A job's difference of two readings tells whether losses at the shaped links (a
+        timeout stalls a connection for at least 200 ms) account for time over the bound.
+        """
+        total = {name: 0 for name in TCP_COUNTERS}
+        for host in self.hosts:
+            done = subprocess.run(["ip", "netns", "exec", host, "nstat", "-az", *TCP_COUNTERS],
+                                  capture_output=True, text=True, timeout=30)
+            for line in done.stdout.splitlines():
+                parts = line.split()
+                if len(parts) >= 2 and parts[0] in total and parts[1].isdigit():
+                    total[parts[0]] += int(parts[1])
+        return total
+
     def iperf_bytes_per_s(self, seconds: int = 4) -> float:
         """Goodput of one TCP stream from host 1 to host 0 (bytes/s)."""
         server = subprocess.Popen(["ip", "netns", "exec", self.hosts[0], "iperf3", "-s",
@@ -145,6 +162,11 @@ class Cluster:
         finally:
             server.kill()
             server.wait()
+
+
+# nstat's names of the counters tcp_counters reads, and their columns in the results.
+TCP_COUNTERS = ("TcpRetransSegs", "TcpExtTCPTimeouts")
+TCP_COLUMNS = {"TcpRetransSegs": "retrans_segs", "TcpExtTCPTimeouts": "rtos"}
 
 
 def run_job(cluster: Cluster, cfg: Config, n: int, model: str, iters: int, build: Path,
@@ -196,6 +218,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--keep-tcp-metrics", action="store_true",
                         help="do not flush the hosts' TCP metrics before each job")
+    parser.add_argument("--queue-ms", type=int, default=200,
+                        help="how long a packet may wait in a shaped link's queue (tc "
+                             "tbf latency; scripts/emulated-cluster --queue-ms)")
     parser.add_argument("--sysctl", action="append", default=[], metavar="KEY=VALUE",
                         help="set in every emulated host (repeatable), e.g. "
                              "net.ipv4.tcp_congestion_control=cubic")
@@ -239,7 +264,8 @@ def main() -> int:
     load_before = os.getloadavg()
     rows: list[dict] = []
     failed: list[str] = []
-    with Cluster(2 * max(ns), args.bandwidth, args.prefix, args.sysctl) as cluster:
+    with Cluster(2 * max(ns), args.bandwidth, args.prefix, args.sysctl,
+                 args.queue_ms) as cluster:
         bw = statistics.median(cluster.iperf_bytes_per_s() for _ in range(3))
         print(f"# link goodput (iperf3, one stream, median of 3): {bw * 8 / 1e9:.3f} Gbit/s "
               f"(tc rate {args.bandwidth}); load average before: {load_before[0]:.2f}",
@@ -251,6 +277,7 @@ def main() -> int:
                         continue
                     if not args.keep_tcp_metrics:
                         cluster.forget_tcp_metrics()
+                    tcp_before = cluster.tcp_counters()
                     try:
                         fields = run_job(cluster, cfg, n, model, args.iters,
                                          Path(args.build), args.timeout, env)
@@ -258,6 +285,8 @@ def main() -> int:
                         print(f"# FAILED: {exc}", flush=True)
                         failed.append(f"{model} n={n} {cfg.name}")
                         continue
+                    tcp = {TCP_COLUMNS[k]: v - tcp_before[k]
+                           for k, v in cluster.tcp_counters().items()}
                     size = float(fields["bytes"])
                     bound = cfg.bound_s(n, size, bw) * 1e3
                     measured = float(fields["median_ms"])
@@ -269,13 +298,14 @@ def main() -> int:
                            "vs_bound": round(measured / bound, 3) if bound > 0 else "",
                            "even_bound_ms": round(even * 1e3, 1) if even else "",
                            "load1": round(os.getloadavg()[0], 2),
-                           "link_gbps": round(bw * 8 / 1e9, 3)}
+                           "link_gbps": round(bw * 8 / 1e9, 3), **tcp}
                     rows.append(row)
                     write_csv(out / "cluster.csv", rows)
                     print(f"{model:9s} n={n} {cfg.name:14s} {measured:9.1f} ms  bound "
                           f"{bound:9.1f} ms  x{row['vs_bound'] or '-'}  "
                           f"(min {row['min_ms']:.1f}, max {row['max_ms']:.1f}; load "
-                          f"{row['load1']})", flush=True)
+                          f"{row['load1']}; TCP: {tcp['retrans_segs']} segments "
+                          f"retransmitted, {tcp['rtos']} timeouts)", flush=True)
     report(rows, out, args, load_before[0])
     if failed:
         print(f"# failed configurations: {', '.join(failed)}")
@@ -311,17 +341,20 @@ def congestion_control(args: argparse.Namespace) -> str:
 
 
 def tables(rows: list[dict], bw: float, args: argparse.Namespace, load: float) -> str:
-    lines = [f"Links: tc rate {args.bandwidth} per direction, iperf3 goodput "
+    lines = [f"Links: tc rate {args.bandwidth} per direction (queues of "
+             f"{getattr(args, 'queue_ms', 200)} ms), iperf3 goodput "
              f"{bw * 8 / 1e9:.3f} Gbit/s (B in the bounds); iterations: {args.iters} timed "
              f"after 1 warmup, median; load average at start {load:.2f}; hosts' TCP "
              f"congestion control: {congestion_control(args)}.", "",
              "| model | n | configuration | servers | measured (ms) | bound (ms) | "
-             "measured / bound | bound with even placement (ms) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "measured / bound | bound with even placement (ms) | TCP segments "
+             "retransmitted, timeouts (all hosts, the whole job) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        tcp = (f"{r['retrans_segs']}, {r['rtos']}" if r.get("rtos", "") != "" else "-")
         lines.append(f"| {r['model']} | {r['n']} | {r['config']} | {r['servers']} | "
                      f"{r['median_ms']:.1f} | {r['bound_ms']:.1f} | {r['vs_bound']} | "
-                     f"{r['even_bound_ms'] or '-'} |")
+                     f"{r['even_bound_ms'] or '-'} | {tcp} |")
     lines += ["", "Scaling (the exchange alone, no compute in the loop: efficiency = "
               "t(n=1) / t(n), where n = 1 is a local exchange; bandwidth efficiency = "
               "bound / measured):", "", "| model | configuration | n | time (ms) | "

@@ -435,6 +435,32 @@ def test_emulated_cluster_shapes_both_directions_and_always_cleans_up() -> None:
 
 
 @needs_netns
+def test_emulated_cluster_sizes_the_shaped_queues() -> None:
+    prefix = f"q{os.getpid() % 100000}"
+    # Both directions of the host's link: its uplink in its namespace, its downlink on
+    # the bridge port.
+    script = (f"ip netns exec {prefix}-h0 tc qdisc show dev {prefix}-net; "
+              f"tc qdisc show dev {prefix}-v0")
+    done = subprocess.run(
+        [str(EMULATED_CLUSTER), "run", "--hosts", "1", "--bandwidth", "100mbit",
+         "--queue-ms", "20", "--prefix", prefix, "--subnet", f"10.217.{os.getpid() % 250}",
+         "--", "sh", "-c", script], capture_output=True, text=True, timeout=60)
+    try:
+        assert done.returncode == 0, done.stderr
+        assert re.findall(r"tbf .* lat (\S+)", done.stdout) == ["20ms", "20ms"], done.stdout
+        bad = subprocess.run([str(EMULATED_CLUSTER), "up", "--prefix", prefix,
+                              "--queue-ms", "0"], capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2
+        assert "--queue-ms wants 1..10000 (milliseconds), not '0'" in bad.stderr
+        left = subprocess.run(["ip", "netns", "list"], capture_output=True,
+                              text=True).stdout
+        assert f"{prefix}-h" not in left
+    finally:
+        subprocess.run([str(EMULATED_CLUSTER), "down", "--prefix", prefix],
+                       capture_output=True, timeout=60)
+
+
+@needs_netns
 def test_emulated_cluster_sets_sysctls_in_every_host() -> None:
     prefix = f"s{os.getpid() % 100000}"
     # The opposite of the kernel's default in every host, read back inside each.
