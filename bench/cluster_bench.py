@@ -139,12 +139,11 @@ class Cluster:
         """
         total = {name: 0 for name in TCP_COUNTERS}
         for host in self.hosts:
-            done = subprocess.run(["ip", "netns", "exec", host, "nstat", "-az", *TCP_COUNTERS],
-                                  capture_output=True, text=True, timeout=30)
-            for line in done.stdout.splitlines():
-                parts = line.split()
-                if len(parts) >= 2 and parts[0] in total and parts[1].isdigit():
-                    total[parts[0]] += int(parts[1])
+            # -s: no history file (nstat keeps one per user, shared with the host's).
+            done = subprocess.run(["ip", "netns", "exec", host, "nstat", "-asz",
+                                   *TCP_COUNTERS], capture_output=True, text=True,
+                                  timeout=30, check=True)
+            add_nstat(total, done.stdout)
         return total
 
     def iperf_bytes_per_s(self, seconds: int = 4) -> float:
@@ -167,6 +166,14 @@ class Cluster:
 # nstat's names of the counters tcp_counters reads, and their columns in the results.
 TCP_COUNTERS = ("TcpRetransSegs", "TcpExtTCPTimeouts")
 TCP_COLUMNS = {"TcpRetransSegs": "retrans_segs", "TcpExtTCPTimeouts": "rtos"}
+
+
+def add_nstat(total: dict[str, int], output: str) -> None:
+    """Adds the counters of `nstat -a` output (NAME VALUE RATE lines) that `total` has."""
+    for line in output.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in total and parts[1].isdigit():
+            total[parts[0]] += int(parts[1])
 
 
 def run_job(cluster: Cluster, cfg: Config, n: int, model: str, iters: int, build: Path,
@@ -228,6 +235,8 @@ def main() -> int:
                         help="redo <out>/cluster.md and cluster.png from <out>/cluster.csv "
                              "(e.g. after merging runs); run nothing")
     args = parser.parse_args()
+    if not 1 <= args.queue_ms <= 10000:
+        parser.error(f"--queue-ms wants 1..10000 (milliseconds), not {args.queue_ms}")
     unknown = {k.strip() for k in args.compression.split(",")} - {"none", "2bit", "fp16"}
     if unknown:
         parser.error(f"--compression {args.compression}: {sorted(unknown)} are not none, "
@@ -277,16 +286,16 @@ def main() -> int:
                         continue
                     if not args.keep_tcp_metrics:
                         cluster.forget_tcp_metrics()
-                    tcp_before = cluster.tcp_counters()
                     try:
+                        tcp_before = cluster.tcp_counters()
                         fields = run_job(cluster, cfg, n, model, args.iters,
                                          Path(args.build), args.timeout, env)
-                    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                        tcp = {TCP_COLUMNS[k]: v - tcp_before[k]
+                               for k, v in cluster.tcp_counters().items()}
+                    except (RuntimeError, subprocess.SubprocessError) as exc:
                         print(f"# FAILED: {exc}", flush=True)
                         failed.append(f"{model} n={n} {cfg.name}")
                         continue
-                    tcp = {TCP_COLUMNS[k]: v - tcp_before[k]
-                           for k, v in cluster.tcp_counters().items()}
                     size = float(fields["bytes"])
                     bound = cfg.bound_s(n, size, bw) * 1e3
                     measured = float(fields["median_ms"])
@@ -298,7 +307,8 @@ def main() -> int:
                            "vs_bound": round(measured / bound, 3) if bound > 0 else "",
                            "even_bound_ms": round(even * 1e3, 1) if even else "",
                            "load1": round(os.getloadavg()[0], 2),
-                           "link_gbps": round(bw * 8 / 1e9, 3), **tcp}
+                           "link_gbps": round(bw * 8 / 1e9, 3), "queue_ms": args.queue_ms,
+                           **tcp}
                     rows.append(row)
                     write_csv(out / "cluster.csv", rows)
                     print(f"{model:9s} n={n} {cfg.name:14s} {measured:9.1f} ms  bound "
@@ -341,8 +351,9 @@ def congestion_control(args: argparse.Namespace) -> str:
 
 
 def tables(rows: list[dict], bw: float, args: argparse.Namespace, load: float) -> str:
+    queues = sorted({str(r.get("queue_ms") or 200) for r in rows})  # older runs: 200
     lines = [f"Links: tc rate {args.bandwidth} per direction (queues of "
-             f"{getattr(args, 'queue_ms', 200)} ms), iperf3 goodput "
+             f"{' or '.join(queues)} ms), iperf3 goodput "
              f"{bw * 8 / 1e9:.3f} Gbit/s (B in the bounds); iterations: {args.iters} timed "
              f"after 1 warmup, median; load average at start {load:.2f}; hosts' TCP "
              f"congestion control: {congestion_control(args)}.", "",

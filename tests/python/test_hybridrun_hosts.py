@@ -13,6 +13,8 @@ Binaries come from $HYBRIDPS_BUILD_DIR (CTest sets it), else <repo>/build.
 """
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -441,15 +443,17 @@ def test_emulated_cluster_sizes_the_shaped_queues() -> None:
     # the bridge port.
     script = (f"ip netns exec {prefix}-h0 tc qdisc show dev {prefix}-net; "
               f"tc qdisc show dev {prefix}-v0")
+    subnet = f"10.218.{os.getpid() % 250}"
     done = subprocess.run(
         [str(EMULATED_CLUSTER), "run", "--hosts", "1", "--bandwidth", "100mbit",
-         "--queue-ms", "20", "--prefix", prefix, "--subnet", f"10.217.{os.getpid() % 250}",
+         "--queue-ms", "20", "--prefix", prefix, "--subnet", subnet,
          "--", "sh", "-c", script], capture_output=True, text=True, timeout=60)
     try:
         assert done.returncode == 0, done.stderr
         assert re.findall(r"tbf .* lat (\S+)", done.stdout) == ["20ms", "20ms"], done.stdout
-        bad = subprocess.run([str(EMULATED_CLUSTER), "up", "--prefix", prefix,
-                              "--queue-ms", "0"], capture_output=True, text=True, timeout=60)
+        bad = subprocess.run([str(EMULATED_CLUSTER), "up", "--hosts", "1", "--prefix", prefix,
+                              "--subnet", subnet, "--queue-ms", "0"],
+                             capture_output=True, text=True, timeout=60)
         assert bad.returncode == 2
         assert "--queue-ms wants 1..10000 (milliseconds), not '0'" in bad.stderr
         left = subprocess.run(["ip", "netns", "list"], capture_output=True,
@@ -458,6 +462,29 @@ def test_emulated_cluster_sizes_the_shaped_queues() -> None:
     finally:
         subprocess.run([str(EMULATED_CLUSTER), "down", "--prefix", prefix],
                        capture_output=True, timeout=60)
+
+
+def test_cluster_bench_sums_nstat_counters_and_reports_rows_without_them() -> None:
+    spec = importlib.util.spec_from_file_location("cluster_bench",
+                                                  REPO / "bench" / "cluster_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["cluster_bench"] = bench  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    total = {name: 0 for name in bench.TCP_COUNTERS}
+    for out in ("#kernel\nTcpRetransSegs  12  0.0\nTcpExtTCPTimeouts  1  0.0\n",
+                "#kernel\nTcpRetransSegs  30  0.0\nTcpExtTCPTimeouts  0  0.0\n"
+                "TcpOutSegs  999  0.0\n"):
+        bench.add_nstat(total, out)
+    assert total == {"TcpRetransSegs": 42, "TcpExtTCPTimeouts": 1}
+    # A row of an older run (no TCP or queue columns) next to a new one.
+    old = {"model": "resnet50", "n": 4, "config": "allreduce", "servers": "0",
+           "median_ms": 5200.0, "bound_ms": 5100.0, "vs_bound": 1.02, "even_bound_ms": ""}
+    new = dict(old, config="dedicated k=4", retrans_segs=42, rtos=1, queue_ms=20)
+    args = argparse.Namespace(bandwidth="250mbit", iters=2, sysctl=[])
+    table = bench.tables([old, new], 30e6, args, 0.5)
+    assert "(queues of 20 or 200 ms)" in table, table
+    assert "| 5100.0 | 1.02 | - | - |" in table, table
+    assert "| 5100.0 | 1.02 | - | 42, 1 |" in table, table
 
 
 @needs_netns
