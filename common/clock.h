@@ -1,9 +1,9 @@
 // The wall clock as absl::Time, read with clock_gettime(CLOCK_REALTIME) (in the vDSO,
 // without a system call, on the usual TSC and kvm-clock clock sources). The same clock as
-// absl::Now(), which interpolates it from the cycle counter under its own sequence lock:
-// on the VMs measured that costs more than the vDSO read
-// (bench/results/allreduce/2026-11-28-0330-in-place-negotiation-and-a-cheaper-clock.md).
-// For the per-operation paths of the stores; elsewhere absl::Now() is fine.
+// absl::Now(), which interpolates it from the cycle counter under its own sequence lock
+// and costs more (docs/design/allreduce.md). For the per-operation paths of the
+// dist_allreduce executor, the handles and the shared-memory exchange; elsewhere
+// absl::Now() is fine.
 #ifndef HYBRIDPS_COMMON_CLOCK_H_
 #define HYBRIDPS_COMMON_CLOCK_H_
 
