@@ -16,7 +16,7 @@ install(TARGETS hybridps_shared EXPORT hybridpsTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT cpp
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/hybridps)
 foreach(header worker/kvstore.h worker/handle.h worker/process_set.h common/options.h common/dtype.h common/spin.h
-               common/compression.h
+               common/clock.h common/compression.h
                optimizers/update_rule.h optimizers/lr_schedule.h)
   get_filename_component(dir "${header}" DIRECTORY)
   install(FILES "${PROJECT_SOURCE_DIR}/${header}"
