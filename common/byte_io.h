@@ -38,6 +38,7 @@ class ByteWriter {
     std::memset(at_, 0, n);
     at_ += n;
   }
+
  private:
   char* at_;
 };
