@@ -88,11 +88,18 @@ struct ShmAllreduce::Header {
   std::atomic<uint32_t> reason_bytes;
   uint32_t reason_code;
   char reason[kReasonBytes];
-  alignas(64) std::atomic<uint32_t> gen;      // barrier generation (the futex word)
-  alignas(64) std::atomic<uint32_t> arrived;  // ranks at the current barrier
+  // The barrier: each rank counts the barriers it arrived at in a cache line of its own
+  // (only it writes there) and waits until every other rank's count is as high. Arriving
+  // is one store, and no line is written by two ranks.
+  struct alignas(64) Arrivals {
+    std::atomic<uint64_t> count;
+  };
+  Arrivals reached[kMaxLocal];
+  // Bumped, and FUTEX_WAKE'd, by an arriving rank while some rank sleeps (or by Abort).
+  alignas(64) std::atomic<uint32_t> wake;
   alignas(64) std::atomic<uint32_t> sleepers;  // ranks in (or about to enter) FUTEX_WAIT
-  alignas(64) std::atomic<uint64_t> reached[kMaxLocal];  // barriers each rank arrived at
 };
+static_assert(sizeof(ShmAllreduce::Header::Arrivals) == 64);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
@@ -252,10 +259,11 @@ void ShmAllreduce::Abort(const absl::Status& why) {
     header_->reason_code = static_cast<uint32_t>(why.code());
     header_->reason_bytes.store(static_cast<uint32_t>(n), std::memory_order_release);
   }
-  // Wakes the sleepers; gen stays as it is, so a barrier that completed before still
-  // reads as completed (its ranks may already act on its data). A rank about to sleep
-  // sees the flag within one futex timeout (10 ms).
-  FutexWakeAll(&header_->gen);
+  // Wakes the sleepers; the counts stay as they are, so a barrier that completed before
+  // still reads as completed (its ranks may already act on its data). A rank about to
+  // sleep sees the flag within one futex timeout (10 ms).
+  header_->wake.fetch_add(1, std::memory_order_seq_cst);
+  FutexWakeAll(&header_->wake);
 }
 
 absl::Status ShmAllreduce::Failed(absl::Status s) {
@@ -286,17 +294,25 @@ absl::Status ShmAllreduce::Barrier(Until until, absl::string_view step) {
                           : std::string(" (its operation failed or its store broke)")));
   };
   if (absl::Status s = aborted(); !s.ok()) return s;
-  const uint32_t g = h->gen.load(std::memory_order_acquire);
-  const uint64_t mine = h->reached[local_rank_].fetch_add(1, std::memory_order_acq_rel) + 1;
-  if (h->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 ==
-      static_cast<uint32_t>(local_size_)) {
-    h->arrived.store(0, std::memory_order_relaxed);
-    h->gen.store(g + 1, std::memory_order_seq_cst);
-    if (h->sleepers.load(std::memory_order_seq_cst) > 0) FutexWakeAll(&h->gen);
-    return absl::OkStatus();
+  std::atomic<uint64_t>& own = h->reached[local_rank_].count;
+  const uint64_t mine = own.load(std::memory_order_relaxed) + 1;  // only this rank writes it
+  // Sequentially consistent, as the sleepers' side below: either a rank about to sleep
+  // sees this count, or this rank sees it counted among the sleepers and wakes it.
+  own.store(mine, std::memory_order_seq_cst);
+  if (h->sleepers.load(std::memory_order_seq_cst) > 0) {
+    h->wake.fetch_add(1, std::memory_order_seq_cst);
+    FutexWakeAll(&h->wake);
   }
+  // Ranks below `next` are known to have arrived (counts only grow).
+  int next = 0;
+  auto all_arrived = [&] {
+    for (; next < local_size_; ++next) {
+      if (h->reached[next].count.load(std::memory_order_seq_cst) < mine) return false;
+    }
+    return true;
+  };
   absl::Time yield_until = absl::InfinitePast();
-  for (int n = 0; h->gen.load(std::memory_order_acquire) == g; ++n) {
+  for (int n = 0; !all_arrived(); ++n) {
     if (n < kSpins) {
       CpuRelax();
       continue;
@@ -317,7 +333,7 @@ absl::Status ShmAllreduce::Barrier(Until until, absl::string_view step) {
     if (now >= deadline) {
       std::vector<int> missing;
       for (int r = 0; r < local_size_; ++r) {
-        if (h->reached[r].load(std::memory_order_acquire) < mine) missing.push_back(r);
+        if (h->reached[r].count.load(std::memory_order_acquire) < mine) missing.push_back(r);
       }
       return Failed(absl::DeadlineExceededError(absl::StrCat(
           "shared-memory allreduce (", step, "): local rank",
@@ -325,10 +341,13 @@ absl::Status ShmAllreduce::Barrier(Until until, absl::string_view step) {
           " did not arrive in time")));
     }
     h->sleepers.fetch_add(1, std::memory_order_seq_cst);
-    FutexWait(&h->gen, g, std::min(deadline - now, absl::Milliseconds(10)));
+    const uint32_t w = h->wake.load(std::memory_order_seq_cst);
+    if (!all_arrived()) {
+      FutexWait(&h->wake, w, std::min(deadline - now, absl::Milliseconds(10)));
+    }
     h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
-  // The generation moved: every rank arrived, whatever happened since.
+  // Every rank arrived, whatever happened since.
   return absl::OkStatus();
 }
 

@@ -19,8 +19,9 @@
 // same collectives in the same order (the negotiation's plan guarantees it, as it does
 // for Gloo's).
 //
-// Waits: a barrier spins briefly, yields its CPU for up to 50 us, then sleeps on a futex
-// in the segment, and fails at its deadline naming the local ranks that did not arrive;
+// Waits: a rank arrives at a barrier by raising its own count, in a cache line of its own,
+// and waits for every other rank's count to be as high: it spins briefly, yields its CPU
+// for a while (shm_allreduce.cc), then sleeps on a futex in the segment, and fails at its deadline naming the local ranks that did not arrive;
 // Abort() (any thread, e.g. when the scheduler reports a dead peer) ends every wait at
 // once, here and, through a flag in the segment, in the other processes. After a failure
 // the object must not be used again.
