@@ -176,6 +176,32 @@ def add_nstat(total: dict[str, int], output: str) -> None:
             total[parts[0]] += int(parts[1])
 
 
+def cpu_jiffies(stat: str) -> tuple[int, int, int]:
+    """This machine's CPU time so far from /proc/stat's text, in ticks: (busy, steal,
+    total), busy being everything but idle, iowait and steal (time the hypervisor gave
+    to others)."""
+    for line in stat.splitlines():
+        parts = line.split()
+        if parts and parts[0] == "cpu":
+            ticks = [int(x) for x in parts[1:9]]  # user nice system idle iowait irq softirq
+            ticks += [0] * (8 - len(ticks))       # steal; guest time is within user
+            idle, iowait, steal = ticks[3], ticks[4], ticks[7]
+            total = sum(ticks)
+            return total - idle - iowait - steal, steal, total
+    raise ValueError("no 'cpu' line in /proc/stat")
+
+
+def cpu_shares(before: tuple[int, int, int], after: tuple[int, int, int]) -> dict[str, float]:
+    """The busy and stolen shares of every CPU's time between two cpu_jiffies readings:
+    the namespaces' hosts all run on this machine's CPUs, so a busy share near 1 means the
+    emulation, not the links, may have set the time."""
+    total = after[2] - before[2]
+    if total <= 0:
+        return {"cpu_busy": "", "cpu_steal": ""}
+    return {"cpu_busy": round((after[0] - before[0]) / total, 3),
+            "cpu_steal": round((after[1] - before[1]) / total, 3)}
+
+
 def run_job(cluster: Cluster, cfg: Config, n: int, model: str, iters: int, build: Path,
             timeout: float, env: dict[str, str]) -> dict[str, str]:
     workers = cluster.hosts[:n]
@@ -288,8 +314,11 @@ def main() -> int:
                         cluster.forget_tcp_metrics()
                     try:
                         tcp_before = cluster.tcp_counters()
+                        cpu_before = cpu_jiffies(Path("/proc/stat").read_text())
                         fields = run_job(cluster, cfg, n, model, args.iters,
                                          Path(args.build), args.timeout, env)
+                        cpu = cpu_shares(cpu_before,
+                                         cpu_jiffies(Path("/proc/stat").read_text()))
                         tcp = {TCP_COLUMNS[k]: v - tcp_before[k]
                                for k, v in cluster.tcp_counters().items()}
                     except (RuntimeError, subprocess.SubprocessError) as exc:
@@ -308,14 +337,15 @@ def main() -> int:
                            "even_bound_ms": round(even * 1e3, 1) if even else "",
                            "load1": round(os.getloadavg()[0], 2),
                            "link_gbps": round(bw * 8 / 1e9, 3), "queue_ms": args.queue_ms,
-                           **tcp}
+                           **tcp, **cpu}
                     rows.append(row)
                     write_csv(out / "cluster.csv", rows)
                     print(f"{model:9s} n={n} {cfg.name:14s} {measured:9.1f} ms  bound "
                           f"{bound:9.1f} ms  x{row['vs_bound'] or '-'}  "
                           f"(min {row['min_ms']:.1f}, max {row['max_ms']:.1f}; load "
                           f"{row['load1']}; TCP: {tcp['retrans_segs']} segments "
-                          f"retransmitted, {tcp['rtos']} timeouts)", flush=True)
+                          f"retransmitted, {tcp['rtos']} timeouts; CPUs busy "
+                          f"{cpu['cpu_busy']}, stolen {cpu['cpu_steal']})", flush=True)
     report(rows, out, args, load_before[0])
     if failed:
         print(f"# failed configurations: {', '.join(failed)}")
@@ -359,13 +389,16 @@ def tables(rows: list[dict], bw: float, args: argparse.Namespace, load: float) -
              f"congestion control: {congestion_control(args)}.", "",
              "| model | n | configuration | servers | measured (ms) | bound (ms) | "
              "measured / bound | bound with even placement (ms) | TCP segments "
-             "retransmitted, timeouts (all hosts, the whole job) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "retransmitted, timeouts (all hosts, the whole job) | CPUs busy, stolen "
+             "(this machine, the whole job) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tcp = (f"{r['retrans_segs']}, {r['rtos']}" if r.get("rtos", "") != "" else "-")
+        cpu = (f"{r['cpu_busy']}, {r['cpu_steal']}" if r.get("cpu_busy", "") != ""
+               else "-")
         lines.append(f"| {r['model']} | {r['n']} | {r['config']} | {r['servers']} | "
                      f"{r['median_ms']:.1f} | {r['bound_ms']:.1f} | {r['vs_bound']} | "
-                     f"{r['even_bound_ms'] or '-'} | {tcp} |")
+                     f"{r['even_bound_ms'] or '-'} | {tcp} | {cpu} |")
     lines += ["", "Scaling (the exchange alone, no compute in the loop: efficiency = "
               "t(n=1) / t(n), where n = 1 is a local exchange; bandwidth efficiency = "
               "bound / measured):", "", "| model | configuration | n | time (ms) | "

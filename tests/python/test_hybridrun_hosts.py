@@ -464,7 +464,7 @@ def test_emulated_cluster_sizes_the_shaped_queues() -> None:
                        capture_output=True, timeout=60)
 
 
-def test_cluster_bench_sums_nstat_counters_and_reports_rows_without_them() -> None:
+def test_cluster_bench_sums_tcp_counters_and_cpu_shares_and_reports_old_rows() -> None:
     spec = importlib.util.spec_from_file_location("cluster_bench",
                                                   REPO / "bench" / "cluster_bench.py")
     bench = importlib.util.module_from_spec(spec)
@@ -480,11 +480,19 @@ def test_cluster_bench_sums_nstat_counters_and_reports_rows_without_them() -> No
     old = {"model": "resnet50", "n": 4, "config": "allreduce", "servers": "0",
            "median_ms": 5200.0, "bound_ms": 5100.0, "vs_bound": 1.02, "even_bound_ms": ""}
     new = dict(old, config="dedicated k=4", retrans_segs=42, rtos=1, queue_ms=20)
+    # The machine's CPU shares over a job, from two /proc/stat readings (user nice system
+    # idle iowait irq softirq steal guest guest_nice).
+    before = bench.cpu_jiffies("cpu  100 0 50 800 10 0 0 40 0 0\ncpu0 1 2 3 4\n")
+    after = bench.cpu_jiffies("intr 5\ncpu  400 0 150 1000 10 0 0 90 0 0\n")
+    assert before == (150, 40, 1000) and after == (550, 90, 1650)
+    assert bench.cpu_shares(before, after) == {"cpu_busy": 0.615, "cpu_steal": 0.077}
+    assert bench.cpu_shares(after, after) == {"cpu_busy": "", "cpu_steal": ""}
+    new.update(bench.cpu_shares(before, after))
     args = argparse.Namespace(bandwidth="250mbit", iters=2, sysctl=[])
     table = bench.tables([old, new], 30e6, args, 0.5)
     assert "(queues of 20 or 200 ms)" in table, table
-    assert "| 5100.0 | 1.02 | - | - |" in table, table
-    assert "| 5100.0 | 1.02 | - | 42, 1 |" in table, table
+    assert "| 5100.0 | 1.02 | - | - | - |" in table, table
+    assert "| 5100.0 | 1.02 | - | 42, 1 | 0.615, 0.077 |" in table, table
 
 
 @needs_netns
