@@ -174,8 +174,10 @@ struct Options {
   // than this is reduced alone, in place, instead of being copied into a fusion buffer and
   // back. Fusion pays for small tensors, whose allreduces are bound by latency; for a
   // large one the two copies cost more than its own collective's start
-  // (docs/design/defaults.md). GPU tensors are always fused (device copies are cheap).
-  // Rank 0's value (and its fusion_bytes) is used by every worker.
+  // (docs/design/defaults.md). When every worker is on one host (allreduces in shared
+  // memory) 128 KiB at most: a collective there costs a few microseconds. GPU tensors are
+  // always fused (device copies are cheap). Rank 0's value (and its fusion_bytes) is used
+  // by every worker.
   size_t fusion_max_tensor_bytes = 2 << 20;
   // HYBRIDPS_LOCAL_ALLREDUCE (dist_allreduce, CPU tensors): 1: when every worker of the
   // job is on one host (one node of several local ranks), allreduces run in shared memory

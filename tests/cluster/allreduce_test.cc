@@ -116,6 +116,43 @@ TEST(AllreduceTest, LargeTensorsRunAloneWhileSmallOnesFuse) {
   }
 }
 
+// On one host (allreduces in shared memory) a collective of its own costs a few
+// microseconds, less than the fusion buffer's copies of anything over 128 KiB: such
+// tensors run alone whatever HYBRIDPS_FUSION_MAX_TENSOR_BYTES says above it, while a
+// lower setting still holds; the Gloo path keeps the setting.
+TEST(AllreduceTest, OnOneHostOnlyTensorsUpTo128KiBAreFused) {
+  struct Case {
+    int local;
+    size_t setting, want;
+  };
+  for (const Case& k : {Case{3, Options().fusion_max_tensor_bytes, 128 << 10},
+                        Case{3, 4096, 4096},
+                        Case{1, Options().fusion_max_tensor_bytes,
+                             Options().fusion_max_tensor_bytes}}) {
+    SCOPED_TRACE(absl::StrCat(k.local, " per node, setting ", k.setting));
+    auto cl = StartAllreduce(3, 64 << 20, 1, [&](ClusterConfig* c) {
+      c->local_size = k.local;
+      c->fusion_max_tensor_bytes = k.setting;
+    });
+    ASSERT_NE(cl, nullptr);
+    // 20 of 100 KB (over shared memory's eager limit, 64 KiB), then 6 of 600 KB.
+    std::vector<size_t> counts(20, 25000);
+    counts.resize(26, 150000);
+    PushPullSizes(*cl, counts);
+    for (int w = 0; w < 3; ++w) {
+      auto* store = dynamic_cast<AllreduceStore*>(cl->worker(w));
+      ASSERT_NE(store, nullptr);
+      EXPECT_EQ(store->fusion_max_tensor_bytes(), k.want) << "worker " << w;
+      if (k.local == 3 && k.setting > (128 << 10)) {
+        const AllreduceStore::Stats s = store->stats();
+        EXPECT_EQ(s.shm_allreduces, s.allreduces) << "worker " << w;
+        EXPECT_LE(s.fused_tensors, 20u) << "worker " << w << ": a 600 KB tensor was fused";
+        EXPECT_GE(s.allreduces, 7u) << "worker " << w;
+      }
+    }
+  }
+}
+
 // Fusion settings that differ between workers would make them plan different collectives
 // (Gloo then aborts the process on the mismatched sizes): every worker takes rank 0's.
 TEST(AllreduceTest, WorkersWithOtherFusionSettingsFollowRankZero) {

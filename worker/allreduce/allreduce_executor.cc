@@ -34,6 +34,10 @@ constexpr size_t kMaxSlot = 5 << 20;
 // The eager limit when allreduces run in shared memory (one host): above it the
 // negotiation's copy of the payload to every peer costs more than the collective.
 constexpr size_t kShmEagerBytes = 64 << 10;
+// The largest CPU push_pull that is fused when allreduces run in shared memory: there a
+// collective of its own costs a few microseconds, less than the fusion buffer's copies in
+// and out of anything larger (Options::fusion_max_tensor_bytes applies below it).
+constexpr size_t kShmFusionMaxTensorBytes = 128 << 10;
 
 std::string Ranks(const std::vector<int>& ranks) {
   return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
@@ -238,7 +242,7 @@ bool AllreduceStore::RunRound(bool caller, absl::Time now, bool* job_active) {
   absl::Status failure = GatherLists(mine, &lists, &t1);
   nego::Plan plan;
   if (failure.ok()) {
-    plan = nego::Decide(lists, rank_, fusion_bytes_, fusion_max_tensor_bytes_);
+    plan = nego::Decide(lists, rank_, fusion_bytes_, fusion_max_tensor_bytes());
     // Only rounds that decided something: a rank waiting for a slow peer runs a round
     // every cycle, which would fill the timeline.
     if (Recording(timeline_) && !plan.actions.empty()) {
@@ -291,6 +295,11 @@ size_t AllreduceStore::eager_limit() const {
   const bool shm = cpu_ && cpu_->kind() == CpuCollectives::Kind::kSharedMemory;
   return std::min({options_.eager_bytes / copies, eager_cap_,
                    shm ? kShmEagerBytes : SIZE_MAX});
+}
+
+size_t AllreduceStore::fusion_max_tensor_bytes() const {
+  const bool shm = cpu_ && cpu_->kind() == CpuCollectives::Kind::kSharedMemory;
+  return std::min(fusion_max_tensor_bytes_, shm ? kShmFusionMaxTensorBytes : SIZE_MAX);
 }
 
 bool AllreduceStore::ListHeads(bool caller, absl::Time now,

@@ -136,6 +136,9 @@ class AllreduceStore : public KVStore {
   // The largest push_pull (bytes) that goes eagerly: Options::eager_bytes / (workers - 1),
   // 64 KiB at most in shared memory, lowered by the eager probe where it ran.
   size_t eager_limit() const;
+  // The largest CPU push_pull that is fused (Decide's max_tensor_bytes): rank 0's
+  // Options::fusion_max_tensor_bytes, 128 KiB at most in shared memory.
+  size_t fusion_max_tensor_bytes() const;
 
   struct Op;  // an operation in progress (allreduce_op.h)
   // The smallest negotiation slot (bytes per rank in a round's allgather).
