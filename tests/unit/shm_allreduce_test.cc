@@ -145,20 +145,20 @@ TEST(ShmAllreduceTest, AllgatherGivesEveryRanksMessageAndRefusesTooBigOnesEveryw
   }
 }
 
-// Broadcasts from every root, back to back (no other collective between them), over
-// several chunks and in every element size.
 // Each rank in turn arrives late, long after the others stopped spinning and yielding
 // (they sleep on the futex): no barrier lets a rank through before the late one, so every
-// sum and every exchanged message is exact, and every wait ends.
+// sum and every exchanged message is exact, and the late rank's arrival wakes the
+// sleepers (they would otherwise sleep until their 20 s deadline and fail).
 TEST(ShmAllreduceTest, RanksArrivingLateInTurnWakeTheSleepersAndMissNothing) {
   constexpr int kRanks = 3;
   constexpr int kRounds = 12;
   OnRanks(Name("late-turns"), kRanks, [&](int r, ShmAllreduce* s) {
+    s->set_sleep_slice_for_testing(absl::Seconds(600));
     for (int round = 0; round < kRounds; ++round) {
       if (round % kRanks == r) absl::SleepFor(absl::Milliseconds(3));
       const std::string mine = absl::StrCat("rank ", r, " round ", round);
       std::vector<absl::string_view> all;
-      ASSERT_OK(s->Allgather(mine, absl::Seconds(30), &all));
+      ASSERT_OK(s->Allgather(mine, absl::Seconds(20), &all));
       ASSERT_EQ(all.size(), size_t{kRanks});
       for (int k = 0; k < kRanks; ++k) {
         ASSERT_EQ(all[k], absl::StrCat("rank ", k, " round ", round)) << r;
@@ -169,7 +169,7 @@ TEST(ShmAllreduceTest, RanksArrivingLateInTurnWakeTheSleepersAndMissNothing) {
       const size_t count = 2 * kChunk / sizeof(float) + 3;
       std::vector<float> x(count);
       for (size_t i = 0; i < count; ++i) x[i] = static_cast<float>(Val(i, r, round));
-      ASSERT_OK(s->Allreduce(DType::kFloat32, x.data(), x.data(), count, absl::Seconds(30)));
+      ASSERT_OK(s->Allreduce(DType::kFloat32, x.data(), x.data(), count, absl::Seconds(20)));
       for (size_t i = 0; i < count; ++i) {
         double want = 0;
         for (int k = 0; k < kRanks; ++k) want += Val(i, k, round);
@@ -179,6 +179,8 @@ TEST(ShmAllreduceTest, RanksArrivingLateInTurnWakeTheSleepersAndMissNothing) {
   });
 }
 
+// Broadcasts from every root, back to back (no other collective between them), over
+// several chunks and in every element size.
 TEST(ShmAllreduceTest, BroadcastsFromEveryRootBackToBack) {
   constexpr int kRanks = 3;
   OnRanks(Name("bcast"), kRanks, [&](int r, ShmAllreduce* s) {

@@ -90,12 +90,14 @@ struct ShmAllreduce::Header {
   char reason[kReasonBytes];
   // The barrier: each rank counts the barriers it arrived at in a cache line of its own
   // (only it writes there) and waits until every other rank's count is as high. Arriving
-  // is one store, and no line is written by two ranks.
+  // is one store; while no rank sleeps, no line is written by two ranks.
   struct alignas(64) Arrivals {
     std::atomic<uint64_t> count;
   };
   Arrivals reached[kMaxLocal];
   // Bumped, and FUTEX_WAKE'd, by an arriving rank while some rank sleeps (or by Abort).
+  // Every such arrival wakes every sleeper, which looks again: fine for the few ranks of
+  // a node.
   alignas(64) std::atomic<uint32_t> wake;
   alignas(64) std::atomic<uint32_t> sleepers;  // ranks in (or about to enter) FUTEX_WAIT
 };
@@ -261,7 +263,7 @@ void ShmAllreduce::Abort(const absl::Status& why) {
   }
   // Wakes the sleepers; the counts stay as they are, so a barrier that completed before
   // still reads as completed (its ranks may already act on its data). A rank about to
-  // sleep sees the flag within one futex timeout (10 ms).
+  // sleep looks at the flag after it read the wake word, so it cannot sleep through this.
   header_->wake.fetch_add(1, std::memory_order_seq_cst);
   FutexWakeAll(&header_->wake);
 }
@@ -335,6 +337,7 @@ absl::Status ShmAllreduce::Barrier(Until until, absl::string_view step) {
       for (int r = 0; r < local_size_; ++r) {
         if (h->reached[r].count.load(std::memory_order_acquire) < mine) missing.push_back(r);
       }
+      if (missing.empty()) break;  // the last of them arrived just now
       return Failed(absl::DeadlineExceededError(absl::StrCat(
           "shared-memory allreduce (", step, "): local rank",
           missing.size() == 1 ? " " : "s ", absl::StrJoin(missing, ", "),
@@ -342,8 +345,11 @@ absl::Status ShmAllreduce::Barrier(Until until, absl::string_view step) {
     }
     h->sleepers.fetch_add(1, std::memory_order_seq_cst);
     const uint32_t w = h->wake.load(std::memory_order_seq_cst);
-    if (!all_arrived()) {
-      FutexWait(&h->wake, w, std::min(deadline - now, absl::Milliseconds(10)));
+    // Abort raises the flag before it bumps the wake word: one bumped before `w` was read
+    // shows here.
+    if (!all_arrived() && h->aborted.load(std::memory_order_seq_cst) == 0 &&
+        !aborted_.load(std::memory_order_acquire)) {
+      FutexWait(&h->wake, w, std::min(deadline - now, sleep_slice_));
     }
     h->sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }

@@ -21,7 +21,8 @@
 //
 // Waits: a rank arrives at a barrier by raising its own count, in a cache line of its own,
 // and waits for every other rank's count to be as high: it spins briefly, yields its CPU
-// for a while (shm_allreduce.cc), then sleeps on a futex in the segment, and fails at its deadline naming the local ranks that did not arrive;
+// for a while (shm_allreduce.cc), then sleeps on a futex in the segment, and fails at its
+// deadline naming the local ranks that did not arrive;
 // Abort() (any thread, e.g. when the scheduler reports a dead peer) ends every wait at
 // once, here and, through a flag in the segment, in the other processes. After a failure
 // the object must not be used again.
@@ -97,6 +98,10 @@ class ShmAllreduce {
   // Fails the current and every later wait with `why`, here and in the other local ranks.
   void Abort(const absl::Status& why);
 
+  // How long a sleeping wait sleeps at most before it looks again (10 ms). Tests set it
+  // long, so that a wake-up that never comes shows as a wait that ends at its deadline.
+  void set_sleep_slice_for_testing(absl::Duration d) { sleep_slice_ = d; }
+
   int local_rank() const { return local_rank_; }
   int local_size() const { return local_size_; }
   size_t chunk_bytes() const { return chunk_bytes_; }
@@ -128,6 +133,7 @@ class ShmAllreduce {
   int local_rank_;
   int local_size_;
   absl::Duration yield_for_;  // a barrier's yielding before it sleeps (shm_allreduce.cc)
+  absl::Duration sleep_slice_ = absl::Milliseconds(10);
   size_t chunk_bytes_;
   Header* header_ = nullptr;
   size_t mapped_bytes_ = 0;
