@@ -191,7 +191,8 @@ def cpu_jiffies(stat: str) -> tuple[int, int, int]:
     raise ValueError("no 'cpu' line in /proc/stat")
 
 
-def cpu_shares(before: tuple[int, int, int], after: tuple[int, int, int]) -> dict[str, float]:
+def cpu_shares(before: tuple[int, int, int],
+               after: tuple[int, int, int]) -> dict[str, float | str]:
     """The busy and stolen shares of every CPU's time between two cpu_jiffies readings:
     the namespaces' hosts all run on this machine's CPUs, so a busy share near 1 means the
     emulation, not the links, may have set the time."""

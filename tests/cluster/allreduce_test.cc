@@ -488,7 +488,8 @@ TEST(AllreduceTest, OneHostReducesInSharedMemoryAsRankZeroSays) {
       };
     });
     ASSERT_NE(cluster, nullptr);
-    // Over the eager limits; several at once (fused) and one over a region's size.
+    // Over the eager limits, several at once (fused through Gloo; in shared memory only
+    // tensors up to 128 KiB are), and one over a region's size.
     PushPullSizes(*cluster, {300001, 300001, 200000, 3 << 20});
     for (int w = 0; w < k.workers; ++w) {
       AllreduceStore::Stats s = StatsOf(cluster->worker(w));

@@ -21,7 +21,8 @@
 // pending) the ranks exchange the lists of their ready operations (one small exchange,
 // GlooComm::AllgatherBytes); an operation ready everywhere runs, small push_pulls
 // fused into one allreduce per dtype (Options::fusion_bytes; CPU tensors over
-// Options::fusion_max_tensor_bytes run alone, in place; rank 0's values for every rank),
+// Options::fusion_max_tensor_bytes, 128 KiB at most in shared memory, run alone, in place;
+// rank 0's values for every rank),
 // tiny ones computed from the lists themselves (their data rides along, so a small
 // push_pull costs one collective, not two). An operation whose ranks
 // disagree on its size, dtype, kind or root fails on every rank with an error naming them;
