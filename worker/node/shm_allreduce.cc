@@ -95,9 +95,8 @@ struct ShmAllreduce::Header {
     std::atomic<uint64_t> count;
   };
   Arrivals reached[kMaxLocal];
-  // Bumped, and FUTEX_WAKE'd, by an arriving rank while some rank sleeps (or by Abort).
-  // Every such arrival wakes every sleeper, which looks again: fine for the few ranks of
-  // a node.
+  // Bumped, and FUTEX_WAKE'd, by the rank that completes a barrier while some rank sleeps
+  // (or by Abort).
   alignas(64) std::atomic<uint32_t> wake;
   alignas(64) std::atomic<uint32_t> sleepers;  // ranks in (or about to enter) FUTEX_WAIT
 };
@@ -301,10 +300,6 @@ absl::Status ShmAllreduce::Barrier(Until until, absl::string_view step) {
   // Sequentially consistent, as the sleepers' side below: either a rank about to sleep
   // sees this count, or this rank sees it counted among the sleepers and wakes it.
   own.store(mine, std::memory_order_seq_cst);
-  if (h->sleepers.load(std::memory_order_seq_cst) > 0) {
-    h->wake.fetch_add(1, std::memory_order_seq_cst);
-    FutexWakeAll(&h->wake);
-  }
   // Ranks below `next` are known to have arrived (counts only grow).
   int next = 0;
   auto all_arrived = [&] {
@@ -313,6 +308,17 @@ absl::Status ShmAllreduce::Barrier(Until until, absl::string_view step) {
     }
     return true;
   };
+  // Only a rank that finds every count raised wakes the sleepers: one wake-up per barrier.
+  // Of the ranks arriving last, at least one sees all the others' counts (each stores
+  // before it loads, all sequentially consistent), and a sleeper that missed the last
+  // count was counted in `sleepers` before that rank read it.
+  if (all_arrived()) {
+    if (h->sleepers.load(std::memory_order_seq_cst) > 0) {
+      h->wake.fetch_add(1, std::memory_order_seq_cst);
+      FutexWakeAll(&h->wake);
+    }
+    return absl::OkStatus();
+  }
   absl::Time yield_until = absl::InfinitePast();
   for (int n = 0; !all_arrived(); ++n) {
     if (n < kSpins) {
