@@ -292,14 +292,17 @@ bool AllreduceStore::RunRound(bool caller, absl::Time now, bool* job_active) {
 size_t AllreduceStore::eager_limit() const {
   // The eager probe (Start) may have lowered it for this job's links.
   const size_t copies = std::max(1, num_workers_ - 1);
-  const bool shm = cpu_ && cpu_->kind() == CpuCollectives::Kind::kSharedMemory;
   return std::min({options_.eager_bytes / copies, eager_cap_,
-                   shm ? kShmEagerBytes : SIZE_MAX});
+                   InSharedMemory() ? kShmEagerBytes : SIZE_MAX});
 }
 
 size_t AllreduceStore::fusion_max_tensor_bytes() const {
-  const bool shm = cpu_ && cpu_->kind() == CpuCollectives::Kind::kSharedMemory;
-  return std::min(fusion_max_tensor_bytes_, shm ? kShmFusionMaxTensorBytes : SIZE_MAX);
+  return std::min(fusion_max_tensor_bytes_,
+                  InSharedMemory() ? kShmFusionMaxTensorBytes : SIZE_MAX);
+}
+
+bool AllreduceStore::InSharedMemory() const {
+  return cpu_ && cpu_->kind() == CpuCollectives::Kind::kSharedMemory;
 }
 
 bool AllreduceStore::ListHeads(bool caller, absl::Time now,

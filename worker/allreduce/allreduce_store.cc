@@ -298,7 +298,7 @@ absl::Status AllreduceStore::ProbeEager(const wire::Welcome& welcome) {
   // loopback, and eager usually wins).
   const size_t largest = probe_eager_bytes_ / std::max(1, num_workers_ - 1);
   if (eager_probe_ != 1 || num_workers_ < 3 || welcome.num_nodes() < 2 ||
-      cpu_->kind() == CpuCollectives::Kind::kSharedMemory || largest < EagerProbe::kSmallest) {
+      InSharedMemory() || largest < EagerProbe::kSmallest) {
     return absl::OkStatus();
   }
   const absl::Time start = absl::Now();

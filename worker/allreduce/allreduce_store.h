@@ -152,6 +152,9 @@ class AllreduceStore : public KVStore {
   static constexpr absl::Duration kPollWindow = absl::Milliseconds(10);
 
  private:
+  // Whether the CPU collectives run in shared memory (every worker on one host, not
+  // hierarchical): the same on every rank once Start has chosen them.
+  bool InSharedMemory() const;
   AllreduceStore(std::shared_ptr<Context> ctx, const Options& options);
   absl::Status Start();
   // Start: rank 0's value under `prefix` in the scheduler's rendezvous store, on every
