@@ -109,25 +109,26 @@ struct Options {
   // every connection busy.
   size_t credit_bytes = 16 << 20;
   // HYBRIDPS_SERVER_WINDOW_BYTES: payload bytes a worker may have pushed to one server
-  // without the answers (0: no window). A server answers a round only when every node's
-  // push of it arrived, so bytes a worker sends ahead of the others to one server only
-  // take link and socket-buffer room from them there; with the window full, the worker
-  // sends to its other servers instead (or waits). The window counts, for a partition,
-  // the unanswered pushes to its server that come before it in the order every worker
-  // shares (priority, then key, then partition): pushes after it that went early do not
-  // hold it up, and all unanswered pushes to a server stay within two windows. A partition
-  // that comes before all of them is never held, so workers that issue tensors in
-  // different orders cannot hold each other up. Large enough to cover a server's
-  // bandwidth times its round time; raise it on fast networks.
-  size_t server_window_bytes = 4 << 20;
+  // without the answers, per connection to it (max_server_lanes; 0: no window). A server
+  // answers a round only when every node's push of it arrived, so bytes a worker sends
+  // ahead of the others to one server only take link and queue room from them there; with
+  // the window full, the worker sends to its other servers instead (or waits). The window
+  // counts, for a partition, the unanswered pushes to its server that come before it in
+  // the order every worker shares (priority, then key, then partition): pushes after it
+  // that went early do not hold it up, and all unanswered pushes to a server stay within
+  // two windows. A partition that comes before all of them is never held, so workers that
+  // issue tensors in different orders cannot hold each other up, and a window smaller than
+  // a partition still lets one partition per server go at a time. 1 MiB: on shared links
+  // fewer bytes queue at a server's link and fewer are lost (docs/design/defaults.md); raise
+  // it where a server's link drains much more than a partition per round trip.
+  size_t server_window_bytes = 1 << 20;
   // HYBRIDPS_MAX_SERVER_LANES: TCP connections a worker opens to one server (1..16). A
   // server gets its byte share (partition.h's ServerShare) over the smallest server's
   // share, rounded, connections, at most this many; even placements (colocated,
   // dedicated) use one. TCP divides a congested link between connections, not bytes, so
   // a server that should get more bytes gets more connections. A partition always uses
-  // the same connection, so its rounds stay in order. The window above stays per server:
-  // every server's downlink takes the same bytes per second whatever its connections
-  // (docs/design/defaults.md).
+  // the same connection, so its rounds stay in order. The window above grows with the
+  // connections (docs/design/defaults.md).
   int max_server_lanes = 4;
   // A partition held by a window goes anyway once nothing was sent for this long (a
   // safety net: the shared order already rules out waiting on each other). Not read from

@@ -277,6 +277,18 @@ ClusterConfig WindowOnly(int servers, size_t chunk_bytes, size_t window_bytes) {
   return c;
 }
 
+// One push_pull of `count` floats named "grad" by a worker of two; checks the sum.
+void PushPullGradAndCheck(KVStore* kv, int rank, size_t count) {
+  Buffer buf(DType::kFloat32, count);
+  buf.Fill(rank, 0, 7);
+  auto h = kv->PushPullAsync("grad", buf.view(), buf.view(), 0);
+  ASSERT_OK(h);
+  ASSERT_OK(h->Wait());
+  for (size_t k = 0; k < count; k += 1021) {
+    ASSERT_EQ(buf.at(k), Value(k, 0, 0, 7) + Value(k, 1, 0, 7)) << "element " << k;
+  }
+}
+
 // A worker whose peer has not pushed yet gets no answers from the server, so it stops at
 // the server's window instead of piling the whole tensor onto that server's link.
 TEST(ServerWindow, BoundsWhatAWorkerPushesAheadOfTheOthers) {
@@ -286,14 +298,7 @@ TEST(ServerWindow, BoundsWhatAWorkerPushesAheadOfTheOthers) {
   constexpr size_t kCount = (4 << 20) / sizeof(float);
   (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
     if (rank == 1) absl::SleepFor(absl::Milliseconds(300));  // worker 0 runs ahead
-    Buffer buf(DType::kFloat32, kCount);
-    buf.Fill(rank, 0, 7);
-    auto h = kv->PushPullAsync("grad", buf.view(), buf.view(), 0);
-    ASSERT_OK(h);
-    ASSERT_OK(h->Wait());
-    for (size_t k = 0; k < kCount; k += 4099) {
-      ASSERT_EQ(buf.at(k), Value(k, 0, 0, 7) + Value(k, 1, 0, 7)) << "element " << k;
-    }
+    PushPullGradAndCheck(kv, rank, kCount);
   });
   auto* ps = PsOf((*cluster)->worker(0));
   ASSERT_NE(ps, nullptr);
@@ -358,6 +363,37 @@ TEST(ServerWindow, PushesSentAheadOfTheSharedOrderDoNotHoldUpEarlierOnes) {
   // Before worker 1 pushed anything: one window of late tensors and one of early ones
   // (one chunk of early ones only, if the late ones counted against them).
   EXPECT_EQ(ps->MaxUnansweredBytes(), 2 * c.server_window_bytes);
+}
+
+// Mixed placement over tcp (as below: the extra server owns half the bytes and gets 2
+// connections, a colocated server a quarter and one): the window is per connection, so
+// worker 0, running ahead, may leave twice the window unanswered at the extra server.
+// Worker 1 pushes only once worker 0 got there, or after a deadline (then the check
+// fails); with max_server_lanes = 1 every server has one window.
+TEST(ServerWindow, GrowsWithAServersConnections) {
+  for (int max_lanes : {4, 1}) {
+    ClusterConfig c = WindowOnly(/*servers=*/3, 64 << 10, 256 << 10);
+    c.partition_bytes = 64 << 10;  // pieces of one chunk: the windows fill exactly
+    c.deployment = "mixed";
+    c.extra_servers = 1;
+    c.max_server_lanes = max_lanes;
+    auto cluster = LocalCluster::Start(c);
+    ASSERT_OK(cluster);
+    const size_t expected = (max_lanes > 1 ? 2 : 1) * c.server_window_bytes;
+    constexpr size_t kCount = (4 << 20) / sizeof(float);
+    PsStore* ps0 = PsOf((*cluster)->worker(0));
+    ASSERT_NE(ps0, nullptr);
+    (*cluster)->RunOnWorkers([&](int rank, KVStore* kv) {
+      if (rank == 1) {
+        const absl::Time deadline = absl::Now() + absl::Seconds(20);
+        while (ps0->MaxUnansweredBytes() < expected && absl::Now() < deadline) {
+          absl::SleepFor(absl::Milliseconds(5));
+        }
+      }
+      PushPullGradAndCheck(kv, rank, kCount);
+    });
+    EXPECT_EQ(ps0->MaxUnansweredBytes(), expected) << "max_server_lanes " << max_lanes;
+  }
 }
 
 // Mixed placement over tcp: 2 worker hosts with a server each and one extra server, which

@@ -59,7 +59,7 @@ TEST_F(OptionsTest, DefaultsWhenNothingIsSet) {
   ASSERT_OK(o);
   EXPECT_EQ(o->partition_bytes, 4u << 20);
   EXPECT_EQ(o->wire_chunk_bytes, 256u << 10);
-  EXPECT_EQ(o->server_window_bytes, 4u << 20);
+  EXPECT_EQ(o->server_window_bytes, 1u << 20);
   EXPECT_EQ(o->max_server_lanes, 4);
   EXPECT_EQ(o->local_inline_bytes, 1u << 20);
   EXPECT_EQ(o->credit_bytes, 16u << 20);

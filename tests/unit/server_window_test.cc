@@ -60,5 +60,17 @@ TEST(ServerWindowsTest, AnswersReopenTheWindow) {
   EXPECT_EQ(w.unanswered(0), 0u);
 }
 
+TEST(ServerWindowsTest, EachServerHasItsOwnWindow) {
+  // Servers with more connections (a larger byte share) get wider windows.
+  ServerWindows w(std::vector<size_t>{100, 300, 0});
+  w.Sent(0, At(1), 100);
+  w.Sent(1, At(1), 100);
+  w.Sent(2, At(1), 1000);
+  EXPECT_FALSE(w.Admits(0, At(2), 1));
+  EXPECT_TRUE(w.Admits(1, At(2), 200));
+  EXPECT_FALSE(w.Admits(1, At(2), 201));
+  EXPECT_TRUE(w.Admits(2, At(2), 1 << 30));  // no window at server 2
+}
+
 }  // namespace
 }  // namespace hybridps

@@ -39,7 +39,6 @@ absl::Status PsStore::Start() {
   if (num_servers_ < 1) {
     return absl::FailedPreconditionError("dist_hybrid needs at least one server");
   }
-  windows_ = ServerWindows(num_servers_, options_.server_window_bytes);
   std::vector<std::string> lanes = {"operations"};
   for (int s = 0; s < num_servers_; ++s) lanes.push_back(absl::StrCat("to server ", s));
   const int node_lane = static_cast<int>(lanes.size());
@@ -135,6 +134,13 @@ absl::Status PsStore::ConnectServers() {
       lane_server_.push_back(s);
     }
   }
+  // A window per connection: a server with a larger byte share, and so more lanes, may
+  // have as many more bytes unanswered (Options::server_window_bytes).
+  std::vector<size_t> windows;
+  for (int s = 0; s < num_servers_; ++s) {
+    windows.push_back(options_.server_window_bytes * static_cast<size_t>(lane_count_[s]));
+  }
+  windows_ = ServerWindows(std::move(windows));
   pushes_per_lane_.reset(new std::atomic<uint64_t>[data_.size()]);
   for (size_t i = 0; i < data_.size(); ++i) pushes_per_lane_[i] = 0;
   std::vector<bool> acked(data_.size(), false);

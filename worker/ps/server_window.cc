@@ -3,9 +3,10 @@
 namespace hybridps {
 
 bool ServerWindows::Admits(int server, const Order& order, size_t bytes) const {
-  if (window_ == 0 || unanswered_[server] + bytes <= window_) return true;
-  const size_t ahead = UnansweredBefore(server, order, window_);
-  return ahead == 0 || (ahead + bytes <= window_ && unanswered_[server] + bytes <= 2 * window_);
+  const size_t window = window_[server];
+  if (window == 0 || unanswered_[server] + bytes <= window) return true;
+  const size_t ahead = UnansweredBefore(server, order, window);
+  return ahead == 0 || (ahead + bytes <= window && unanswered_[server] + bytes <= 2 * window);
 }
 
 void ServerWindows::Sent(int server, const Order& order, size_t bytes) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <map>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace hybridps {
@@ -29,7 +30,12 @@ class ServerWindows {
   ServerWindows() = default;
   // `window_bytes` 0: no window, every push may go.
   ServerWindows(int num_servers, size_t window_bytes)
-      : window_(window_bytes), unanswered_(num_servers, 0), order_(num_servers) {}
+      : ServerWindows(std::vector<size_t>(num_servers, window_bytes)) {}
+  // A window per server (0: none for that server).
+  explicit ServerWindows(std::vector<size_t> window_bytes)
+      : window_(std::move(window_bytes)),
+        unanswered_(window_.size(), 0),
+        order_(window_.size()) {}
 
   // Whether a push of `bytes` at `order` may go to `server` now.
   bool Admits(int server, const Order& order, size_t bytes) const;
@@ -45,7 +51,7 @@ class ServerWindows {
   // `cap`.
   size_t UnansweredBefore(int server, const Order& order, size_t cap) const;
 
-  size_t window_ = 0;
+  std::vector<size_t> window_;                       // by server
   std::vector<size_t> unanswered_;                     // by server
   std::vector<std::multimap<Order, size_t>> order_;  // by server: unanswered pushes, in order
 };
