@@ -146,6 +146,18 @@ class Cluster:
             add_nstat(total, done.stdout)
         return total
 
+    def link_bytes(self) -> dict[str, tuple[int, int]]:
+        """Every host's bytes sent and received on its link so far (tx, rx)."""
+        out = {}
+        for host in self.hosts:
+            done = subprocess.run(["ip", "netns", "exec", host, "cat",
+                                   f"/sys/class/net/{self.iface}/statistics/tx_bytes",
+                                   f"/sys/class/net/{self.iface}/statistics/rx_bytes"],
+                                  capture_output=True, text=True, timeout=30, check=True)
+            tx, rx = (int(x) for x in done.stdout.split())
+            out[host] = (tx, rx)
+        return out
+
     def iperf_bytes_per_s(self, seconds: int = 4) -> float:
         """Goodput of one TCP stream from host 1 to host 0 (bytes/s)."""
         server = subprocess.Popen(["ip", "netns", "exec", self.hosts[0], "iperf3", "-s",
@@ -201,6 +213,19 @@ def cpu_shares(before: tuple[int, int, int],
         return {"cpu_busy": "", "cpu_steal": ""}
     return {"cpu_busy": round((after[0] - before[0]) / total, 3),
             "cpu_steal": round((after[1] - before[1]) / total, 3)}
+
+
+def busiest_link(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]],
+                 exchanges: int) -> tuple[str, float]:
+    """The link that carried the most bytes in one direction between two link_bytes
+    readings, as "host tx|rx", and its bytes per exchange (the job's warmup and timed
+    iterations; the rest of its traffic, a few setup messages, is small beside them)."""
+    best, most = "-", -1.0
+    for host, (tx, rx) in after.items():
+        for way, moved in (("tx", tx - before[host][0]), ("rx", rx - before[host][1])):
+            if moved > most:
+                best, most = f"{host} {way}", float(moved)
+    return best, most / max(1, exchanges)
 
 
 def run_job(cluster: Cluster, cfg: Config, n: int, model: str, iters: int, build: Path,
@@ -315,6 +340,7 @@ def main() -> int:
                         cluster.forget_tcp_metrics()
                     try:
                         tcp_before = cluster.tcp_counters()
+                        links_before = cluster.link_bytes()
                         cpu_before = cpu_jiffies(Path("/proc/stat").read_text())
                         fields = run_job(cluster, cfg, n, model, args.iters,
                                          Path(args.build), args.timeout, env)
@@ -322,6 +348,7 @@ def main() -> int:
                                          cpu_jiffies(Path("/proc/stat").read_text()))
                         tcp = {TCP_COLUMNS[k]: v - tcp_before[k]
                                for k, v in cluster.tcp_counters().items()}
+                        links_after = cluster.link_bytes()
                     except (RuntimeError, subprocess.SubprocessError) as exc:
                         print(f"# FAILED: {exc}", flush=True)
                         failed.append(f"{model} n={n} {cfg.name}")
@@ -339,6 +366,13 @@ def main() -> int:
                            "load1": round(os.getloadavg()[0], 2),
                            "link_gbps": round(bw * 8 / 1e9, 3), "queue_ms": args.queue_ms,
                            **tcp, **cpu}
+                    # How far the bytes alone put the busiest link over the bound: the
+                    # rest of measured / bound is time a link sat idle.
+                    link, per_exchange = busiest_link(links_before, links_after,
+                                                      args.iters + 1)
+                    row["busiest_link"] = link
+                    row["busiest_vs_bound"] = (round(per_exchange / bw * 1e3 / bound, 3)
+                                               if bound > 0 else "")
                     rows.append(row)
                     write_csv(out / "cluster.csv", rows)
                     print(f"{model:9s} n={n} {cfg.name:14s} {measured:9.1f} ms  bound "
@@ -346,7 +380,8 @@ def main() -> int:
                           f"(min {row['min_ms']:.1f}, max {row['max_ms']:.1f}; load "
                           f"{row['load1']}; TCP: {tcp['retrans_segs']} segments "
                           f"retransmitted, {tcp['rtos']} timeouts; CPUs busy "
-                          f"{cpu['cpu_busy']}, stolen {cpu['cpu_steal']})", flush=True)
+                          f"{cpu['cpu_busy']}, stolen {cpu['cpu_steal']}; busiest link "
+                          f"{link}: x{row['busiest_vs_bound'] or '-'} in bytes)", flush=True)
     report(rows, out, args, load_before[0])
     if failed:
         print(f"# failed configurations: {', '.join(failed)}")
@@ -391,15 +426,17 @@ def tables(rows: list[dict], bw: float, args: argparse.Namespace, load: float) -
              "| model | n | configuration | servers | measured (ms) | bound (ms) | "
              "measured / bound | bound with even placement (ms) | TCP segments "
              "retransmitted, timeouts (all hosts, the whole job) | CPUs busy, stolen "
-             "(this machine, the whole job) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "(this machine, the whole job) | busiest link: its bytes at B / bound |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tcp = (f"{r['retrans_segs']}, {r['rtos']}" if r.get("rtos", "") != "" else "-")
         cpu = (f"{r['cpu_busy']}, {r['cpu_steal']}" if r.get("cpu_busy", "") != ""
                else "-")
+        busiest = (f"{r['busiest_link']}: {r['busiest_vs_bound']}"
+                   if r.get("busiest_vs_bound", "") != "" else "-")
         lines.append(f"| {r['model']} | {r['n']} | {r['config']} | {r['servers']} | "
                      f"{r['median_ms']:.1f} | {r['bound_ms']:.1f} | {r['vs_bound']} | "
-                     f"{r['even_bound_ms'] or '-'} | {tcp} | {cpu} |")
+                     f"{r['even_bound_ms'] or '-'} | {tcp} | {cpu} | {busiest} |")
     lines += ["", "Scaling (the exchange alone, no compute in the loop: efficiency = "
               "t(n=1) / t(n), where n = 1 is a local exchange; bandwidth efficiency = "
               "bound / measured):", "", "| model | configuration | n | time (ms) | "

@@ -464,7 +464,7 @@ def test_emulated_cluster_sizes_the_shaped_queues() -> None:
                        capture_output=True, timeout=60)
 
 
-def test_cluster_bench_sums_tcp_counters_and_cpu_shares_and_reports_old_rows() -> None:
+def test_cluster_bench_sums_tcp_counters_cpu_shares_and_link_bytes_and_reports_old_rows() -> None:
     spec = importlib.util.spec_from_file_location("cluster_bench",
                                                   REPO / "bench" / "cluster_bench.py")
     bench = importlib.util.module_from_spec(spec)
@@ -492,7 +492,13 @@ def test_cluster_bench_sums_tcp_counters_and_cpu_shares_and_reports_old_rows() -
     table = bench.tables([old, new], 30e6, args, 0.5)
     assert "(queues of 20 or 200 ms)" in table, table
     assert "| 5100.0 | 1.02 | - | - | - |" in table, table
-    assert "| 5100.0 | 1.02 | - | 42, 1 | 0.615, 0.077 |" in table, table
+    assert "| 5100.0 | 1.02 | - | 42, 1 | 0.615, 0.077 | - |" in table, table
+    # The busiest link in one direction, per exchange (3: a warmup and 2 timed).
+    link, per_exchange = bench.busiest_link({"h0": (10, 20), "h1": (0, 0)},
+                                            {"h0": (310, 620), "h1": (900, 30)}, 3)
+    assert (link, per_exchange) == ("h1 tx", 300.0)
+    new.update(busiest_link=link, busiest_vs_bound=1.043)
+    assert "| 42, 1 | 0.615, 0.077 | h1 tx: 1.043 |" in bench.tables([new], 30e6, args, 0.5)
 
 
 @needs_netns
