@@ -77,6 +77,10 @@ absl::Status Options::Validate() const {
   if (max_server_lanes < 1 || max_server_lanes > 16) {
     return bad("max_server_lanes (1..16)", max_server_lanes);
   }
+  // Per connection; a worker multiplies it by its lanes, and the window doubles it.
+  if (server_window_bytes > (size_t{1} << 40)) {
+    return bad("server_window_bytes (at most 1 TiB)", server_window_bytes);
+  }
   if (server_window_patience <= absl::ZeroDuration()) {
     return bad("server_window_patience", server_window_patience);
   }

@@ -90,7 +90,7 @@ struct Options {
   size_t partition_bytes = 4 << 20;
   // HYBRIDPS_WIRE_CHUNK_BYTES: a partition travels to its server as requests of at most
   // this size, so its push, sum and pull overlap (0: one request per partition). Small
-  // enough that a server's window (below) spans many requests.
+  // enough that a server's window (below) spans several requests.
   size_t wire_chunk_bytes = 256 << 10;
   // HYBRIDPS_LOCAL_INLINE_BYTES: nodes of several local ranks reduce tensors of at most
   // this many bytes on the worker's I/O thread (no hand-off: lowest latency) and larger
@@ -118,9 +118,10 @@ struct Options {
   // that went early do not hold it up, and all unanswered pushes to a server stay within
   // two windows. A partition that comes before all of them is never held, so workers that
   // issue tensors in different orders cannot hold each other up, and a window smaller than
-  // a partition still lets one partition per server go at a time. 1 MiB: on shared links
-  // fewer bytes queue at a server's link and fewer are lost (docs/design/defaults.md); raise
-  // it where a server's link drains much more than a partition per round trip.
+  // a partition still lets one partition per server go at a time. At most 1 TiB. 1 MiB: on
+  // shared links fewer bytes queue at a server's link and fewer are lost
+  // (docs/design/defaults.md); raise it where a server's link drains much more than that
+  // per round trip.
   size_t server_window_bytes = 1 << 20;
   // HYBRIDPS_MAX_SERVER_LANES: TCP connections a worker opens to one server (1..16). A
   // server gets its byte share (partition.h's ServerShare) over the smallest server's

@@ -36,9 +36,10 @@ TOP_FIVE = [
      "operations that truly take minutes (huge tensors over slow links)."),
     ("HYBRIDPS_LOG_LEVEL", "3 (debug) shows each process's registration, rounds and "
      "shutdown when something hangs or fails oddly; 1 quietens a large job."),
-    ("HYBRIDPS_SERVER_WINDOW_BYTES", "`dist_hybrid` on fast networks: per connection, it "
-     "should cover a server's bandwidth times its round time; raise it (e.g. 4–16 MiB at "
-     "25 Gbit/s and up) when push_pull stays below the link rate with servers idle."),
+    ("HYBRIDPS_SERVER_WINDOW_BYTES", "`dist_hybrid` on fast networks: times a server's "
+     "connections, it should cover the server's bandwidth times its round time; raise it "
+     "(e.g. 4–16 MiB at 25 Gbit/s and up) when push_pull stays below the link rate with "
+     "servers idle."),
     ("HYBRIDPS_MXNET_MERGE", "MXNet with several GPUs per process: `host` when the GPUs run "
      "out of memory (no merge buffers on the GPUs, at the price of k copies over PCIe)."),
 ]

@@ -146,6 +146,11 @@ TEST_F(OptionsTest, BadValuesNameTheVariable) {
   ASSERT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find("max_server_lanes"), absl::string_view::npos);
   unsetenv("HYBRIDPS_MAX_SERVER_LANES");
+  setenv("HYBRIDPS_SERVER_WINDOW_BYTES", "4611686018427387905", 1);  // 2^62 + 1: overflows
+  o = OptionsFromEnvironment();
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("server_window_bytes"), absl::string_view::npos);
+  unsetenv("HYBRIDPS_SERVER_WINDOW_BYTES");
   setenv("HYBRIDPS_SPIN_US", "20000", 1);  // above 10 ms
   o = OptionsFromEnvironment();
   ASSERT_FALSE(o.ok());

@@ -52,7 +52,7 @@ class ServerWindows {
   size_t UnansweredBefore(int server, const Order& order, size_t cap) const;
 
   std::vector<size_t> window_;                       // by server
-  std::vector<size_t> unanswered_;                     // by server
+  std::vector<size_t> unanswered_;                   // by server
   std::vector<std::multimap<Order, size_t>> order_;  // by server: unanswered pushes, in order
 };
 
