@@ -44,6 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 HYBRIDRUN = REPO / "scripts" / "hybridrun"
 EMULATED = REPO / "scripts" / "emulated-cluster"
 RESULT_RE = re.compile(r"RESULT (.*)$", re.M)
+WARMUP = 1  # untimed iterations of every job before the timed ones
 
 
 @dataclass
@@ -219,7 +220,8 @@ def busiest_link(before: dict[str, tuple[int, int]], after: dict[str, tuple[int,
                  exchanges: int) -> tuple[str, float]:
     """The link that carried the most bytes in one direction between two link_bytes
     readings, as "host tx|rx", and its bytes per exchange (the job's warmup and timed
-    iterations; the rest of its traffic, a few setup messages, is small beside them)."""
+    iterations). Everything else the job sent counts too (setup messages, dist_allreduce's
+    probes and negotiation), so it is an upper estimate of what the exchanges moved."""
     best, most = "-", -1.0
     for host, (tx, rx) in after.items():
         for way, moved in (("tx", tx - before[host][0]), ("rx", rx - before[host][1])):
@@ -240,7 +242,7 @@ def run_job(cluster: Cluster, cfg: Config, n: int, model: str, iters: int, build
     elif cfg.extra:
         args += ["--colocated", "--server-hosts", ",".join(servers)]
     args += ["--", str(build / "bench" / "hybridps-model-bench"), "--model", model,
-             "--iters", str(iters), "--warmup", "1", "--label", cfg.name,
+             "--iters", str(iters), "--warmup", str(WARMUP), "--label", cfg.name,
              *{"2bit": ["--compression", "2bit"],
                "fp16": ["--dtype", "float16"]}.get(cfg.compression, [])]
     started = time.monotonic()
@@ -349,7 +351,7 @@ def main() -> int:
                         tcp = {TCP_COLUMNS[k]: v - tcp_before[k]
                                for k, v in cluster.tcp_counters().items()}
                         links_after = cluster.link_bytes()
-                    except (RuntimeError, subprocess.SubprocessError) as exc:
+                    except (RuntimeError, ValueError, subprocess.SubprocessError) as exc:
                         print(f"# FAILED: {exc}", flush=True)
                         failed.append(f"{model} n={n} {cfg.name}")
                         continue
@@ -369,7 +371,7 @@ def main() -> int:
                     # How far the bytes alone put the busiest link over the bound: the
                     # rest of measured / bound is time a link sat idle.
                     link, per_exchange = busiest_link(links_before, links_after,
-                                                      args.iters + 1)
+                                                      args.iters + WARMUP)
                     row["busiest_link"] = link
                     row["busiest_vs_bound"] = (round(per_exchange / bw * 1e3 / bound, 3)
                                                if bound > 0 else "")

@@ -491,7 +491,7 @@ def test_cluster_bench_sums_tcp_counters_cpu_shares_and_link_bytes_and_reports_o
     args = argparse.Namespace(bandwidth="250mbit", iters=2, sysctl=[])
     table = bench.tables([old, new], 30e6, args, 0.5)
     assert "(queues of 20 or 200 ms)" in table, table
-    assert "| 5100.0 | 1.02 | - | - | - |" in table, table
+    assert "| 5100.0 | 1.02 | - | - | - | - |" in table, table
     assert "| 5100.0 | 1.02 | - | 42, 1 | 0.615, 0.077 | - |" in table, table
     # The busiest link in one direction, per exchange (3: a warmup and 2 timed).
     link, per_exchange = bench.busiest_link({"h0": (10, 20), "h1": (0, 0)},
