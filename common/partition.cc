@@ -27,16 +27,29 @@ uint64_t TensorKey(absl::string_view name) {
 
 namespace {
 
-// PartitionTensor's uniform placement; a tensor of at least split_per_server bytes per
-// server is split into a multiple of num_servers partitions (SIZE_MAX: none is).
-std::vector<Partition> PartitionUniform(uint64_t key, size_t count, DType dtype,
-                                        size_t partition_bytes, int num_servers,
-                                        size_t split_per_server) {
-  const size_t max_elems = std::max<size_t>(1, partition_bytes / DTypeSize(dtype));
+// The number of partitions of a tensor too small to split over every server: nearly
+// equal pieces of at least kSplitBytesPerServer (one piece if smaller), each at most
+// max_elems elements. Dealt to the servers piece by piece, a model's tensors then load
+// every server to within a piece per tensor of its share; whole tensors drawn by hash
+// leave some server several per cent over, more the more servers (docs/design/cluster.md).
+size_t SmallTensorPieces(size_t count, size_t elem, size_t max_elems) {
+  return std::max<size_t>({1, count * elem / kSplitBytesPerServer,
+                           (count + max_elems - 1) / max_elems});
+}
+
+}  // namespace
+
+std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
+                                       size_t partition_bytes, int num_servers) {
+  const size_t elem = DTypeSize(dtype);
+  const size_t max_elems = std::max<size_t>(1, partition_bytes / elem);
   const size_t servers = static_cast<size_t>(num_servers);
-  size_t parts = std::max<size_t>(1, (count + max_elems - 1) / max_elems);
-  if (count * DTypeSize(dtype) / servers >= split_per_server && count >= servers) {
+  size_t parts = 0;
+  if (count * elem / servers >= kSplitBytesPerServer && count >= servers) {
+    parts = std::max<size_t>(1, (count + max_elems - 1) / max_elems);
     parts = (parts + servers - 1) / servers * servers;
+  } else {
+    parts = SmallTensorPieces(count, elem, max_elems);
   }
   const size_t base = count / parts;
   const size_t extra = count % parts;
@@ -53,14 +66,6 @@ std::vector<Partition> PartitionUniform(uint64_t key, size_t count, DType dtype,
     offset += p.count;
   }
   return out;
-}
-
-}  // namespace
-
-std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
-                                       size_t partition_bytes, int num_servers) {
-  return PartitionUniform(key, count, dtype, partition_bytes, num_servers,
-                          kSplitBytesPerServer);
 }
 
 std::vector<Partition> SplitIntoChunks(std::vector<Partition> parts, DType dtype,
@@ -99,10 +104,6 @@ double ServerShare(const ServerPlacement& placement, int server) {
   return server >= n ? f / k : (1 - f) / n;
 }
 
-namespace {
-
-// The smallest positive ServerShare (a colocated server of 2 worker hosts + 2 extra ones
-// has none).
 double SmallestShare(const ServerPlacement& placement) {
   double smallest = 1;
   for (int s = 0; s < placement.num_servers; ++s) {
@@ -111,8 +112,6 @@ double SmallestShare(const ServerPlacement& placement) {
   }
   return smallest;
 }
-
-}  // namespace
 
 int ServerLanes(const ServerPlacement& placement, int server, int max_lanes) {
   const double lanes = std::round(ServerShare(placement, server) / SmallestShare(placement));
@@ -155,6 +154,47 @@ uint64_t Mix64(uint64_t h) {
   return h;
 }
 
+// Lays out `total[s]` elements for each server s as pieces of at most max_elems (nearly
+// equal within a server), interleaved: the next piece comes from the server furthest
+// behind its total, ties going to the rotation's order from `start`. In one run per
+// server, every worker would push a tensor to one server at a time, all of them to the
+// same one, while the others' links idled.
+std::vector<Partition> Interleave(const std::vector<size_t>& total, int start,
+                                  size_t max_elems) {
+  const int servers = static_cast<int>(total.size());
+  std::vector<Partition> runs;
+  std::vector<size_t> first(servers, 0), pieces(servers, 0);
+  for (int s = 0; s < servers; ++s) {
+    first[s] = runs.size();
+    if (total[s] > 0) AppendRun(0, total[s], max_elems, s, &runs);
+    pieces[s] = runs.size() - first[s];
+  }
+  std::vector<Partition> out;
+  out.reserve(runs.size());
+  std::vector<size_t> taken(servers, 0), placed(servers, 0);
+  size_t offset = 0;
+  while (out.size() < runs.size()) {
+    int pick = -1;
+    double behind = 2;
+    for (int i = 0; i < servers; ++i) {
+      const int s = (start + i) % servers;
+      if (taken[s] == pieces[s]) continue;
+      const double done = static_cast<double>(placed[s]) / static_cast<double>(total[s]);
+      if (done < behind) {
+        behind = done;
+        pick = s;
+      }
+    }
+    Partition p = runs[first[pick] + taken[pick]++];
+    placed[pick] += p.count;
+    p.index = static_cast<uint32_t>(out.size());
+    p.offset = offset;
+    offset += p.count;
+    out.push_back(p);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
@@ -166,17 +206,12 @@ std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
   const size_t elem = DTypeSize(dtype);
   const size_t max_elems = std::max<size_t>(1, partition_bytes / elem);
   const int servers = placement.num_servers;
-  std::vector<Partition> out;
+  const int start = static_cast<int>((key >> 32) % static_cast<uint64_t>(servers));
+  std::vector<size_t> total(servers, 0);
   if (static_cast<double>(count * elem) * SmallestShare(placement) >=
       static_cast<double>(kSplitBytesPerServer)) {
-    // Each server's element count by its share (exact to an element; a key-dependent
-    // rotation spreads the rounding), cut into pieces of at most partition_bytes. The
-    // pieces are then laid out interleaved: the next piece comes from the server furthest
-    // behind its share. In one run per server, every worker would push a large tensor to
-    // one server at a time, all of them to the same one, while the others' links idled.
-    const int start = static_cast<int>((key >> 32) % static_cast<uint64_t>(servers));
-    std::vector<Partition> runs;
-    std::vector<size_t> first(servers, 0), pieces(servers, 0), total(servers, 0);
+    // Each server's element count by its share, exact to an element (the key-dependent
+    // rotation spreads the rounding).
     size_t offset = 0;
     double cumulative = 0;
     for (int i = 0; i < servers; ++i) {
@@ -186,42 +221,29 @@ std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
                              ? count
                              : std::min(count, static_cast<size_t>(std::llround(
                                                    cumulative * static_cast<double>(count))));
-      first[s] = runs.size();
-      if (end > offset) AppendRun(offset, end - offset, max_elems, s, &runs);
-      pieces[s] = runs.size() - first[s];
       total[s] = end > offset ? end - offset : 0;
       offset = std::max(offset, end);
     }
-    std::vector<size_t> taken(servers, 0), placed(servers, 0);
-    offset = 0;
-    while (out.size() < runs.size()) {
-      int pick = -1;
-      double behind = 2;
-      for (int i = 0; i < servers; ++i) {  // ties go to the rotation's order
-        const int s = (start + i) % servers;
-        if (taken[s] == pieces[s]) continue;
-        const double done = static_cast<double>(placed[s]) / static_cast<double>(total[s]);
-        if (done < behind) {
-          behind = done;
-          pick = s;
-        }
-      }
-      Partition p = runs[first[pick] + taken[pick]++];
-      placed[pick] += p.count;
-      p.index = static_cast<uint32_t>(out.size());
-      p.offset = offset;
-      offset += p.count;
-      out.push_back(p);
-    }
-    return out;
+    return Interleave(total, start, max_elems);
   }
-  // Not split (the shares' pieces would be too small): by hash, weighted by the shares.
-  out = PartitionUniform(key, count, dtype, partition_bytes, servers, SIZE_MAX);
-  for (Partition& p : out) {
-    const uint64_t h = Mix64(key ^ (0x9e3779b97f4a7c15ull * (p.index + 1)));
-    p.server = PickByShare(placement, static_cast<double>(h >> 11) * 0x1.0p-53);
+  // Too small for every server to get a kSplitBytesPerServer piece: SmallTensorPieces
+  // dealt by systematic sampling of the shares. Of P pieces, piece j goes to the server
+  // whose cumulative share interval holds (u + j) / P, u drawn from the key's hash, so
+  // each server gets floor or ceil of P times its share.
+  const double u = static_cast<double>(Mix64(key ^ 0x9e3779b97f4a7c15ull) >> 11) * 0x1.0p-53;
+  if (count == 0) {  // one empty partition, so the tensor still takes part in a round
+    Partition p;
+    p.server = PickByShare(placement, u);
+    return {p};
   }
-  return out;
+  const size_t pieces = SmallTensorPieces(count, elem, max_elems);
+  const size_t base = count / pieces, extra = count % pieces;
+  for (size_t j = 0; j < pieces; ++j) {
+    const int s = PickByShare(placement, (u + static_cast<double>(j)) /
+                                             static_cast<double>(pieces));
+    total[s] += base + (j < extra ? 1 : 0);
+  }
+  return Interleave(total, start, base + (extra > 0 ? 1 : 0));
 }
 
 }  // namespace hybridps

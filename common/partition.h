@@ -34,18 +34,20 @@ struct Partition {
 
 // A tensor is split over the servers when every server's share of it (ServerShare) would
 // be at least kSplitBytesPerServer bytes: with S even shares, from S * 128 KiB, into a
-// multiple of S partitions. Smaller tensors go whole to a server drawn by their hash.
-// Why 128 KiB (larger leaves mid-size tensors whole on one server, smaller makes pieces
-// too small to pay for their requests): docs/design/cluster.md.
+// multiple of S partitions. A smaller one is cut into nearly equal pieces of at least
+// 128 KiB (one piece if under 256 KiB) dealt to fewer servers. Why 128 KiB (larger leaves
+// mid-size tensors whole on one server, smaller makes pieces too small to pay for their
+// requests): docs/design/cluster.md.
 inline constexpr size_t kSplitBytesPerServer = 128 << 10;
 
-// Splits `count` elements of `dtype` into P = ceil(bytes / partition_bytes) partitions
-// (rounded up to a multiple of num_servers for tensors large enough, see above) of nearly
-// equal size (they differ by at most one element), each at most partition_bytes (at least
-// one element each). An empty tensor has one empty partition, so it still takes part in a
-// round and size mismatches are still caught. Partition i of tensor `key` goes to server
-// (Mix(key) + i) mod num_servers: large tensors are spread evenly over all servers, small
-// ones scattered by their hash.
+// Splits `count` elements of `dtype` into P partitions of nearly equal size (they differ
+// by at most one element), each at most partition_bytes (at least one element each). P is
+// ceil(bytes / partition_bytes), rounded up to a multiple of num_servers for a tensor
+// large enough to split (see above); for a smaller one, at least floor(bytes / 128 KiB).
+// An empty tensor has one empty partition, so it still takes part in a round and size
+// mismatches are still caught. Partition i of tensor `key` goes to server
+// (Mix(key) + i) mod num_servers: a large tensor is spread evenly over all servers, and
+// over a model's tensors every server's bytes stay within a piece per tensor of the mean.
 // Requires partition_bytes >= 1 and num_servers >= 1.
 std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
                                        size_t partition_bytes, int num_servers);
@@ -77,6 +79,11 @@ double MixedExtraShare(int colocated, int extra);
 // Share of the bytes server `server` should own under `placement` (sums to 1).
 double ServerShare(const ServerPlacement& placement, int server);
 
+// The smallest positive ServerShare (a colocated server of 2 worker hosts + 2 extra ones
+// has none): a tensor is split by the shares when that share of it is at least
+// kSplitBytesPerServer bytes.
+double SmallestShare(const ServerPlacement& placement);
+
 // Connections a worker opens to `server` (Options::max_server_lanes): its ServerShare over
 // the smallest positive share, rounded, in [1, max_lanes]. TCP shares a congested link
 // per connection, so connections in proportion to bytes give every server the share of
@@ -86,11 +93,13 @@ int ServerLanes(const ServerPlacement& placement, int server, int max_lanes);
 // As above, with the servers weighted by ServerShare. extra_servers == 0 gives exactly
 // the uniform placement above. Otherwise a tensor large enough to split (every server's
 // share at least kSplitBytesPerServer) gives each server a number of elements in
-// proportion to its share (exact to an element), in pieces of at most partition_bytes
-// laid out interleaved (the next piece belongs to the server furthest behind its share),
-// so a worker pushing the tensor in order keeps every server busy; smaller tensors put
-// each partition on a server drawn from the shares by the key's hash, so the shares hold
-// over many tensors.
+// proportion to its share (exact to an element). A smaller one is cut into nearly equal
+// pieces of at least kSplitBytesPerServer (one piece if smaller) dealt to the servers by
+// systematic sampling from the key's hash: each server gets floor or ceil of its share of
+// the pieces, so the shares hold over a model's tensors to within a piece per tensor.
+// Either way every piece is at most partition_bytes, and the pieces are laid out
+// interleaved (the next belongs to the server furthest behind its elements), so a worker
+// pushing the tensor in order keeps every server busy.
 std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
                                        size_t partition_bytes,
                                        const ServerPlacement& placement);
