@@ -28,10 +28,11 @@ uint64_t TensorKey(absl::string_view name) {
 namespace {
 
 // The number of partitions of a tensor too small to split over every server: nearly
-// equal pieces of at least kSplitBytesPerServer (one piece if smaller), each at most
-// max_elems elements. Dealt to the servers piece by piece, a model's tensors then load
-// every server to within a piece per tensor of its share; whole tensors drawn by hash
-// leave some server several per cent over, more the more servers (docs/design/cluster.md).
+// equal pieces of at least kSplitBytesPerServer (one piece under twice that), each at
+// most max_elems elements (which wins when partition_bytes is smaller). Dealt to the
+// servers piece by piece, a model's tensors then load every server to within a piece per
+// tensor of its share; whole tensors drawn by hash leave some server several per cent
+// over, more the more servers (docs/design/cluster.md).
 size_t SmallTensorPieces(size_t count, size_t elem, size_t max_elems) {
   return std::max<size_t>({1, count * elem / kSplitBytesPerServer,
                            (count + max_elems - 1) / max_elems});
@@ -47,7 +48,8 @@ std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
   size_t parts = 0;
   if (count * elem / servers >= kSplitBytesPerServer && count >= servers) {
     parts = std::max<size_t>(1, (count + max_elems - 1) / max_elems);
-    parts = (parts + servers - 1) / servers * servers;
+    // A multiple of the servers, but never more partitions than elements.
+    parts = std::min(count, (parts + servers - 1) / servers * servers);
   } else {
     parts = SmallTensorPieces(count, elem, max_elems);
   }
@@ -137,14 +139,19 @@ void AppendRun(size_t offset, size_t count, size_t max_elems, int server,
   }
 }
 
-// Server whose cumulative share interval holds u in [0, 1).
+// Server whose cumulative share interval holds u in [0, 1). A u the rounding left at or
+// past the shares' sum goes to the last server with a share, never to one without.
 int PickByShare(const ServerPlacement& placement, double u) {
   double cumulative = 0;
+  int last = 0;
   for (int s = 0; s < placement.num_servers; ++s) {
-    cumulative += ServerShare(placement, s);
+    const double share = ServerShare(placement, s);
+    if (share <= 0) continue;
+    cumulative += share;
+    last = s;
     if (u < cumulative) return s;
   }
-  return placement.num_servers - 1;
+  return last;
 }
 
 uint64_t Mix64(uint64_t h) {

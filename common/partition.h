@@ -34,8 +34,9 @@ struct Partition {
 
 // A tensor is split over the servers when every server's share of it (ServerShare) would
 // be at least kSplitBytesPerServer bytes: with S even shares, from S * 128 KiB, into a
-// multiple of S partitions. A smaller one is cut into nearly equal pieces of at least
-// 128 KiB (one piece if under 256 KiB) dealt to fewer servers. Why 128 KiB (larger leaves
+// multiple of S partitions (at most one per element). A smaller one is cut into nearly
+// equal pieces of at least 128 KiB (one piece under 256 KiB; smaller pieces only when
+// partition_bytes is) dealt to fewer servers. Why 128 KiB (larger leaves
 // mid-size tensors whole on one server, smaller makes pieces too small to pay for their
 // requests): docs/design/cluster.md.
 inline constexpr size_t kSplitBytesPerServer = 128 << 10;
@@ -94,10 +95,11 @@ int ServerLanes(const ServerPlacement& placement, int server, int max_lanes);
 // the uniform placement above. Otherwise a tensor large enough to split (every server's
 // share at least kSplitBytesPerServer) gives each server a number of elements in
 // proportion to its share (exact to an element). A smaller one is cut into nearly equal
-// pieces of at least kSplitBytesPerServer (one piece if smaller) dealt to the servers by
-// systematic sampling from the key's hash: each server gets floor or ceil of its share of
-// the pieces, so the shares hold over a model's tensors to within a piece per tensor.
-// Either way every piece is at most partition_bytes, and the pieces are laid out
+// pieces of at least kSplitBytesPerServer (one piece under twice that) dealt to the
+// servers by systematic sampling from the key's hash: each server gets floor or ceil of
+// its share of the pieces, so the shares hold over a model's tensors to within a piece
+// per tensor.
+// Either way every piece is at most partition_bytes (at least one element), laid out
 // interleaved (the next belongs to the server furthest behind its elements), so a worker
 // pushing the tensor in order keeps every server busy.
 std::vector<Partition> PartitionTensor(uint64_t key, size_t count, DType dtype,
