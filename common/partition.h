@@ -36,9 +36,9 @@ struct Partition {
 // be at least kSplitBytesPerServer bytes: with S even shares, from S * 128 KiB, into a
 // multiple of S partitions (at most one per element). A smaller one is cut into nearly
 // equal pieces of at least 128 KiB (one piece under 256 KiB; smaller pieces only when
-// partition_bytes is) dealt to fewer servers. Why 128 KiB (larger leaves
-// mid-size tensors whole on one server, smaller makes pieces too small to pay for their
-// requests): docs/design/cluster.md.
+// partition_bytes is) dealt to fewer servers. Why 128 KiB (larger leaves mid-size tensors
+// whole on one server, smaller makes pieces too small to pay for their requests):
+// docs/design/cluster.md.
 inline constexpr size_t kSplitBytesPerServer = 128 << 10;
 
 // Splits `count` elements of `dtype` into P partitions of nearly equal size (they differ
