@@ -7,13 +7,15 @@
 # the runs and the range of the runs' ratios.
 #
 #   sudo bench/run_hosts_allreduce_bench.sh [-r RUNS] [--np "2 4"] [--bandwidth "1gbit none"]
-#       [--out DIR] [--build-dir DIR]
+#       [--out DIR] [--build-dir DIR] [--sysctl KEY=VALUE ...]
 #
 # Per run (default 3), bandwidth ("none": the namespaces' links unshaped) and worker
 # count, taking turns:
 #   scripts/emulated-cluster run --hosts N --bandwidth B -- scripts/hybridrun -np N \
 #       -H h0:1,...  --network-interface hps-net --remote-shell ... --backend dist_allreduce \
 #       -- hybridps-gloo-ref --min-bytes 4K --max-bytes 16M --factor 4 --iters 20 --small-iters 100
+# --sysctl (repeatable) is set in every emulated host, e.g.
+# net.ipv4.tcp_congestion_control=cubic (the hosts otherwise inherit this machine's).
 # Logs stay in OUT (default: a new folder under /tmp).
 set -euo pipefail
 
@@ -22,6 +24,7 @@ nps="2 4"
 bandwidths="1gbit none"
 out=""
 build_dir=build
+sysctls=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     -r|--runs) runs="$2"; shift 2 ;;
@@ -29,7 +32,10 @@ while [[ $# -gt 0 ]]; do
     --bandwidth) bandwidths="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --build-dir) build_dir="$2"; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --sysctl)
+      [[ $# -ge 2 ]] || { echo "run_hosts_allreduce_bench: --sysctl needs KEY=VALUE" >&2; exit 2; }
+      sysctls+=(--sysctl "$2"); shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_hosts_allreduce_bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -43,7 +49,9 @@ fi
 ref="$build_dir/bench/hybridps-gloo-ref"
 [[ -n "$out" ]] || out="$(mktemp -d /tmp/hybridps-hosts-bench.XXXXXX)"
 mkdir -p "$out"
-echo "date $(date -u +%FT%TZ); $(nproc) cores; $(uname -sr); load at start: $(cut -d' ' -f1-3 /proc/loadavg)" \
+echo "date $(date -u +%FT%TZ); $(nproc) cores; $(uname -sr);" \
+  "load at start: $(cut -d' ' -f1-3 /proc/loadavg);" \
+  "hosts' congestion control: $(sysctl -n net.ipv4.tcp_congestion_control) ${sysctls[*]}" \
   | tee "$out/machine.txt"
 
 # Run inside the emulated cluster: one worker per emulated host.
@@ -61,7 +69,8 @@ for run in $(seq 1 "$runs"); do
   for bw in $bandwidths; do
     for n in $nps; do
       echo "run $run, $bw, $n workers (load $(cut -d' ' -f1 /proc/loadavg))"
-      scripts/emulated-cluster run --hosts "$n" --bandwidth "$bw" -- "$out/job.sh" "$n" \
+      scripts/emulated-cluster run --hosts "$n" --bandwidth "$bw" "${sysctls[@]}" -- \
+        "$out/job.sh" "$n" \
         --min-bytes 4K --max-bytes 16M --factor 4 --iters 20 --small-iters 100 \
         >"$out/$bw.n$n.run$run.log" 2>&1 || echo "  failed: see $out/$bw.n$n.run$run.log"
     done
