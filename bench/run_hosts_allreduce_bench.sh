@@ -51,7 +51,8 @@ ref="$build_dir/bench/hybridps-gloo-ref"
 mkdir -p "$out"
 echo "date $(date -u +%FT%TZ); $(nproc) cores; $(uname -sr);" \
   "load at start: $(cut -d' ' -f1-3 /proc/loadavg);" \
-  "hosts' congestion control: $(sysctl -n net.ipv4.tcp_congestion_control) ${sysctls[*]}" \
+  "this machine's congestion control: $(sysctl -n net.ipv4.tcp_congestion_control);" \
+  "set in the hosts: ${sysctls[*]:-nothing}" \
   | tee "$out/machine.txt"
 
 # Run inside the emulated cluster: one worker per emulated host.
