@@ -113,6 +113,9 @@ absl::Status Options::Validate() const {
     return bad("hierarchical_allreduce", hierarchical_allreduce);
   }
   if (two_shot_bytes > (8 << 20)) return bad("two_shot_bytes", two_shot_bytes);
+  if (direct_two_shot != 0 && direct_two_shot != 1) {
+    return bad("direct_two_shot", direct_two_shot);
+  }
   if (spin < absl::ZeroDuration() || spin > absl::Milliseconds(10)) return bad("spin_us", spin);
   if (gpu_local_reduce != "auto" && gpu_local_reduce != "host" && gpu_local_reduce != "nccl") {
     return bad("gpu_local_reduce", gpu_local_reduce);
@@ -500,6 +503,7 @@ absl::StatusOr<Options> OptionsFromEnvironment(std::optional<Role> role) {
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_EAGER_BYTES", &o.eager_bytes));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_EAGER_PROBE", &o.eager_probe));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_TWO_SHOT_BYTES", &o.two_shot_bytes));
+  RETURN_IF_ERROR(GetNumber("HYBRIDPS_DIRECT_TWO_SHOT", &o.direct_two_shot));
   RETURN_IF_ERROR(GetNumber("HYBRIDPS_DIRECT_ALLREDUCE_BYTES", &o.direct_allreduce_bytes));
   RETURN_IF_ERROR(GetMillis("HYBRIDPS_CYCLE_TIME_MS", &o.cycle_time));
   RETURN_IF_ERROR(GetMicros("HYBRIDPS_BURST_GATHER_US", &o.burst_gather));

@@ -235,6 +235,15 @@ struct Options {
   // off (the ring after the negotiation). A two-shot runs when both workers sent their
   // halves, else the ring does.
   size_t two_shot_bytes = 0;
+  // HYBRIDPS_DIRECT_TWO_SHOT (dist_allreduce, 3 to 8 workers over Gloo, CPU tensors): 1
+  // (default): a push_pull that goes directly (direct_allreduce_bytes, larger than the
+  // eager ones), is this worker's only such operation in its round and ran alone and
+  // directly the last time (a tensor repeated every iteration, not fused with others)
+  // sends every other worker its share with the negotiation message, and the workers then
+  // only send their summed shares: a two-shot, one step after the negotiation where the
+  // direct allreduce takes two. It runs when every worker sent its shares in the same
+  // round (else the direct allreduce does). 0: off.
+  int direct_two_shot = 1;
   // HYBRIDPS_DIRECT_ALLREDUCE_BYTES (dist_allreduce, CPU tensors over Gloo, 3 workers or
   // more): allreduces up to this size go directly between every pair of workers — each
   // sends every other its share and sums its own, then sends its summed share to every

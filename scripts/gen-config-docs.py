@@ -104,6 +104,8 @@ AGREE = {
                             "every worker takes rank 0's verdict)",
     "HYBRIDPS_TWO_SHOT_BYTES": "each worker its own (a two-shot runs only when both sent "
                                "their halves)",
+    "HYBRIDPS_DIRECT_TWO_SHOT": "each worker its own (a two-shot runs only when every worker "
+                                "sent its shares)",
     "HYBRIDPS_DIRECT_ALLREDUCE_BYTES": RANK0 + " (a worker whose own differs logs a warning)",
     "HYBRIDPS_CYCLE_TIME_MS": "each worker its own",
     "HYBRIDPS_CALLER_ROUNDS": "each worker its own",
@@ -376,7 +378,8 @@ GROUPS = [
      "HYBRIDPS_CALLER_ROUNDS", "HYBRIDPS_BIND_TO"]),
     ("dist_allreduce", ["HYBRIDPS_FUSION_BYTES", "HYBRIDPS_FUSION_MAX_TENSOR_BYTES",
      "HYBRIDPS_LOCAL_ALLREDUCE", "HYBRIDPS_HIERARCHICAL_ALLREDUCE", "HYBRIDPS_EAGER_BYTES",
-     "HYBRIDPS_EAGER_PROBE", "HYBRIDPS_TWO_SHOT_BYTES", "HYBRIDPS_DIRECT_ALLREDUCE_BYTES", "HYBRIDPS_CYCLE_TIME_MS"]),
+     "HYBRIDPS_EAGER_PROBE", "HYBRIDPS_TWO_SHOT_BYTES", "HYBRIDPS_DIRECT_ALLREDUCE_BYTES",
+     "HYBRIDPS_DIRECT_TWO_SHOT", "HYBRIDPS_CYCLE_TIME_MS"]),
 ]
 
 

@@ -459,10 +459,102 @@ TEST(AllreduceTest, FourRanksSendMidSizeTensorsDirectlyAsRankZeroSays) {
       EXPECT_EQ(large.allreduces - mid.allreduces, static_cast<uint64_t>(kRounds));
       EXPECT_EQ(large.direct_allreduces - mid.direct_allreduces, 0u) << "1 MiB went directly";
       EXPECT_EQ(mid.eager, small.eager) << "a 256 KiB push_pull went eagerly with 4 ranks";
-      EXPECT_EQ(mid.allreduces - small.allreduces, static_cast<uint64_t>(kRounds));
-      EXPECT_EQ(mid.direct_allreduces - small.direct_allreduces,
+      // Directly: as an allreduce, or (from the second round, when the ranks are in step)
+      // as a direct two-shot.
+      const uint64_t two_shots = mid.two_shots - small.two_shots;
+      EXPECT_EQ(mid.allreduces - small.allreduces + two_shots, static_cast<uint64_t>(kRounds));
+      EXPECT_EQ(mid.direct_allreduces - small.direct_allreduces + two_shots,
                 rank0_direct > 0 ? static_cast<uint64_t>(kRounds) : 0u);
+      EXPECT_EQ(large.two_shots, mid.two_shots) << "1 MiB went as a two-shot";
     }
+  }
+}
+
+// With 3 and 4 workers over Gloo, a push_pull that goes directly and is alone in its
+// round sends its shares with the negotiation (a direct two-shot) once the slot has room
+// for them: every element exact (odd counts, float16 summed in float32, in place and out
+// of place), and the same bits as the direct allreduce, which runs them when one worker
+// has HYBRIDPS_DIRECT_TWO_SHOT=0 (its messages carry no shares, so no worker's plan is a
+// two-shot).
+TEST(AllreduceTest, MidSizePushPullsSendTheirSharesWithTheNegotiation) {
+  struct Case {
+    int workers;
+    bool one_off;
+  };
+  for (const Case& k : {Case{4, false}, Case{3, false}, Case{4, true}}) {
+    SCOPED_TRACE(absl::StrCat(k.workers, " workers", k.one_off ? ", one without" : ""));
+    auto cluster = StartAllreduce(k.workers, 64 << 20, 1, [&](ClusterConfig* c) {
+      c->op_timeout = absl::Seconds(30);
+      c->worker_options = [&k](int, Options* o) {
+        o->eager_bytes = 256 << 10;
+        o->eager_probe = 0;
+        o->direct_two_shot = k.one_off && o->rank == k.workers - 1 ? 0 : 1;
+      };
+    });
+    ASSERT_NE(cluster, nullptr);
+    struct Tensor {
+      DType dtype;
+      size_t count;
+    };
+    // 256 KiB + 4 bytes and 1 MiB - 2 bytes, both over the eager limit and directly.
+    const std::vector<Tensor> tensors = {{DType::kFloat32, (1 << 16) + 1},
+                                         {DType::kFloat16, (1 << 19) - 1}};
+    constexpr int kRounds = 24;
+    cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+      for (int i = 0; i < kRounds; ++i) {
+        const size_t t = i % tensors.size();
+        Buffer in(tensors[t].dtype, tensors[t].count), out(tensors[t].dtype, tensors[t].count);
+        const int salt = static_cast<int>(t);
+        in.Fill(rank, i, salt);
+        const bool inplace = i % 4 < 2;
+        ASSERT_OK(kv->PushPull(absl::StrCat("t", t), in.view(), inplace ? in.view() : out.view()));
+        const Buffer& result = inplace ? in : out;
+        for (size_t e = 0; e < in.count; ++e) {
+          double want = 0;
+          for (int r = 0; r < k.workers; ++r) want += Value(e, r, i, salt);
+          ASSERT_EQ(result.at(e), want) << "tensor " << t << " round " << i << " element " << e;
+        }
+      }
+    });
+    for (int w = 0; w < k.workers; ++w) {
+      AllreduceStore::Stats s = StatsOf(cluster->worker(w));
+      SCOPED_TRACE(absl::StrCat("worker ", w));
+      std::printf("%d workers%s, worker %d: %llu two-shots, %llu direct allreduces\n",
+                  k.workers, k.one_off ? " (one without)" : "", w,
+                  static_cast<unsigned long long>(s.two_shots),
+                  static_cast<unsigned long long>(s.direct_allreduces));
+      EXPECT_EQ(s.two_shots + s.direct_allreduces, static_cast<uint64_t>(kRounds));
+      if (k.one_off) {
+        EXPECT_EQ(s.two_shots, 0u);
+      } else {
+        EXPECT_GT(s.two_shots, 0u);
+      }
+    }
+    // A worker that deviates in this steady state (one element more, its shares sent
+    // along) fails every worker with an error that names the tensor and both sizes; the
+    // next push_pull of the name sums exactly.
+    std::vector<absl::Status> status(k.workers);
+    cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+      Buffer b(DType::kFloat32, (1 << 16) + 1 + (rank == 1 ? 1 : 0));
+      b.Fill(rank, 0, 0);
+      status[rank] = kv->PushPull("t0", b.view(), b.view());
+    });
+    for (int w = 0; w < k.workers; ++w) {
+      EXPECT_EQ(status[w].code(), absl::StatusCode::kInvalidArgument) << status[w];
+      EXPECT_TRUE(absl::StrContains(status[w].message(), "'t0'")) << status[w];
+      EXPECT_TRUE(absl::StrContains(status[w].message(), "65537")) << status[w];
+      EXPECT_TRUE(absl::StrContains(status[w].message(), "65538")) << status[w];
+    }
+    cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+      Buffer b(DType::kFloat32, (1 << 16) + 1);
+      b.Fill(rank, 1, 0);
+      ASSERT_OK(kv->PushPull("t0", b.view(), b.view()));
+      for (size_t e = 0; e < b.count; ++e) {
+        double want = 0;
+        for (int r = 0; r < k.workers; ++r) want += Value(e, r, 1, 0);
+        ASSERT_EQ(b.at(e), want) << "element " << e;
+      }
+    });
   }
 }
 
@@ -574,7 +666,9 @@ TEST(AllreduceTest, LeadersOfThreeNodesAllreduceDirectly) {
     for (int w = 0; w < workers; ++w) {
       const AllreduceStore::Stats s = StatsOf(cluster->worker(w));
       const bool leader = cluster->worker(w)->local_rank() == 0;
-      EXPECT_EQ(s.direct_allreduces, leader ? static_cast<uint64_t>(kRounds) : 0u)
+      // Nodes of one rank run over Gloo alone: there the push_pull goes as a direct
+      // two-shot once it has run alone.
+      EXPECT_EQ(s.direct_allreduces + s.two_shots, leader ? static_cast<uint64_t>(kRounds) : 0u)
           << "worker " << w;
     }
   }

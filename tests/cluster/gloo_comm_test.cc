@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "gloo/rendezvous/hash_store.h"
+#include "common/partition.h"
 #include "worker/comm/gloo_comm.h"
 
 namespace hybridps::testing {
@@ -109,6 +110,95 @@ TEST(GlooCommTest, ExchangesWithReceivesPostedAheadDeliverEveryMessage) {
     });
   }
   for (auto& t : threads) t.join();
+}
+
+// With 3 and 4 ranks, exchanges in which some ranks send each peer a message of its own
+// (AllgatherPerPeer) and the others one message to all (AllgatherFramed), receives posted
+// ahead or not: every rank gets every peer's message to it, and a rank's own is its message
+// to the next rank. Messages shorter than the slot, after longer ones in the same slot,
+// arrive exactly (only the message is sent), and one longer than its slot from a rank
+// sending one message to all still gets through.
+TEST(GlooCommTest, ExchangesOfAMessagePerPeerDeliverEachPeerItsOwn) {
+  for (int n : {3, 4}) {
+    SCOPED_TRACE(absl::StrCat(n, " ranks"));
+    gloo::rendezvous::HashStore store;
+    auto c = ConnectMesh(store, n);
+    for (int r = 0; r < n; ++r) ASSERT_NE(c[r], nullptr);
+    constexpr size_t kSlot = 16384;
+    // What rank `from` sends rank `to` in round i: per peer for even ranks from round 1 on.
+    auto per_peer = [](int from, size_t i) { return i > 0 && from % 2 == 0; };
+    auto message = [&](int from, int to, size_t i) {
+      if (!per_peer(from, i)) to = 0;  // one message to all
+      const size_t length = i == 1 ? 9000 + 10 * from + to : i == 3 && from == 1 ? 20000 : 100;
+      return std::string(length, static_cast<char>('a' + to + 5 * from + i));
+    };
+    std::vector<std::thread> threads;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        for (size_t i = 0; i < 5; ++i) {
+          absl::StatusOr<std::vector<absl::string_view>> got;
+          std::string framed(sizeof(uint64_t), '\0');  // the own view points into it
+          if (per_peer(r, i)) {
+            char* room = c[r]->PerPeerRoom(kSlot);
+            ASSERT_NE(room, nullptr);
+            std::vector<size_t> lengths(n, 0);
+            for (int p = 0; p < n; ++p) {
+              if (p == r) continue;
+              const std::string m = message(r, p, i);
+              m.copy(room + p * kSlot + sizeof(uint64_t), m.size());
+              lengths[p] = m.size();
+            }
+            got = c[r]->AllgatherPerPeer(lengths, kSlot, absl::Seconds(20));
+          } else {
+            framed += message(r, (r + 1) % n, i);
+            got = c[r]->AllgatherFramed(&framed, kSlot, absl::Seconds(20));
+          }
+          ASSERT_OK(got);
+          for (int p = 0; p < n; ++p) {
+            ASSERT_EQ((*got)[p], message(p, p == r ? (r + 1) % n : r, i))
+                << "round " << i << " rank " << r << " from " << p;
+          }
+          if (i % 2 == 1) c[r]->PostNextExchange(kSlot);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  }
+}
+
+// ShareChunks on 2 to 4 ranks: every rank ends with every rank's chunk (counts smaller
+// than the ranks: empty chunks), written by `fill` on the rank that owns it.
+TEST(GlooCommTest, SharedChunksReachEveryRank) {
+  for (int n : {2, 3, 4}) {
+    SCOPED_TRACE(absl::StrCat(n, " ranks"));
+    gloo::rendezvous::HashStore store;
+    auto c = ConnectMesh(store, n);
+    for (int r = 0; r < n; ++r) ASSERT_NE(c[r], nullptr);
+    for (size_t count : {size_t{1}, size_t{3}, size_t{1001}, size_t{65537}}) {
+      std::vector<std::vector<float>> out(n, std::vector<float>(count, -1.0f));
+      std::vector<std::thread> threads;
+      for (int r = 0; r < n; ++r) {
+        threads.emplace_back([&, r] {
+          const Chunk own = ChunkOf(count, r, n);
+          ASSERT_OK(c[r]->ShareChunks(
+              DType::kFloat32, out[r].data(), count,
+              [&] {
+                for (uint64_t k = own.begin; k < own.end; ++k) out[r][k] = 3.0f * k + r;
+              },
+              absl::Seconds(20)));
+        });
+      }
+      for (auto& t : threads) t.join();
+      for (int r = 0; r < n; ++r) {
+        for (int owner = 0; owner < n; ++owner) {
+          const Chunk ch = ChunkOf(count, owner, n);
+          for (uint64_t k = ch.begin; k < ch.end; ++k) {
+            ASSERT_EQ(out[r][k], 3.0f * k + owner) << "count " << count << " rank " << r;
+          }
+        }
+      }
+    }
+  }
 }
 
 // A rank whose peer never joins the exchange (receives posted ahead) is ended by Abort

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,7 @@ TEST(NegotiationTest, RoundTripKeepsEveryFieldAndAlignsPayloads) {
   float data[3] = {1, 2, 3};
   RankList l;
   l.leaving = true;
+  l.room = 70001;
   Entry e = PushPull("layer1.weight", 3, DType::kFloat32, -7, 4);
   e.age_ms = 1234;
   e.has_payload = true;
@@ -70,6 +72,7 @@ TEST(NegotiationTest, RoundTripKeepsEveryFieldAndAlignsPayloads) {
   auto p = Parse(wire, 2);
   ASSERT_OK(p);
   EXPECT_TRUE(p->leaving);
+  EXPECT_EQ(p->room, 70001u);
   ASSERT_EQ(p->entries.size(), 2u);
   const Entry& q = p->entries[0];
   EXPECT_EQ(q.name, "layer1.weight");
@@ -472,15 +475,20 @@ TEST(NegotiationTest, EagerWhenEveryRankSentItsDataOrTheRootDid) {
   EXPECT_EQ(p.actions[2].type, Action::Type::kAllreduce);  // rank 1 sent no data for z
 }
 
-// Rank r's entry of a two-shot: a payload of the other rank's chunk of `data`.
-Entry Half(const std::string& name, const std::vector<float>& data, int r, int n = 2) {
+// Rank r's entry in its message to rank `to` in a two-shot: rank `to`'s chunk of `data`.
+Entry ChunkFor(const std::string& name, const std::vector<float>& data, int to, int n) {
   Entry e = PushPull(name, data.size());
-  const Chunk c = ChunkOf(data.size(), 1 - r, n);
+  const Chunk c = ChunkOf(data.size(), to, n);
   e.has_payload = true;
   e.payload_offset = c.begin;
   e.payload = absl::string_view(reinterpret_cast<const char*>(data.data() + c.begin),
                                 (c.end - c.begin) * sizeof(float));
   return e;
+}
+
+// Rank r's entry of a two-shot of 2 ranks: the other rank's chunk of `data`.
+Entry Half(const std::string& name, const std::vector<float>& data, int r) {
+  return ChunkFor(name, data, 1 - r, 2);
 }
 
 TEST(NegotiationTest, ChunksSplitEveryElementOnceAndEvenly) {
@@ -532,6 +540,49 @@ TEST(NegotiationTest, TwoShotWhenBothRanksSentTheOthersChunk) {
   Plan p3 = Decide(RoundTrip(three, &wire), 0, 0);
   ASSERT_EQ(p3.actions.size(), 1u);
   EXPECT_EQ(p3.actions[0].type, Action::Type::kAllreduce);
+}
+
+// With 3 and 4 ranks each peer's message carries the receiving rank's chunk, and a rank's
+// own list is its message to the next rank: every rank that received its chunk from every
+// peer plans a two-shot, with payloads[r] its own chunk of rank r's data. A rank that sent
+// the wrong chunk (its own, to every peer and in its own list), or none, makes it an
+// allreduce on every rank.
+TEST(NegotiationTest, TwoShotWithMoreRanksWhenEveryPeerSentThisRanksChunk) {
+  for (int n : {3, 4}) {
+    SCOPED_TRACE(absl::StrCat(n, " ranks"));
+    std::vector<std::vector<float>> data(n);
+    for (int r = 0; r < n; ++r) {
+      for (int k = 0; k < 11; ++k) data[r].push_back(static_cast<float>(100 * r + k));
+    }
+    // "t": a two-shot. "u": rank 1 sent every rank its own chunk (rank 1's). "v": the last
+    // rank sent nothing.
+    for (int self = 0; self < n; ++self) {
+      std::vector<RankList> lists(n);
+      for (int r = 0; r < n; ++r) {
+        const int to = r == self ? (self + 1) % n : self;
+        lists[r].entries = {ChunkFor("t", data[r], to, n),
+                            ChunkFor("u", data[r], r == 1 ? 1 : to, n),
+                            r == n - 1 ? PushPull("v", 11) : ChunkFor("v", data[r], to, n)};
+      }
+      std::vector<std::string> wire;
+      Plan p = Decide(RoundTrip(lists, &wire), self, 0);
+      ASSERT_EQ(p.actions.size(), 3u) << "rank " << self;
+      EXPECT_EQ(p.actions[0].type, Action::Type::kTwoShot) << "rank " << self;
+      ASSERT_EQ(p.actions[0].payloads.size(), static_cast<size_t>(n));
+      const Chunk own = ChunkOf(11, self, n);
+      for (int r = 0; r < n; ++r) {
+        if (r == self) continue;
+        std::vector<float> got(own.end - own.begin);
+        ASSERT_EQ(p.actions[0].payloads[r].size(), got.size() * sizeof(float));
+        std::memcpy(got.data(), p.actions[0].payloads[r].data(), got.size() * sizeof(float));
+        EXPECT_EQ(got, std::vector<float>(data[r].begin() + own.begin,
+                                          data[r].begin() + own.end))
+            << "rank " << self << " from rank " << r;
+      }
+      EXPECT_EQ(p.actions[1].type, Action::Type::kAllreduce) << "rank " << self;
+      EXPECT_EQ(p.actions[2].type, Action::Type::kAllreduce) << "rank " << self;
+    }
+  }
 }
 
 TEST(NegotiationTest, PayloadsOutsideTheTensorAreRefused) {

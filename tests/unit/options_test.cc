@@ -36,7 +36,7 @@ class OptionsTest : public ::testing::Test {
                           "HYBRIDPS_CALLER_ROUNDS", "HYBRIDPS_FUSION_MAX_TENSOR_BYTES",
                           "HYBRIDPS_BIND_TO",
                           "HYBRIDPS_EAGER_BYTES", "HYBRIDPS_EAGER_PROBE",
-                          "HYBRIDPS_TWO_SHOT_BYTES",
+                          "HYBRIDPS_TWO_SHOT_BYTES", "HYBRIDPS_DIRECT_TWO_SHOT",
                           "HYBRIDPS_DIRECT_ALLREDUCE_BYTES",
                           "HYBRIDPS_LOCAL_ALLREDUCE", "HYBRIDPS_HIERARCHICAL_ALLREDUCE",
                           "HYBRIDPS_GPU_LOCAL_REDUCE", "HYBRIDPS_MXNET_MERGE",
@@ -226,6 +226,7 @@ TEST_F(OptionsTest, AllreduceFusionCycleAndStallSettings) {
   EXPECT_EQ(d->eager_probe, 1);
   EXPECT_EQ(d->two_shot_bytes, 0u);
   EXPECT_EQ(d->direct_allreduce_bytes, size_t{1} << 20);
+  EXPECT_EQ(d->direct_two_shot, 1);
   EXPECT_EQ(d->local_allreduce, 1);
   EXPECT_EQ(d->hierarchical_allreduce, 0);
   for (auto [var, value, ok] :
@@ -236,6 +237,8 @@ TEST_F(OptionsTest, AllreduceFusionCycleAndStallSettings) {
         std::tuple{"HYBRIDPS_EAGER_PROBE", "2", false},
         std::tuple{"HYBRIDPS_TWO_SHOT_BYTES", "8388608", true},
         std::tuple{"HYBRIDPS_TWO_SHOT_BYTES", "8388609", false},
+        std::tuple{"HYBRIDPS_DIRECT_TWO_SHOT", "0", true},
+        std::tuple{"HYBRIDPS_DIRECT_TWO_SHOT", "2", false},
         std::tuple{"HYBRIDPS_LOCAL_ALLREDUCE", "0", true},
         std::tuple{"HYBRIDPS_LOCAL_ALLREDUCE", "2", false},
         std::tuple{"HYBRIDPS_HIERARCHICAL_ALLREDUCE", "1", true},

@@ -38,6 +38,8 @@ constexpr size_t kShmEagerBytes = 64 << 10;
 // collective of its own costs a few microseconds, less than the fusion buffer's copies in
 // and out of anything larger (Options::fusion_max_tensor_bytes applies below it).
 constexpr size_t kShmFusionMaxTensorBytes = 128 << 10;
+// The most names AllreduceStore::ran_alone_ remembers.
+constexpr size_t kMaxRanAlone = 4096;
 
 std::string Ranks(const std::vector<int>& ranks) {
   return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ", absl::StrJoin(ranks, ", "));
@@ -239,7 +241,7 @@ bool AllreduceStore::RunRound(bool caller, absl::Time now, bool* job_active) {
   // (stats_.negotiating and the timeline's span).
   const absl::Time t0 = now;
   absl::Time t1;
-  absl::Status failure = GatherLists(mine, &lists, &t1);
+  absl::Status failure = GatherLists(&mine, &lists, &t1);
   nego::Plan plan;
   if (failure.ok()) {
     plan = nego::Decide(lists, rank_, fusion_bytes_, fusion_max_tensor_bytes());
@@ -299,6 +301,11 @@ size_t AllreduceStore::eager_limit() const {
 size_t AllreduceStore::fusion_max_tensor_bytes() const {
   return std::min(fusion_max_tensor_bytes_,
                   InSharedMemory() ? kShmFusionMaxTensorBytes : SIZE_MAX);
+}
+
+bool AllreduceStore::DirectTwoShots() const {
+  return options_.direct_two_shot != 0 && cpu_ && cpu_->kind() == CpuCollectives::Kind::kGloo &&
+         num_workers_ >= 3;
 }
 
 bool AllreduceStore::InSharedMemory() const {
@@ -392,31 +399,93 @@ void AllreduceStore::ListMine(const std::vector<std::shared_ptr<Op>>& listed, ab
       }
     }
   }
+  ListDirectTwoShot(listed, eager_tensor, mine);
 }
 
-absl::Status AllreduceStore::GatherLists(const nego::RankList& mine,
+void AllreduceStore::ListDirectTwoShot(const std::vector<std::shared_ptr<Op>>& listed,
+                                       size_t eager_tensor, nego::RankList* mine) {
+  // With 3 to 8 workers over Gloo, a push_pull that goes directly sends its first step
+  // with the negotiation: each peer gets a message of its own with its share
+  // (GatherLists), and the plan makes it a two-shot when every rank did so. Only for this
+  // rank's only direct push_pull of the round (several are fused into one allreduce)
+  // whose last occurrence also ran alone and directly on every rank (ran_alone_): the
+  // shares of a rank whose peers then run it otherwise are sent for nothing. The message
+  // must fit the round's slot, which every rank computes from the rooms asked for in the
+  // last rounds.
+  scattered_.clear();
+  mine->room = 0;
+  const int n = num_workers_;
+  if (!DirectTwoShots()) return;
+  size_t lone = SIZE_MAX;
+  int direct = 0;
+  for (size_t i = 0; i < listed.size(); ++i) {
+    const Op& op = *listed[i];
+    const size_t bytes = op.in.bytes();
+    if (op.kind != nego::OpKind::kPushPull || op.in.device != Device::kCPU ||
+        mine->entries[i].has_payload || bytes <= eager_tensor || !cpu_->GoesDirect(bytes)) {
+      continue;
+    }
+    ++direct;
+    lone = i;
+  }
+  if (direct != 1) return;
+  const Op& op = *listed[lone];
+  // Data goes along only the first time (ListMine), and every share holds an element (a
+  // payload is never empty).
+  if (op.rounds_listed != 1 || op.in.count < static_cast<uint64_t>(n)) return;
+  const Chunk largest = ChunkOf(op.in.count, 0, n);
+  const size_t share = (largest.end - largest.begin) * DTypeSize(op.in.dtype);
+  const size_t want = nego::SerializedBytes(*mine) + (share + 7) / 8 * 8;
+  mine->room = want;
+  if (!ran_alone_.contains(op.name) || sizeof(uint64_t) + want > slot_bytes_ ||
+      cpu_->PerPeerRoom(slot_bytes_) == nullptr) {
+    return;  // the next rounds' slot will have room
+  }
+  scattered_.push_back(Scattered{lone, static_cast<const char*>(op.in.data)});
+}
+
+absl::Status AllreduceStore::GatherLists(nego::RankList* mine,
                                          std::vector<nego::RankList>* lists, absl::Time* t1) {
   // The eager payloads are copied into the message: in shared memory straight into this
   // rank's exchange area; otherwise into a buffer kept from round to round, framed for
-  // AllgatherFramed (8 bytes for the length, then the message), and sent from there.
+  // AllgatherFramed (8 bytes for the length, then the message), and sent from there. With
+  // a direct two-shot's shares, each peer's message is written into a slot of its own.
   const absl::Span<char> room = cpu_->ExchangeRoom();
-  const size_t bytes = nego::SerializedBytes(mine);
   absl::Status exchanged;
-  if (bytes <= room.size()) {
-    nego::SerializeTo(mine, rank_, room.data());
+  if (!scattered_.empty()) {
+    char* const per_peer = cpu_->PerPeerRoom(slot_bytes_);  // ListDirectTwoShot checked
+    per_peer_bytes_.assign(num_workers_, 0);
+    for (int r = 0; r < num_workers_; ++r) {
+      if (r == rank_) continue;
+      for (const Scattered& s : scattered_) {
+        nego::Entry& e = mine->entries[s.entry];
+        const Chunk c = ChunkOf(e.count, r, num_workers_);
+        const size_t es = DTypeSize(e.dtype);
+        e.has_payload = true;
+        e.payload_offset = c.begin;
+        e.payload = absl::string_view(s.data + c.begin * es, (c.end - c.begin) * es);
+      }
+      per_peer_bytes_[r] = nego::SerializedBytes(*mine);
+      nego::SerializeTo(*mine, rank_, per_peer + r * slot_bytes_ + sizeof(uint64_t));
+    }
+    exchanged = cpu_->ExchangePerPeer(per_peer_bytes_, slot_bytes_, gloo_timeout_, &gathered_);
+  } else if (const size_t bytes = nego::SerializedBytes(*mine); bytes <= room.size()) {
+    nego::SerializeTo(*mine, rank_, room.data());
     exchanged = cpu_->ExchangeWritten(bytes, slot_bytes_, gloo_timeout_, &gathered_);
   } else {
     msg_.resize(sizeof(uint64_t) + bytes);  // the length is AllgatherFramed's to write
-    nego::SerializeTo(mine, rank_, msg_.data() + sizeof(uint64_t));
+    nego::SerializeTo(*mine, rank_, msg_.data() + sizeof(uint64_t));
     exchanged = cpu_->Exchange(&msg_, slot_bytes_, gloo_timeout_, &gathered_);
   }
   *t1 = WallNow();
   RETURN_IF_ERROR(exchanged);
+  // The next slot holds every rank's message, and the room a rank asked for.
   size_t largest = 0;
   lists->resize(num_workers_);
   for (int r = 0; r < num_workers_; ++r) {
-    largest = std::max(largest, gathered_[r].size());
     RETURN_IF_ERROR(nego::ParseInto(gathered_[r], r, &(*lists)[r]));
+    largest = std::max({largest, gathered_[r].size(),
+                        static_cast<size_t>(std::min<uint64_t>((*lists)[r].room, kMaxSlot))});
   }
   // The next slot, from data every rank holds.
   recent_sizes_.push_back(largest + sizeof(uint64_t));
@@ -536,6 +605,7 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
           SumInto(a.dtype, first->out.data, a.payloads[r].data(), first->in.count);
         }
       }
+      if (DirectTwoShots()) NoteRun(first->name, false);
       return FinishCounted(first, absl::OkStatus(), &Stats::eager);
     }
     case nego::Action::Type::kTwoShot:
@@ -586,11 +656,15 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
     }
   }
   s = ExplainFailure(s);
+  const bool direct = cpu_->GoesDirect(a.total_count * es);
+  if (DirectTwoShots()) {
+    for (size_t i : a.entries) NoteRun(listed[i]->name, direct && a.entries.size() == 1);
+  }
   {
     absl::MutexLock lock(&mu_);
     ++stats_.allreduces;
     if (cpu_->in_shared_memory()) ++stats_.shm_allreduces;
-    if (cpu_->GoesDirect(a.total_count * es)) ++stats_.direct_allreduces;
+    if (direct) ++stats_.direct_allreduces;
     if (a.entries.size() > 1) stats_.fused_tensors += a.entries.size();
   }
   for (size_t i : a.entries) Finish(listed[i].get(), s);
@@ -598,26 +672,45 @@ absl::Status AllreduceStore::Execute(const nego::Action& a,
 }
 
 absl::Status AllreduceStore::ExecuteTwoShot(const nego::Action& a, Op* op) {
-  const int peer = 1 - rank_;
+  const int n = num_workers_;
   const size_t es = DTypeSize(a.dtype);
-  const Chunk own = ChunkOf(op->in.count, rank_, 2);
-  const Chunk theirs = ChunkOf(op->in.count, peer, 2);
-  const char* in = static_cast<const char*>(op->in.data);
-  char* out = static_cast<char*>(op->out.data);
-  // The peer's chunk arrives straight into the output, while this rank sums its own (in
-  // rank order, as everywhere). In place, the input's copy of the peer's chunk already
-  // left with the negotiation.
-  const absl::Status s = comm_->SwapWithPeer(
-      peer, out + theirs.begin * es, (theirs.end - theirs.begin) * es,
-      out + own.begin * es, (own.end - own.begin) * es,
-      [&] {
-        const void* mine = in + own.begin * es;
-        const void* other = a.payloads[peer].data();
-        Sum2(a.dtype, out + own.begin * es, rank_ == 0 ? mine : other,
-             rank_ == 0 ? other : mine, own.end - own.begin);
-      },
-      gloo_timeout_);
+  const Chunk own = ChunkOf(op->in.count, rank_, n);
+  const size_t m = own.end - own.begin;
+  const char* in = static_cast<const char*>(op->in.data) + own.begin * es;
+  char* sum = static_cast<char*>(op->out.data) + own.begin * es;
+  // The peers' summed chunks arrive straight into the output while this rank sums its own
+  // (each chunk is summed by one rank, so every rank gets the same bits). In place, the
+  // input's copies of the peers' chunks already left with the negotiation. With 2 ranks
+  // in rank order; with more as the direct allreduce sums (this rank's copy first, then
+  // the others' in rank order), so that both give the same bits.
+  auto fill = [&] {
+    if (m == 0) return;
+    if (n == 2) {
+      const void* other = a.payloads[1 - rank_].data();
+      Sum2(a.dtype, sum, rank_ == 0 ? in : other, rank_ == 0 ? other : in, m);
+      return;
+    }
+    const int first = rank_ == 0 ? 1 : 0;
+    Sum2(a.dtype, sum, in, a.payloads[first].data(), m);
+    for (int r = first + 1; r < n; ++r) {
+      if (r != rank_) SumInto(a.dtype, sum, a.payloads[r].data(), m);
+    }
+  };
+  const absl::Status s = comm_->ShareChunks(a.dtype, op->out.data, op->in.count, fill,
+                                            gloo_timeout_);
+  if (n > 2) NoteRun(op->name, /*alone_and_direct=*/true);
   return FinishCounted(op, s, &Stats::two_shots);
+}
+
+void AllreduceStore::NoteRun(const std::string& name, bool alone_and_direct) {
+  if (alone_and_direct) {
+    // Bounded (names that never come back): every rank forgets at the same point, as
+    // every rank runs the same plans.
+    if (ran_alone_.size() >= kMaxRanAlone && !ran_alone_.contains(name)) ran_alone_.clear();
+    ran_alone_.insert(name);
+  } else {
+    ran_alone_.erase(name);
+  }
 }
 
 absl::Status AllreduceStore::FinishCounted(Op* op, absl::Status s, uint64_t Stats::*counter) {

@@ -74,6 +74,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "common/control_client.h"
 #include "common/options.h"
@@ -123,7 +124,7 @@ class AllreduceStore : public KVStore {
     uint64_t allreduces = 0;     // Gloo allreduce calls
     uint64_t fused_tensors = 0;  // push_pulls that went through a fusion buffer
     uint64_t eager = 0;          // operations computed from the negotiation data
-    uint64_t two_shots = 0;      // push_pulls run as two-shots (2 ranks, negotiation.h)
+    uint64_t two_shots = 0;      // push_pulls run as two-shots (negotiation.h)
     uint64_t shm_allreduces = 0;  // allreduces run in shared memory (one host, or a node)
     uint64_t direct_allreduces = 0;  // allreduces sent directly between every pair (Gloo)
     uint64_t broadcasts = 0;     // Gloo broadcast calls
@@ -222,13 +223,22 @@ class AllreduceStore : public KVStore {
   bool ListHeads(bool caller, absl::Time now, std::vector<std::shared_ptr<Op>>* listed);
   void ListMine(const std::vector<std::shared_ptr<Op>>& listed, absl::Time now,
                 negotiation::RankList* mine);
-  absl::Status GatherLists(const negotiation::RankList& mine,
+  // ListMine's part for a direct two-shot (Options::direct_two_shot): scattered_ and the
+  // room this rank asks for.
+  void ListDirectTwoShot(const std::vector<std::shared_ptr<Op>>& listed, size_t eager_tensor,
+                         negotiation::RankList* mine);
+  absl::Status GatherLists(negotiation::RankList* mine,
                            std::vector<negotiation::RankList>* lists, absl::Time* t1);
   absl::Status RunPlan(const negotiation::Plan& plan,
                        const std::vector<std::shared_ptr<Op>>& listed);
   absl::Status Execute(const negotiation::Action& action,
                        const std::vector<std::shared_ptr<Op>>& listed);
-  // A kTwoShot action (2 ranks, CPU): sums this rank's half, swaps halves with the peer.
+  // Whether push_pulls may send their shares with the negotiation (ListDirectTwoShot):
+  // Options::direct_two_shot, over Gloo alone, 3 workers or more.
+  bool DirectTwoShots() const;
+  // Records how the push_pull of `name` ran (ran_alone_).
+  void NoteRun(const std::string& name, bool alone_and_direct);
+  // A kTwoShot action (CPU): sums this rank's chunk, shares it with every peer.
   absl::Status ExecuteTwoShot(const negotiation::Action& action, Op* op);
   void Warn(const negotiation::Plan& plan, const std::vector<std::shared_ptr<Op>>& listed,
             absl::Time now);
@@ -306,6 +316,18 @@ class AllreduceStore : public KVStore {
   // operations in it, its list, everyone's messages and everyone's lists parsed.
   std::vector<std::shared_ptr<Op>> listed_;
   negotiation::RankList mine_;
+  // The entries of mine_ whose chunks go to every peer with a message of its own (the
+  // direct two-shot, Options::direct_two_shot), with their operations' data.
+  struct Scattered {
+    size_t entry;
+    const char* data;
+  };
+  std::vector<Scattered> scattered_;
+  // The names whose last push_pull ran alone and directly (a direct allreduce of its own,
+  // or a direct two-shot): from the plans, so the same on every rank. Only these send
+  // their shares along: a tensor that runs fused or through the ring would waste them.
+  absl::flat_hash_set<std::string> ran_alone_;
+  std::vector<size_t> per_peer_bytes_;  // the messages' lengths, by peer
   std::vector<absl::string_view> gathered_;
   std::vector<negotiation::RankList> lists_;
   bool verdict_awaited_ = false;  // in this round (AwaitPeerVerdict)

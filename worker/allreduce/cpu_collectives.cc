@@ -42,6 +42,13 @@ class GlooCollectives : public CpuCollectives {
     ASSIGN_OR_RETURN(*out, world_->AllgatherFramed(framed, slot_bytes, timeout));
     return absl::OkStatus();
   }
+  char* PerPeerRoom(size_t slot_bytes) override { return world_->PerPeerRoom(slot_bytes); }
+  absl::Status ExchangePerPeer(const std::vector<size_t>& lengths, size_t slot_bytes,
+                               absl::Duration timeout,
+                               std::vector<absl::string_view>* out) override {
+    ASSIGN_OR_RETURN(*out, world_->AllgatherPerPeer(lengths, slot_bytes, timeout));
+    return absl::OkStatus();
+  }
   void PostNextExchange(size_t slot_bytes) override { world_->PostNextExchange(slot_bytes); }
   void Abort(const absl::Status&) override {}  // the store aborts `world` itself
   void Close() override {}
@@ -92,6 +99,7 @@ class SharedMemoryCollectives : public GlooCollectives {
     framed_.append(mine, bytes);
     return GlooCollectives::Exchange(&framed_, slot_bytes, timeout, out);
   }
+  char* PerPeerRoom(size_t) override { return nullptr; }  // every peer reads one message
   void PostNextExchange(size_t) override {}  // the next exchange is the segment's
   void Abort(const absl::Status& why) override { node_->Abort(why); }
 
@@ -143,6 +151,8 @@ class HierarchicalCollectives : public GlooCollectives {
     };
     return node_->HierarchicalAllreduce(dtype, in, out, count, timeout, across);
   }
+  // Every worker reads one message: its sums go through the nodes.
+  char* PerPeerRoom(size_t) override { return nullptr; }
   // Across the nodes' leaders: only they run that part.
   bool GoesDirect(size_t bytes) const override {
     return leaders_ && leaders_->size() >= 3 && leaders_->size() <= kMaxDirectRanks &&

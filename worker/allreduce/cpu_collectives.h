@@ -64,6 +64,21 @@ class CpuCollectives {
                                        std::vector<absl::string_view>* /*out*/) {
     return absl::InternalError("this exchange takes no message in place");
   }
+  // Room for an exchange in which each worker gets a message of its own
+  // (ExchangePerPeer): `slot_bytes` per worker, the message for worker r at
+  // r * slot_bytes + 8, at most slot_bytes - 8 bytes each. Null where the exchange sends
+  // every worker the same message (shared memory, hierarchical, or a slot that goes
+  // through Gloo's ring: GlooComm::PerPeerRoom).
+  virtual char* PerPeerRoom(size_t /*slot_bytes*/) { return nullptr; }
+  // The exchange of the messages written at PerPeerRoom(slot_bytes), `lengths` bytes by
+  // worker: every worker's message to this one, as Exchange, and this worker's to the next
+  // as its own (GlooComm::AllgatherPerPeer). Other workers may send every worker the same
+  // message in the same exchange.
+  virtual absl::Status ExchangePerPeer(const std::vector<size_t>& /*lengths*/,
+                                       size_t /*slot_bytes*/, absl::Duration /*timeout*/,
+                                       std::vector<absl::string_view>* /*out*/) {
+    return absl::InternalError("this exchange sends every worker the same message");
+  }
   // The next Exchange's receives, posted now when it goes through Gloo.
   virtual void PostNextExchange(size_t slot_bytes) = 0;
   // Ends what runs (any thread): the collective in progress fails with `why`.

@@ -43,9 +43,8 @@ constexpr size_t kDirectSlotBytes = 2 << 20;
 // The Gloo slot of the direct exchanges (a prefix no Gloo collective uses); exchanges are
 // matched in order, one at a time.
 constexpr uint64_t kExchangeSlot = (uint64_t{0xE1} << 56) | 1;
-// The Gloo slot of SwapWithPeer (one at a time, so matched in order too).
-constexpr uint64_t kSwapSlot = (uint64_t{0xE2} << 56) | 1;
-// The Gloo slots of AllreduceDirect's two steps (matched in order, one call at a time).
+// The Gloo slots of AllreduceDirect's two steps, the second also ShareChunks' (matched in
+// order, one call at a time).
 constexpr uint64_t kScatterSlot = (uint64_t{0xE3} << 56) | 1;
 constexpr uint64_t kGatherSlot = (uint64_t{0xE3} << 56) | 2;
 
@@ -381,26 +380,37 @@ absl::Status GlooComm::Broadcast(DType dtype, void* data, size_t count, int root
   });
 }
 
-absl::Status GlooComm::SwapWithPeer(int peer, void* recv, size_t recv_bytes, const void* send,
-                                    size_t send_bytes, absl::FunctionRef<void()> fill,
-                                    absl::Duration timeout) {
-  if (!context_ || peer < 0 || peer >= size_ || peer == rank_) {
-    return absl::InternalError(absl::StrCat("swap: no peer ", peer, " for rank ", rank_,
-                                            " of ", size_));
+absl::Status GlooComm::ShareChunks(DType dtype, void* out, size_t count,
+                                   absl::FunctionRef<void()> fill, absl::Duration timeout) {
+  if (!context_) {
+    fill();
+    return absl::OkStatus();
   }
-  return Guard("allreduce (swapping halves)", [&] {
-    std::unique_ptr<gloo::transport::UnboundBuffer> in, out;
-    if (recv_bytes > 0) {
-      in = context_->createUnboundBuffer(recv, recv_bytes);
-      in->recv(peer, kSwapSlot);
+  const size_t es = DTypeSize(dtype);
+  const Chunk own = ChunkOf(count, rank_, size_);
+  const size_t own_bytes = (own.end - own.begin) * es;
+  char* const result = static_cast<char*>(out);
+  return Guard("allreduce (sharing summed chunks)", [&] {
+    auto buf = context_->createUnboundBuffer(result, count * es);
+    int recvs = 0;
+    for (int r = 0; r < size_; ++r) {
+      const Chunk c = ChunkOf(count, r, size_);
+      if (r == rank_ || c.end == c.begin) continue;
+      buf->recv(r, kGatherSlot, c.begin * es, (c.end - c.begin) * es);
+      ++recvs;
     }
     fill();
-    if (send_bytes > 0) {
-      out = context_->createUnboundBuffer(const_cast<void*>(send), send_bytes);
-      out->send(peer, kSwapSlot);
+    if (own_bytes > 0) {
+      for (int i = 1; i < size_; ++i) {  // starting with the next rank, as AllreduceDirect
+        buf->send((rank_ + i) % size_, kGatherSlot, own.begin * es, own_bytes);
+      }
     }
-    if (in) in->waitRecv(Millis(timeout));
-    if (out) out->waitSend(Millis(timeout));
+    // The receives first: Abort ends a pending receive at once, a pending send only at
+    // its timeout.
+    for (int i = 0; i < recvs; ++i) buf->waitRecv(Millis(timeout));
+    if (own_bytes > 0) {
+      for (int i = 1; i < size_; ++i) buf->waitSend(Millis(timeout));
+    }
   });
 }
 
@@ -447,7 +457,6 @@ absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherFramed(
   if (!context_) return std::vector<absl::string_view>{mine};
   RETURN_IF_ERROR(post_failed_);
   // A slot: [u64 length][the first slot - 8 bytes]; the tails follow in an allgatherv.
-  const size_t inline_bytes = slot - sizeof(uint64_t);
   if (!Direct(slot) && slot_all_.size() < slot * size_) {
     slot_all_.resize(slot * size_);
   }
@@ -462,27 +471,17 @@ absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherFramed(
     // takes 2(n-1) dependent ones, each a thread handoff that can cost
     // a scheduler tick on a loaded machine. The receives are usually posted already
     // (PostNextExchange).
-    Exchange& x = exchange_[next_exchange_];
-    if (x.posted && x.slot != slot) {
-      return absl::InternalError(absl::StrCat("negotiation: receives posted for a slot of ",
-                                              x.slot, " bytes, exchanging ", slot));
-    }
     RETURN_IF_ERROR(Guard("negotiation (exchange)", [&] {
-      if (!x.posted) PostExchange(next_exchange_, slot);
       if (!send_buf_ || send_buf_->ptr != own_slot || send_buf_->size < slot) {
         send_buf_ = context_->createUnboundBuffer(own_slot, framed->size());
       }
-      for (int r = 0; r < size_; ++r) {
-        if (r != rank_) send_buf_->send(r, kExchangeSlot, 0, slot);
-      }
-      for (int i = 1; i < size_; ++i) x.buf->waitRecv(Millis(timeout));
-      for (int i = 1; i < size_; ++i) send_buf_->waitSend(Millis(timeout));
     }));
-    x.posted = false;
-    next_exchange_ ^= 1;
-    for (int r = 0; r < size_; ++r) {
-      slots[r] = r == rank_ ? own_slot : x.bytes.data() + r * slot;
-    }
+    // Only the message (a shorter send fills the start of a posted receive): a slot sized
+    // for a larger message of an earlier round is not sent whole.
+    const size_t sent = std::min(sizeof(uint64_t) + len, slot);
+    RETURN_IF_ERROR(ExchangeDirect(
+        send_buf_.get(), [](int) { return size_t{0}; }, [sent](int) { return sent; },
+        own_slot, slot, timeout, &slots));
   } else {
     RETURN_IF_ERROR(Guard("negotiation (allgather)", [&] {
       gloo::AllgatherOptions opts(context_);
@@ -493,8 +492,82 @@ absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherFramed(
     }));
     for (int r = 0; r < size_; ++r) slots[r] = slot_all_.data() + r * slot;
   }
+  return JoinSlots(slots, own_slot, slot, timeout);
+}
+
+char* GlooComm::PerPeerRoom(size_t slot) {
+  if (!context_ || !Direct(slot) || slot < sizeof(uint64_t)) return nullptr;
+  if (per_peer_.size() < slot * size_) {
+    per_peer_.resize(slot * size_);
+    per_peer_buf_.reset();  // over the old memory
+  }
+  return per_peer_.data();
+}
+
+absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherPerPeer(
+    const std::vector<size_t>& lengths, size_t slot, absl::Duration timeout) {
+  if (!context_ || !Direct(slot) || per_peer_.size() < slot * size_ ||
+      lengths.size() != static_cast<size_t>(size_)) {
+    return absl::InternalError(
+        absl::StrCat("negotiation: no exchange of a message per peer in slots of ", slot,
+                     " bytes with ", size_, " ranks"));
+  }
+  RETURN_IF_ERROR(post_failed_);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    if (lengths[r] > slot - sizeof(uint64_t)) {
+      return absl::InternalError(absl::StrCat("negotiation: a message of ", lengths[r],
+                                              " bytes for rank ", r, " in a slot of ", slot));
+    }
+    const uint64_t len64 = lengths[r];
+    std::memcpy(per_peer_.data() + r * slot, &len64, sizeof len64);
+  }
+  RETURN_IF_ERROR(Guard("negotiation (exchange)", [&] {
+    if (!per_peer_buf_) {
+      per_peer_buf_ = context_->createUnboundBuffer(per_peer_.data(), per_peer_.size());
+    }
+  }));
+  std::vector<const char*> slots(size_);
+  const char* own = per_peer_.data() + (rank_ + 1) % size_ * slot;
+  RETURN_IF_ERROR(ExchangeDirect(
+      per_peer_buf_.get(), [slot](int r) { return r * slot; },
+      [&lengths](int r) { return sizeof(uint64_t) + lengths[r]; }, own, slot, timeout,
+      &slots));
+  return JoinSlots(slots, own, slot, timeout);
+}
+
+absl::Status GlooComm::ExchangeDirect(gloo::transport::UnboundBuffer* send,
+                                      absl::FunctionRef<size_t(int)> send_offset,
+                                      absl::FunctionRef<size_t(int)> send_bytes,
+                                      const char* own, size_t slot, absl::Duration timeout,
+                                      std::vector<const char*>* slots) {
+  Exchange& x = exchange_[next_exchange_];
+  if (x.posted && x.slot != slot) {
+    return absl::InternalError(absl::StrCat("negotiation: receives posted for a slot of ",
+                                            x.slot, " bytes, exchanging ", slot));
+  }
+  RETURN_IF_ERROR(Guard("negotiation (exchange)", [&] {
+    if (!x.posted) PostExchange(next_exchange_, slot);
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) send->send(r, kExchangeSlot, send_offset(r), send_bytes(r));
+    }
+    for (int i = 1; i < size_; ++i) x.buf->waitRecv(Millis(timeout));
+    for (int i = 1; i < size_; ++i) send->waitSend(Millis(timeout));
+  }));
+  x.posted = false;
+  next_exchange_ ^= 1;
+  for (int r = 0; r < size_; ++r) {
+    (*slots)[r] = r == rank_ ? own : x.bytes.data() + r * slot;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<absl::string_view>> GlooComm::JoinSlots(
+    const std::vector<const char*>& slots, const char* own, size_t slot,
+    absl::Duration timeout) {
+  const size_t inline_bytes = slot - sizeof(uint64_t);
   std::vector<absl::string_view> out(size_);
-  std::vector<size_t> lengths(size_), tails(size_);
+  std::vector<size_t> tails(size_);
   bool any_tail = false;
   for (int r = 0; r < size_; ++r) {
     uint64_t n = 0;
@@ -503,7 +576,6 @@ absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherFramed(
       return absl::DataLossError(absl::StrCat("rank ", r, " sent a negotiation message of ",
                                               n, " bytes"));
     }
-    lengths[r] = n;
     out[r] = absl::string_view(slots[r] + sizeof n, std::min<size_t>(n, inline_bytes));
     tails[r] = n > inline_bytes ? n - inline_bytes : 0;
     any_tail = any_tail || tails[r] > 0;
@@ -514,7 +586,7 @@ absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherFramed(
   size_t total = 0;
   for (int r = 0; r < size_; ++r) total += counts[r] = std::max<size_t>(1, tails[r]);
   tail_in_.assign(counts[rank_], '\0');
-  if (tails[rank_] > 0) tail_in_.assign(own_slot + slot, tails[rank_]);  // after the slot
+  if (tails[rank_] > 0) tail_in_.assign(own + slot, tails[rank_]);  // after the slot
   if (tail_all_.size() < total) tail_all_.resize(total);
   RETURN_IF_ERROR(Guard("negotiation (allgatherv)", [&] {
     gloo::AllgathervOptions opts(context_);

@@ -98,13 +98,13 @@ class GlooComm {
   // data = the root's data, on every rank.
   absl::Status Broadcast(DType dtype, void* data, size_t count, int root,
                          absl::Duration timeout);
-  // One exchange with `peer`: posts the receive of `recv_bytes` into `recv`, runs `fill`
-  // (which may write `send`: the peer's data then arrives meanwhile), sends `send_bytes`
-  // from `send`, and waits for both. The peer calls it with the sizes swapped. The two
-  // buffers must not overlap.
-  absl::Status SwapWithPeer(int peer, void* recv, size_t recv_bytes, const void* send,
-                            size_t send_bytes, absl::FunctionRef<void()> fill,
-                            absl::Duration timeout);
+  // The second step of a two-shot: rank r's chunk ChunkOf(count, r, size()) of `out`, on
+  // every rank. Posts the receives of the peers' chunks into `out`, runs `fill` (which
+  // writes this rank's chunk: the peers' data then arrives meanwhile), sends this rank's
+  // chunk to every peer, and waits for all of it. Every rank calls it with the same dtype
+  // and count.
+  absl::Status ShareChunks(DType dtype, void* out, size_t count, absl::FunctionRef<void()> fill,
+                           absl::Duration timeout);
   // Every rank's `mine` (any length), indexed by rank; the views point into buffers of
   // this communicator and stay valid until the next call. Costs one exchange of `slot`
   // bytes per rank (every rank must pass the same slot; small slots, and any with 2 ranks,
@@ -120,6 +120,18 @@ class GlooComm {
   absl::StatusOr<std::vector<absl::string_view>> AllgatherFramed(std::string* framed,
                                                                  size_t slot,
                                                                  absl::Duration timeout);
+  // Room for an exchange in which each peer gets a message of its own (AllgatherPerPeer):
+  // `slot` bytes per rank, the message for peer r at r * slot + 8, at most slot - 8 bytes
+  // each. Null where such an exchange cannot run: one rank, or a slot that goes through
+  // the ring (not Direct). Valid until the next call.
+  char* PerPeerRoom(size_t slot);
+  // The exchange of AllgatherFramed with the messages written at PerPeerRoom(slot)
+  // (lengths[r] bytes for peer r; lengths[rank()] is not read): peer r receives its own,
+  // and the result holds every peer's message to this rank and, at rank(), this rank's
+  // message to the next rank ((rank() + 1) % size()). The peers may call AllgatherFramed
+  // or this in the same exchange; the receives are the same.
+  absl::StatusOr<std::vector<absl::string_view>> AllgatherPerPeer(
+      const std::vector<size_t>& lengths, size_t slot, absl::Duration timeout);
   // Posts the receives of the next AllgatherBytes now, for a direct `slot` (which that
   // call must then pass; every rank calls this with the same slot, or none does). Gloo
   // sends only to a receive its peer has posted, so an exchange whose receives were
@@ -152,6 +164,21 @@ class GlooComm {
   bool Direct(size_t slot) const;
   // Posts exchange_[i]'s receives of `slot` bytes from every peer.
   void PostExchange(int i, size_t slot);
+  // The direct exchange of one slot per rank: `send` (over the slots to send), rank r's
+  // send_bytes(r) at send_offset(r) (at most a slot: a message shorter than the slot
+  // fills the start of the peer's receive); where every rank's slot arrived (this rank's:
+  // `own`) into `slots`.
+  absl::Status ExchangeDirect(gloo::transport::UnboundBuffer* send,
+                              absl::FunctionRef<size_t(int)> send_offset,
+                              absl::FunctionRef<size_t(int)> send_bytes, const char* own,
+                              size_t slot, absl::Duration timeout,
+                              std::vector<const char*>* slots);
+  // Every rank's message from the slots (8 bytes of length, then the message's first
+  // slot - 8 bytes), with the tails of those longer than that (an allgatherv; this rank's
+  // tail follows its slot at `own`).
+  absl::StatusOr<std::vector<absl::string_view>> JoinSlots(
+      const std::vector<const char*>& slots, const char* own, size_t slot,
+      absl::Duration timeout);
   // AllgatherBytes' buffers, kept from call to call (no allocation or zeroing per round).
   std::string own_, slot_all_, tail_in_, tail_all_;  // own_: AllgatherBytes' framing
   // The direct exchange (small slots): our slot goes to every peer from the framed
@@ -168,6 +195,9 @@ class GlooComm {
   int next_exchange_ = 0;
   absl::Status post_failed_;  // PostNextExchange's failure, for the next exchange
   std::unique_ptr<gloo::transport::UnboundBuffer> send_buf_;  // over the framed message
+  // AllgatherPerPeer's messages (PerPeerRoom), and the buffer they are sent from.
+  std::string per_peer_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> per_peer_buf_;
   std::vector<std::string> joined_;  // per rank, when tails were gathered
   std::string direct_parts_;  // AllreduceDirect: the peers' copies of this rank's chunk
 };

@@ -19,8 +19,8 @@ namespace {
 
 // Fields travel in host byte order (every supported host is little-endian).
 constexpr uint32_t kMagic = 0x4E535048;  // "HPSN"
-// 2: the device byte; 3: the payload's offset; 4: phase; 5: the shape
-constexpr uint16_t kVersion = 5;
+// 2: the device byte; 3: the payload's offset; 4: phase; 5: the shape; 6: the room
+constexpr uint16_t kVersion = 6;
 constexpr uint16_t kFlagLeaving = 1;
 constexpr size_t kEntryBytes = 56;
 constexpr size_t kReservedBytes = 6;  // after the phase and ndim, zero: keeps names 8-aligned
@@ -126,6 +126,7 @@ void SerializeTo(const RankList& list, int rank, char* out) {
   w.Put(static_cast<uint16_t>(list.leaving ? kFlagLeaving : 0));
   w.Put(static_cast<int32_t>(rank));
   w.Put(static_cast<uint32_t>(list.entries.size()));
+  w.Put(list.room);
   for (const Entry& e : list.entries) {
     w.Put(e.occurrence);
     w.Put(static_cast<uint8_t>(e.kind));
@@ -174,7 +175,7 @@ absl::Status ParseInto(absl::string_view bytes, int rank, RankList* list) {
   uint16_t version = 0, flags = 0;
   int32_t sender = -1;
   if (!in.Get(&magic) || !in.Get(&version) || !in.Get(&flags) || !in.Get(&sender) ||
-      !in.Get(&num)) {
+      !in.Get(&num) || !in.Get(&list->room)) {
     return bad("truncated header");
   }
   if (magic != kMagic) return bad("bad magic number");
@@ -346,13 +347,15 @@ Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
       eager = root.WholePayload();
       a.payloads = {root.payload};
     } else {
-      bool whole = true, two_shot = n == 2;
+      // A two-shot: every peer sent this rank its chunk, exactly, and this rank's own list
+      // (its message to the next rank) holds the next rank's. A rank sends its chunks to
+      // every peer or to none, so every rank decides the same.
+      bool whole = true, two_shot = n >= 2;
       for (int r = 0; r < n; ++r) {
         const Entry& e = lists[r].entries[k->idx[r]];
         whole = whole && e.WholePayload();
         if (two_shot) {
-          // Rank r sent the chunk of the other rank, exactly.
-          const Chunk c = ChunkOf(e.count, 1 - r, n);
+          const Chunk c = ChunkOf(e.count, r == self ? (self + 1) % n : self, n);
           two_shot = e.has_payload && e.payload_offset == c.begin &&
                      e.payload.size() == (c.end - c.begin) * DTypeSize(e.dtype);
         }

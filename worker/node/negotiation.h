@@ -22,10 +22,15 @@
 // - Small operations whose data every rank put in its list (the eager payload) are
 //   computed from the lists themselves, with no further collective: push_pull sums the
 //   ranks' payloads in rank order (identical on every rank), broadcast takes the root's.
-// - With 2 ranks, a push_pull for which each rank sent the other's chunk (ChunkOf) is a
-//   two-shot: each rank sums its own chunk from its data and the payload, and the ranks
-//   swap their summed chunks (one exchange, where the ring takes an exchange and two
-//   steps after the negotiation).
+// - A push_pull for which every rank sent every other rank that rank's chunk (ChunkOf; the
+//   message to each peer differs) is a two-shot: each rank sums its own chunk from its
+//   data and the payloads, and every rank sends its summed chunk to every other (one
+//   step after the exchange, where the ring takes two after it with 2 ranks, and the
+//   direct allreduce two with 3 or more). Each rank checks the chunks it received, and
+//   its own list is its message to the next rank (self + 1 mod n): a rank sends chunks to
+//   every peer or to none, so every rank decides alike (a peer that sent some ranks their
+//   chunks and others not would leave the ranks in different collectives until their
+//   timeout, never with a wrong sum).
 // - Other push_pulls smaller than fusion_bytes are packed by dtype and device kind (GPU
 //   buckets run as one NCCL group, CPU ones through a fusion buffer) into buckets of at
 //   most fusion_bytes (a bucket runs where its first member would have); larger ones,
@@ -77,8 +82,8 @@ struct Entry {
   // operation in phase 1 once its push to the servers has ended.
   uint8_t phase = 0;
   // Eager data, or none: elements [payload_offset, payload_offset + payload's elements)
-  // of the tensor (the whole tensor for an eager operation, the peer's chunk for a
-  // two-shot). Serialize() reads it from the caller's memory; Parse() makes it point into
+  // of the tensor (the whole tensor for an eager operation, the receiving rank's chunk
+  // for a two-shot). Serialize() reads it from the caller's memory; Parse() makes it point into
   // the parsed buffer.
   bool has_payload = false;
   uint64_t payload_offset = 0;
@@ -95,12 +100,16 @@ struct Entry {
 // What one rank sends in one round.
 struct RankList {
   bool leaving = false;  // the rank is shutting down: this is its last round
+  // The message this rank would like to send in the next rounds (bytes; 0: its own): a
+  // list that could carry a two-shot's chunks in a larger slot asks for it here, and the
+  // slot, computed from every rank's message, grows to it.
+  uint64_t room = 0;
   std::vector<Entry> entries;
 };
 
 // Appends the wire form of `list` to `out`. The result is at least kHeaderBytes long.
 void Serialize(const RankList& list, int rank, std::string* out);
-inline constexpr size_t kHeaderBytes = 16;
+inline constexpr size_t kHeaderBytes = 24;
 // The length of the wire form of `list`.
 size_t SerializedBytes(const RankList& list);
 // Writes the wire form of `list` at `out`, which has room for SerializedBytes(list) bytes
@@ -117,8 +126,8 @@ absl::Status ParseInto(absl::string_view bytes, int rank, RankList* list);
 struct Action {
   enum class Type {
     kEager,      // computed from the payloads below; no collective
-    kTwoShot,    // 2 ranks: this rank's chunk summed from its data and the peer's payload
-                 // (payloads[peer]), then the summed chunks swapped
+    kTwoShot,    // this rank's chunk summed from its data and the peers' payloads
+                 // (payloads[r]: rank r's copy of it), then the summed chunks shared
     kAllreduce,  // one push_pull, in place in its own memory (entries.size() == 1), or a
                  // fusion bucket of push_pulls of one dtype (entries.size() > 1)
     kBroadcast,  // one broadcast
@@ -160,7 +169,8 @@ struct Plan {
   bool pending = false;
 };
 
-// The plan of rank `self` for one round (lists indexed by rank). Deterministic: every
+// The plan of rank `self` for one round (lists indexed by rank; this rank's own is its
+// message to rank self + 1 mod n where the messages differ by peer). Deterministic: every
 // rank computes the same actions in the same order (up to which entry indices are its own),
 // given the same fusion_bytes and max_tensor_bytes.
 Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
