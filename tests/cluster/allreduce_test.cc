@@ -558,6 +558,54 @@ TEST(AllreduceTest, MidSizePushPullsSendTheirSharesWithTheNegotiation) {
   }
 }
 
+// A direct push_pull that comes back every other round (a small eager one in between)
+// finds room for its shares: the slot holds the rooms asked for in the last two rounds.
+// One whose share could not go in a slot that is exchanged directly (12 MiB over 3
+// workers with direct_allreduce_bytes 16 MiB: 4 MiB shares) asks for none, so the slot
+// never grows onto the ring, and it runs as the direct allreduce; every sum exact.
+TEST(AllreduceTest, SharesRideEveryOtherRoundAndNeverPushTheSlotOntoTheRing) {
+  constexpr int kWorkers = 3;
+  auto cluster = StartAllreduce(kWorkers, 64 << 20, 1, [](ClusterConfig* c) {
+    c->op_timeout = absl::Seconds(30);
+    c->worker_options = [](int, Options* o) {
+      o->eager_bytes = 256 << 10;
+      o->eager_probe = 0;
+      o->direct_allreduce_bytes = 16 << 20;
+    };
+  });
+  ASSERT_NE(cluster, nullptr);
+  auto push_pull = [](int rank, KVStore* kv, const std::string& name, size_t count, int i) {
+    Buffer b(DType::kFloat32, count);
+    b.Fill(rank, i, static_cast<int>(count % 7));
+    ASSERT_OK(kv->PushPull(name, b.view(), b.view()));
+    for (size_t e = 0; e < count; ++e) {
+      double want = 0;
+      for (int r = 0; r < kWorkers; ++r) want += Value(e, r, i, static_cast<int>(count % 7));
+      ASSERT_EQ(b.at(e), want) << name << " round " << i << " element " << e;
+    }
+  };
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    for (int i = 0; i < 12; ++i) {
+      push_pull(rank, kv, "mid", (1 << 16) + 1, i);
+      push_pull(rank, kv, "small", 100, i);
+    }
+  });
+  std::vector<AllreduceStore::Stats> mid(kWorkers);
+  for (int w = 0; w < kWorkers; ++w) {
+    mid[w] = StatsOf(cluster->worker(w));
+    EXPECT_GT(mid[w].two_shots, 0u) << "worker " << w;
+  }
+  cluster->RunOnWorkers([&](int rank, KVStore* kv) {
+    for (int i = 0; i < 4; ++i) push_pull(rank, kv, "big", size_t{3} << 20, i);
+  });
+  for (int w = 0; w < kWorkers; ++w) {
+    const AllreduceStore::Stats s = StatsOf(cluster->worker(w));
+    EXPECT_EQ(s.two_shots, mid[w].two_shots) << "worker " << w;
+    EXPECT_EQ(s.direct_allreduces - mid[w].direct_allreduces, 4u) << "worker " << w;
+    EXPECT_LE(s.largest_slot, GlooComm::kDirectSlotBytes) << "worker " << w;
+  }
+}
+
 // Every worker on one host (one node of local ranks): allreduces of CPU tensors run in
 // shared memory, exactly; rank 0's HYBRIDPS_LOCAL_ALLREDUCE=0 sends every worker's
 // through Gloo; two nodes go through Gloo, unless rank 0 asks for hierarchical

@@ -22,14 +22,19 @@ namespace nego = negotiation;
 namespace {
 
 // The negotiation slot (bytes per rank in a round's allgather) of the next round: the
-// largest message of the last kSlotHistory rounds, in whole pages (ExchangeSlotFor). Every rank
-// computes it from the same gathered sizes, so slots always agree; a message larger than
-// the slot still gets through (with an extra allgatherv). A short history: repeated
+// largest message or room asked for (a direct two-shot's, ListDirectTwoShot) of the last
+// kSlotHistory rounds, in whole pages (ExchangeSlotFor). Every rank computes it from the
+// gathered lists' sizes and rooms, so slots always agree (a rank that sends each peer a
+// message of its own asks for a room at least as large as each of them); a message larger
+// than the slot still gets through (with an extra allgatherv). A short history: repeated
 // rounds of one size fit, and a burst's large slot is not dragged through the small
-// rounds that follow it.
+// rounds that follow it (the ring sends whole slots). Shares ride with a tensor that
+// comes back within it: a longer one (64 rounds) let tensors of a training step that
+// happened to be alone in a round on one rank send shares their peers did not use.
 constexpr size_t kSlotHistory = 2;
 // Room for a round's eager payloads or two-shot halves (4 MiB per rank at most, see
-// Options::eager_bytes and two_shot_bytes) and its list.
+// Options::eager_bytes and two_shot_bytes) and its list. A room is asked for only where
+// the slot goes directly (GlooComm::kDirectSlotBytes).
 constexpr size_t kMaxSlot = 5 << 20;
 // The eager limit when allreduces run in shared memory (one host): above it the
 // negotiation's copy of the payload to every peer costs more than the collective.
@@ -271,6 +276,7 @@ bool AllreduceStore::RunRound(bool caller, absl::Time now, bool* job_active) {
   if (failure.code() == absl::StatusCode::kUnavailable) AwaitPeerVerdict();
   absl::MutexLock lock(&mu_);
   ++stats_.rounds;
+  stats_.largest_slot = std::max<uint64_t>(stats_.largest_slot, slot_bytes_);
   stats_.negotiating += t1 - t0;
   stats_.executing += WallNow() - t1;
   for (auto& op : listed) op->in_round = false;
@@ -435,10 +441,13 @@ void AllreduceStore::ListDirectTwoShot(const std::vector<std::shared_ptr<Op>>& l
   if (op.rounds_listed != 1 || op.in.count < static_cast<uint64_t>(n)) return;
   const Chunk largest = ChunkOf(op.in.count, 0, n);
   const size_t share = (largest.end - largest.begin) * DTypeSize(op.in.dtype);
+  // The largest message to a peer (the first rank's share is the largest): what the slot
+  // must hold, asked for only where such a slot still goes directly.
   const size_t want = nego::SerializedBytes(*mine) + (share + 7) / 8 * 8;
+  if (!cpu_->ExchangesPerPeer(ExchangeSlotFor(sizeof(uint64_t) + want))) return;
   mine->room = want;
   if (!ran_alone_.contains(op.name) || sizeof(uint64_t) + want > slot_bytes_ ||
-      cpu_->PerPeerRoom(slot_bytes_) == nullptr) {
+      !cpu_->ExchangesPerPeer(slot_bytes_)) {
     return;  // the next rounds' slot will have room
   }
   scattered_.push_back(Scattered{lone, static_cast<const char*>(op.in.data)});
@@ -466,6 +475,13 @@ absl::Status AllreduceStore::GatherLists(nego::RankList* mine,
         e.payload = absl::string_view(s.data + c.begin * es, (c.end - c.begin) * es);
       }
       per_peer_bytes_[r] = nego::SerializedBytes(*mine);
+      // Every rank computes the next slot from what it received: this message must not
+      // be larger than the room this rank asked for (ListDirectTwoShot).
+      if (per_peer_bytes_[r] > mine->room) {
+        return absl::InternalError(absl::StrCat("negotiation: a message of ",
+                                                per_peer_bytes_[r], " bytes for rank ", r,
+                                                " over the room of ", mine->room));
+      }
       nego::SerializeTo(*mine, rank_, per_peer + r * slot_bytes_ + sizeof(uint64_t));
     }
     exchanged = cpu_->ExchangePerPeer(per_peer_bytes_, slot_bytes_, gloo_timeout_, &gathered_);
@@ -480,15 +496,15 @@ absl::Status AllreduceStore::GatherLists(nego::RankList* mine,
   *t1 = WallNow();
   RETURN_IF_ERROR(exchanged);
   // The next slot holds every rank's message, and the room a rank asked for.
-  size_t largest = 0;
+  size_t largest = 0, asked = 0;
   lists->resize(num_workers_);
   for (int r = 0; r < num_workers_; ++r) {
     RETURN_IF_ERROR(nego::ParseInto(gathered_[r], r, &(*lists)[r]));
-    largest = std::max({largest, gathered_[r].size(),
-                        static_cast<size_t>(std::min<uint64_t>((*lists)[r].room, kMaxSlot))});
+    largest = std::max(largest, gathered_[r].size());
+    asked = std::max(asked, static_cast<size_t>(std::min<uint64_t>((*lists)[r].room, kMaxSlot)));
   }
   // The next slot, from data every rank holds.
-  recent_sizes_.push_back(largest + sizeof(uint64_t));
+  recent_sizes_.push_back(std::max(largest, asked) + sizeof(uint64_t));
   if (recent_sizes_.size() > kSlotHistory) recent_sizes_.pop_front();
   const size_t want = *std::max_element(recent_sizes_.begin(), recent_sizes_.end());
   slot_bytes_ = std::clamp(ExchangeSlotFor(want), kMinSlotBytes, kMaxSlot);

@@ -131,6 +131,7 @@ class AllreduceStore : public KVStore {
     uint64_t nccl_groups = 0;    // NCCL launches (a group of a fused bucket counts once)
     uint64_t nccl_tensors = 0;   // GPU tensors reduced or broadcast through NCCL
     uint64_t eager_probes = 0;   // 1 when the eager probe ran at the start
+    uint64_t largest_slot = 0;   // the negotiation's largest slot (bytes per rank) so far
     absl::Duration negotiating;  // rounds' listing and exchanges
     absl::Duration executing;    // running what the rounds decided
   };
@@ -308,7 +309,7 @@ class AllreduceStore : public KVStore {
   // the round holder uses it, Break aborts it (any thread); over comm_.
   std::unique_ptr<CpuCollectives> cpu_;
   size_t slot_bytes_;
-  std::deque<size_t> recent_sizes_;  // largest negotiation message of the last rounds
+  std::deque<size_t> recent_sizes_;  // largest negotiation message or room of the last rounds
   std::string fusion_;  // the fusion buffer
   std::string msg_;     // a round's negotiation message, framed (AllgatherFramed), when it
                         // does not go in place (CpuCollectives::ExchangeRoom)

@@ -42,6 +42,9 @@ class GlooCollectives : public CpuCollectives {
     ASSIGN_OR_RETURN(*out, world_->AllgatherFramed(framed, slot_bytes, timeout));
     return absl::OkStatus();
   }
+  bool ExchangesPerPeer(size_t slot_bytes) const override {
+    return world_->ExchangesPerPeer(slot_bytes);
+  }
   char* PerPeerRoom(size_t slot_bytes) override { return world_->PerPeerRoom(slot_bytes); }
   absl::Status ExchangePerPeer(const std::vector<size_t>& lengths, size_t slot_bytes,
                                absl::Duration timeout,
@@ -99,7 +102,9 @@ class SharedMemoryCollectives : public GlooCollectives {
     framed_.append(mine, bytes);
     return GlooCollectives::Exchange(&framed_, slot_bytes, timeout, out);
   }
-  char* PerPeerRoom(size_t) override { return nullptr; }  // every peer reads one message
+  // Every peer reads one message.
+  bool ExchangesPerPeer(size_t) const override { return false; }
+  char* PerPeerRoom(size_t) override { return nullptr; }
   void PostNextExchange(size_t) override {}  // the next exchange is the segment's
   void Abort(const absl::Status& why) override { node_->Abort(why); }
 
@@ -152,6 +157,7 @@ class HierarchicalCollectives : public GlooCollectives {
     return node_->HierarchicalAllreduce(dtype, in, out, count, timeout, across);
   }
   // Every worker reads one message: its sums go through the nodes.
+  bool ExchangesPerPeer(size_t) const override { return false; }
   char* PerPeerRoom(size_t) override { return nullptr; }
   // Across the nodes' leaders: only they run that part.
   bool GoesDirect(size_t bytes) const override {

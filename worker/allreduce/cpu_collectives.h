@@ -64,6 +64,9 @@ class CpuCollectives {
                                        std::vector<absl::string_view>* /*out*/) {
     return absl::InternalError("this exchange takes no message in place");
   }
+  // Whether an exchange in slots of `slot_bytes` can send each worker a message of its own
+  // (PerPeerRoom is then not null).
+  virtual bool ExchangesPerPeer(size_t /*slot_bytes*/) const { return false; }
   // Room for an exchange in which each worker gets a message of its own
   // (ExchangePerPeer): `slot_bytes` per worker, the message for worker r at
   // r * slot_bytes + 8, at most slot_bytes - 8 bytes each. Null where the exchange sends

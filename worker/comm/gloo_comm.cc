@@ -35,11 +35,6 @@ namespace {
 
 // Largest message AllgatherBytes accepts from a peer (a larger length is corruption).
 constexpr uint64_t kMaxGatherBytes = uint64_t{1} << 30;
-// Slots up to this size are exchanged directly (one send to every peer, the receives
-// posted a round ahead), larger ones by the ring, except with 2 ranks (where the ring is
-// one step too, without receives posted ahead). Slots grow with eager payloads and
-// two-shot halves, and with the tensors listed.
-constexpr size_t kDirectSlotBytes = 2 << 20;
 // The Gloo slot of the direct exchanges (a prefix no Gloo collective uses); exchanges are
 // matched in order, one at a time.
 constexpr uint64_t kExchangeSlot = (uint64_t{0xE1} << 56) | 1;
@@ -462,23 +457,24 @@ absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherFramed(
   }
   const uint64_t len64 = len;
   std::memcpy(framed->data(), &len64, sizeof len64);
-  if (framed->size() < slot) framed->resize(slot);
+  // The ring sends whole slots; the direct exchange only the message.
+  if (!Direct(slot) && framed->size() < slot) framed->resize(slot);
   char* const own_slot = framed->data();
   std::vector<const char*> slots(size_);  // where rank r's slot is once exchanged
   if (Direct(slot)) {
     // Small slots (any with 2 ranks: then the ring is the same single step): every rank
-    // sends its slot to every other rank at once: one step, where the ring allgather
+    // sends its message to every other rank at once: one step, where the ring allgather
     // takes 2(n-1) dependent ones, each a thread handoff that can cost
     // a scheduler tick on a loaded machine. The receives are usually posted already
     // (PostNextExchange).
-    RETURN_IF_ERROR(Guard("negotiation (exchange)", [&] {
-      if (!send_buf_ || send_buf_->ptr != own_slot || send_buf_->size < slot) {
-        send_buf_ = context_->createUnboundBuffer(own_slot, framed->size());
-      }
-    }));
     // Only the message (a shorter send fills the start of a posted receive): a slot sized
     // for a larger message of an earlier round is not sent whole.
     const size_t sent = std::min(sizeof(uint64_t) + len, slot);
+    RETURN_IF_ERROR(Guard("negotiation (exchange)", [&] {
+      if (!send_buf_ || send_buf_->ptr != own_slot || send_buf_->size < sent) {
+        send_buf_ = context_->createUnboundBuffer(own_slot, framed->size());
+      }
+    }));
     RETURN_IF_ERROR(ExchangeDirect(
         send_buf_.get(), [](int) { return size_t{0}; }, [sent](int) { return sent; },
         own_slot, slot, timeout, &slots));
@@ -495,8 +491,12 @@ absl::StatusOr<std::vector<absl::string_view>> GlooComm::AllgatherFramed(
   return JoinSlots(slots, own_slot, slot, timeout);
 }
 
+bool GlooComm::ExchangesPerPeer(size_t slot) const {
+  return context_ && Direct(slot) && slot > sizeof(uint64_t);
+}
+
 char* GlooComm::PerPeerRoom(size_t slot) {
-  if (!context_ || !Direct(slot) || slot < sizeof(uint64_t)) return nullptr;
+  if (!ExchangesPerPeer(slot)) return nullptr;
   if (per_peer_.size() < slot * size_) {
     per_peer_.resize(slot * size_);
     per_peer_buf_.reset();  // over the old memory

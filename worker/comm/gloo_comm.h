@@ -106,10 +106,10 @@ class GlooComm {
   absl::Status ShareChunks(DType dtype, void* out, size_t count, absl::FunctionRef<void()> fill,
                            absl::Duration timeout);
   // Every rank's `mine` (any length), indexed by rank; the views point into buffers of
-  // this communicator and stay valid until the next call. Costs one exchange of `slot`
-  // bytes per rank (every rank must pass the same slot; small slots, and any with 2 ranks,
-  // go directly to every peer in one step, larger ones through the ring,
-  // gloo::allgather), plus an allgatherv
+  // this communicator and stay valid until the next call. Costs one exchange in slots of
+  // `slot` bytes (every rank must pass the same slot; small slots, and any with 2 ranks,
+  // go directly to every peer in one step, each rank sending only its message; larger
+  // ones, whole, through the ring, gloo::allgather), plus an allgatherv
   // when some rank's message does not fit in a slot.
   absl::StatusOr<std::vector<absl::string_view>> AllgatherBytes(absl::string_view mine,
                                                                 size_t slot,
@@ -120,10 +120,18 @@ class GlooComm {
   absl::StatusOr<std::vector<absl::string_view>> AllgatherFramed(std::string* framed,
                                                                  size_t slot,
                                                                  absl::Duration timeout);
+  // Slots up to this size are exchanged directly (one send to every peer, the receives
+  // posted a round ahead), larger ones by the ring, except with 2 ranks (where every slot
+  // goes directly: the ring is one step too). Slots grow with eager payloads, two-shot
+  // shares and the tensors listed.
+  static constexpr size_t kDirectSlotBytes = 2 << 20;
+  // Whether an exchange of `slot` can send each peer a message of its own: more than one
+  // rank, and a slot that goes directly.
+  bool ExchangesPerPeer(size_t slot) const;
   // Room for an exchange in which each peer gets a message of its own (AllgatherPerPeer):
   // `slot` bytes per rank, the message for peer r at r * slot + 8, at most slot - 8 bytes
-  // each. Null where such an exchange cannot run: one rank, or a slot that goes through
-  // the ring (not Direct). Valid until the next call.
+  // each. Null where such an exchange cannot run (ExchangesPerPeer). Valid until the next
+  // call.
   char* PerPeerRoom(size_t slot);
   // The exchange of AllgatherFramed with the messages written at PerPeerRoom(slot)
   // (lengths[r] bytes for peer r; lengths[rank()] is not read): peer r receives its own,
