@@ -115,8 +115,9 @@ class GlooComm {
                                                                 size_t slot,
                                                                 absl::Duration timeout);
   // The same without copying the message: `framed` holds 8 bytes of room for its length,
-  // then the message. It is sent from there (grown to the slot when shorter), and this
-  // rank's view points into it: keep it unchanged until the next call.
+  // then the message. It is sent from there (grown to the slot when shorter, where the
+  // slot goes through the ring), and this rank's view points into it: keep it unchanged
+  // until the next call.
   absl::StatusOr<std::vector<absl::string_view>> AllgatherFramed(std::string* framed,
                                                                  size_t slot,
                                                                  absl::Duration timeout);

@@ -83,8 +83,8 @@ struct Entry {
   uint8_t phase = 0;
   // Eager data, or none: elements [payload_offset, payload_offset + payload's elements)
   // of the tensor (the whole tensor for an eager operation, the receiving rank's chunk
-  // for a two-shot). Serialize() reads it from the caller's memory; Parse() makes it point into
-  // the parsed buffer.
+  // for a two-shot). Serialize() reads it from the caller's memory; Parse() makes it point
+  // into the parsed buffer.
   bool has_payload = false;
   uint64_t payload_offset = 0;
   absl::string_view payload;
@@ -100,9 +100,9 @@ struct Entry {
 // What one rank sends in one round.
 struct RankList {
   bool leaving = false;  // the rank is shutting down: this is its last round
-  // The message this rank would like to send in the next rounds (bytes; 0: its own): a
-  // list that could carry a two-shot's chunks in a larger slot asks for it here, and the
-  // slot, computed from every rank's message, grows to it.
+  // The message this rank would like to send in the next rounds (bytes; 0: none asked
+  // for): a list that could carry a two-shot's chunks in a larger slot asks for it here,
+  // and the next slot, computed from every rank's list, holds it.
   uint64_t room = 0;
   std::vector<Entry> entries;
 };
