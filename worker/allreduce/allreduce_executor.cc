@@ -418,7 +418,7 @@ void AllreduceStore::ListDirectTwoShot(const std::vector<std::shared_ptr<Op>>& l
   // shares of a rank whose peers then run it otherwise are sent for nothing. The message
   // must fit the round's slot, which every rank computes from the rooms asked for in the
   // last rounds.
-  scattered_.clear();
+  scattered_.reset();
   mine->room = 0;
   const int n = num_workers_;
   if (!DirectTwoShots()) return;
@@ -450,7 +450,7 @@ void AllreduceStore::ListDirectTwoShot(const std::vector<std::shared_ptr<Op>>& l
       !cpu_->ExchangesPerPeer(slot_bytes_)) {
     return;  // the next rounds' slot will have room
   }
-  scattered_.push_back(Scattered{lone, static_cast<const char*>(op.in.data)});
+  scattered_ = lone;
 }
 
 absl::Status AllreduceStore::GatherLists(nego::RankList* mine,
@@ -461,19 +461,18 @@ absl::Status AllreduceStore::GatherLists(nego::RankList* mine,
   // a direct two-shot's shares, each peer's message is written into a slot of its own.
   const absl::Span<char> room = cpu_->ExchangeRoom();
   absl::Status exchanged;
-  if (!scattered_.empty()) {
+  if (scattered_) {
     char* const per_peer = cpu_->PerPeerRoom(slot_bytes_);  // ListDirectTwoShot checked
+    nego::Entry& e = mine->entries[*scattered_];
+    const char* const data = static_cast<const char*>(listed_[*scattered_]->in.data);
+    const size_t es = DTypeSize(e.dtype);
     per_peer_bytes_.assign(num_workers_, 0);
     for (int r = 0; r < num_workers_; ++r) {
       if (r == rank_) continue;
-      for (const Scattered& s : scattered_) {
-        nego::Entry& e = mine->entries[s.entry];
-        const Chunk c = ChunkOf(e.count, r, num_workers_);
-        const size_t es = DTypeSize(e.dtype);
-        e.has_payload = true;
-        e.payload_offset = c.begin;
-        e.payload = absl::string_view(s.data + c.begin * es, (c.end - c.begin) * es);
-      }
+      const Chunk c = ChunkOf(e.count, r, num_workers_);
+      e.has_payload = true;
+      e.payload_offset = c.begin;
+      e.payload = absl::string_view(data + c.begin * es, (c.end - c.begin) * es);
       per_peer_bytes_[r] = nego::SerializedBytes(*mine);
       // Every rank computes the next slot from what it received: this message must not
       // be larger than the room this rank asked for (ListDirectTwoShot).

@@ -69,6 +69,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -317,13 +318,9 @@ class AllreduceStore : public KVStore {
   // operations in it, its list, everyone's messages and everyone's lists parsed.
   std::vector<std::shared_ptr<Op>> listed_;
   negotiation::RankList mine_;
-  // The entries of mine_ whose chunks go to every peer with a message of its own (the
-  // direct two-shot, Options::direct_two_shot), with their operations' data.
-  struct Scattered {
-    size_t entry;
-    const char* data;
-  };
-  std::vector<Scattered> scattered_;
+  // The entry of mine_ (and listed_) whose shares go to every peer with a message of its
+  // own (the direct two-shot, Options::direct_two_shot), or none.
+  std::optional<size_t> scattered_;
   // The names whose last push_pull ran alone and directly (a direct allreduce of its own,
   // or a direct two-shot): from the plans, so the same on every rank. Only these send
   // their shares along: a tensor that runs fused or through the ring would waste them.
