@@ -315,7 +315,8 @@ def main() -> int:
            or k in ("HYBRIDPS_CREDIT_BYTES", "HYBRIDPS_WIRE_CHUNK_BYTES",
                     "HYBRIDPS_BURST_GATHER_US", "HYBRIDPS_SERVER_WINDOW_BYTES",
                     "HYBRIDPS_MAX_SERVER_LANES", "HYBRIDPS_PARTITION_BYTES",
-                    "HYBRIDPS_CALLER_ROUNDS", "HYBRIDPS_DIRECT_TWO_SHOT")}
+                    "HYBRIDPS_CALLER_ROUNDS", "HYBRIDPS_DIRECT_TWO_SHOT",
+                    "HYBRIDPS_DIRECT_ALLREDUCE_BYTES")}
     # Generous liveness: on a loaded 2-core machine a saturated worker's heartbeats can
     # be late by seconds (a 5 s timeout ended a VGG-16 run with n = 4).
     env.update(HYBRIDPS_TIMEOUT_MS="600000", HYBRIDPS_START_TIMEOUT_MS="60000",
