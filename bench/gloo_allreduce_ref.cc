@@ -246,10 +246,11 @@ class Bench {
         const double ops = f_.warmup + iters;
         absl::StrAppendFormat(
             &where,
-            "#   %11zu: %.2f rounds (%.2f by the waiting thread), %.2f eager, %.2f two-shot, "
-            "negotiation %.1f us, execution %.1f us per op\n",
+            "#   %11zu: %.2f rounds (%.2f by the waiting thread, %.2f from the cached plan), "
+            "%.2f eager, %.2f two-shot, negotiation %.1f us, execution %.1f us per op\n",
             s, double(after.rounds - before.rounds) / ops,
             double(after.caller_rounds - before.caller_rounds) / ops,
+            double(after.cached_plans - before.cached_plans) / ops,
             double(after.eager - before.eager) / ops,
             double(after.two_shots - before.two_shots) / ops,
             absl::ToDoubleMicroseconds(after.negotiating - before.negotiating) / ops,

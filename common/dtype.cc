@@ -40,23 +40,6 @@ constexpr NameEntry kNames[] = {
 
 }  // namespace
 
-size_t DTypeSize(DType t) {
-  switch (t) {
-    case DType::kFloat32:
-    case DType::kInt32:
-      return 4;
-    case DType::kFloat64:
-    case DType::kInt64:
-      return 8;
-    case DType::kFloat16:
-    case DType::kBFloat16:
-      return 2;
-    case DType::kUInt8:
-      return 1;
-  }
-  return 0;
-}
-
 absl::string_view DTypeName(DType t) {
   for (int i = 0; i < kNumDTypes; ++i) {
     if (kNames[i].dtype == t) return kNames[i].name;

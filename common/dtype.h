@@ -23,8 +23,24 @@ enum class DType : uint8_t {
 };
 inline constexpr int kNumDTypes = 7;
 
-// Bytes per element.
-size_t DTypeSize(DType t);
+// Bytes per element (0 for a value that is no DType). Inline: every tensor's byte count
+// on the per-operation paths calls it.
+constexpr size_t DTypeSize(DType t) {
+  switch (t) {
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+    case DType::kFloat64:
+    case DType::kInt64:
+      return 8;
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 2;
+    case DType::kUInt8:
+      return 1;
+  }
+  return 0;
+}
 // "float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8".
 absl::string_view DTypeName(DType t);
 // Inverse of DTypeName (also accepts numpy's "uint8" etc.). InvalidArgument if unknown.

@@ -47,9 +47,11 @@ class HandleState {
       if (done_) return;
       status_ = status;
       done_ = true;
-      done_fast_.store(true, std::memory_order_release);
       callbacks.swap(callbacks_);
     }
+    // After the lock is let go, and this object's last use here: a waiter that sees it
+    // returns without the lock (Wait), and may free the state at once.
+    done_fast_.store(true, std::memory_order_release);
     for (auto& cb : callbacks) cb(status);
   }
   // Calls `callback` exactly once with the final status: at once on this thread when
@@ -67,6 +69,9 @@ class HandleState {
   absl::Status Wait() {
     // The store's helper first (see SetWaitHelper): it may complete the operation here.
     if (helper_ && !done_fast_.load(std::memory_order_acquire)) helper_->Help(this);
+    // Complete wrote the status before it set done_fast_, and nothing writes it after:
+    // an operation the helper completed returns without the lock.
+    if (done_fast_.load(std::memory_order_acquire)) return DoneStatus();
     // Options::spin: poll for a while before sleeping (see SetWaitSpin).
     const int64_t spin_ns = wait_spin_ns_.load(std::memory_order_relaxed);
     if (spin_ns > 0 && !done_fast_.load(std::memory_order_acquire)) {
@@ -155,6 +160,8 @@ class HandleState {
 
   absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+  // The final status, read without mu_ once done_fast_ is set (Wait).
+  const absl::Status& DoneStatus() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return status_; }
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> done_fast_{false};  // done_, readable without the lock

@@ -247,9 +247,13 @@ bool AllreduceStore::RunRound(bool caller, absl::Time now, bool* job_active) {
   const absl::Time t0 = now;
   absl::Time t1;
   absl::Status failure = GatherLists(&mine, &lists, &t1);
-  nego::Plan plan;
+  // The steady state's plan comes from the cache (negotiation.h, RoundCache).
+  static const nego::Plan kNoPlan;
+  const nego::Plan& plan = failure.ok() ? round_cache_.Decide(lists, rank_, fusion_bytes_,
+                                                              fusion_max_tensor_bytes())
+                                        : kNoPlan;
+  if (!failure.ok()) round_cache_.Clear();  // the lists are unspecified now
   if (failure.ok()) {
-    plan = nego::Decide(lists, rank_, fusion_bytes_, fusion_max_tensor_bytes());
     // Only rounds that decided something: a rank waiting for a slow peer runs a round
     // every cycle, which would fill the timeline.
     if (Recording(timeline_) && !plan.actions.empty()) {
@@ -276,6 +280,7 @@ bool AllreduceStore::RunRound(bool caller, absl::Time now, bool* job_active) {
   if (failure.code() == absl::StatusCode::kUnavailable) AwaitPeerVerdict();
   absl::MutexLock lock(&mu_);
   ++stats_.rounds;
+  stats_.cached_plans = round_cache_.plans_reused();
   stats_.largest_slot = std::max<uint64_t>(stats_.largest_slot, slot_bytes_);
   stats_.negotiating += t1 - t0;
   stats_.executing += WallNow() - t1;
@@ -498,7 +503,7 @@ absl::Status AllreduceStore::GatherLists(nego::RankList* mine,
   size_t largest = 0, asked = 0;
   lists->resize(num_workers_);
   for (int r = 0; r < num_workers_; ++r) {
-    RETURN_IF_ERROR(nego::ParseInto(gathered_[r], r, &(*lists)[r]));
+    RETURN_IF_ERROR(round_cache_.Parse(gathered_[r], r, &(*lists)[r]));
     largest = std::max(largest, gathered_[r].size());
     asked = std::max(asked, static_cast<size_t>(std::min<uint64_t>((*lists)[r].room, kMaxSlot)));
   }
@@ -575,7 +580,7 @@ void AllreduceStore::AwaitPeerVerdict() {
                        wait);
 }
 
-void AllreduceStore::Finish(Op* op, absl::Status status) {
+void AllreduceStore::Finish(Op* op, absl::Status status, uint64_t Stats::*counter) {
   if (!status.ok() && !absl::StrContains(status.message(), absl::StrCat("'", op->name, "'"))) {
     status = absl::Status(status.code(),
                           absl::StrCat(op->Describe(), " failed: ", status.message()));
@@ -586,6 +591,7 @@ void AllreduceStore::Finish(Op* op, absl::Status status) {
                     absl::StrCat("\"bytes\": ", op->in.bytes()));
   }
   absl::MutexLock lock(&mu_);
+  if (counter != nullptr) ++(stats_.*counter);
   op->in_round = false;
   op->handle->Complete(std::move(status));
   queued_.erase(op->seq);
@@ -730,16 +736,13 @@ void AllreduceStore::NoteRun(const std::string& name, bool alone_and_direct) {
 
 absl::Status AllreduceStore::FinishCounted(Op* op, absl::Status s, uint64_t Stats::*counter) {
   s = ExplainFailure(s);
-  {
-    absl::MutexLock lock(&mu_);
-    ++(stats_.*counter);
-  }
-  Finish(op, s);
+  Finish(op, s, counter);
   return s;
 }
 
 void AllreduceStore::Warn(const nego::Plan& plan, const std::vector<std::shared_ptr<Op>>& listed,
                           absl::Time now) {
+  if (plan.missing.empty() && plan.foreign.empty() && foreign_warned_.empty()) return;
   for (const nego::Missing& m : plan.missing) {
     Op* op = listed[m.entry].get();
     if (now < op->next_warning) continue;

@@ -124,6 +124,7 @@ class AllreduceStore : public KVStore {
     uint64_t caller_rounds = 0;  // of which run by a thread waiting on a handle
     uint64_t allreduces = 0;     // Gloo allreduce calls
     uint64_t fused_tensors = 0;  // push_pulls that went through a fusion buffer
+    uint64_t cached_plans = 0;   // rounds that ran the last round's plan (RoundCache)
     uint64_t eager = 0;          // operations computed from the negotiation data
     uint64_t two_shots = 0;      // push_pulls run as two-shots (negotiation.h)
     uint64_t shm_allreduces = 0;  // allreduces run in shared memory (one host, or a node)
@@ -244,7 +245,8 @@ class AllreduceStore : public KVStore {
   absl::Status ExecuteTwoShot(const negotiation::Action& action, Op* op);
   void Warn(const negotiation::Plan& plan, const std::vector<std::shared_ptr<Op>>& listed,
             absl::Time now);
-  void Finish(Op* op, absl::Status status);
+  // Completes `op` with `status` and counts it in `counter` (when given), under one lock.
+  void Finish(Op* op, absl::Status status, uint64_t Stats::*counter = nullptr);
   // Ends an action of one operation: explains a failure (ExplainFailure), counts the
   // action in `counter`, and finishes the operation; returns the status.
   absl::Status FinishCounted(Op* op, absl::Status s, uint64_t Stats::*counter);
@@ -328,6 +330,9 @@ class AllreduceStore : public KVStore {
   std::vector<size_t> per_peer_bytes_;  // the messages' lengths, by peer
   std::vector<absl::string_view> gathered_;
   std::vector<negotiation::RankList> lists_;
+  // Parses the messages that repeat the last round's and reuses its plan (the steady
+  // state); the round holder only, like lists_, whose entries it updates.
+  negotiation::RoundCache round_cache_;
   bool verdict_awaited_ = false;  // in this round (AwaitPeerVerdict)
   absl::flat_hash_map<std::string, absl::Time> foreign_warned_;  // name -> next warning
 #if HYBRIDPS_WITH_NCCL

@@ -21,9 +21,9 @@ absl::Status AllreduceOver(GlooComm* comm, bool direct, DType dtype, const void*
 
 class GlooCollectives : public CpuCollectives {
  public:
-  explicit GlooCollectives(GlooComm* world) : world_(world) {}
-  Kind kind() const override { return Kind::kGloo; }
-  bool in_shared_memory() const override { return false; }
+  explicit GlooCollectives(GlooComm* world, Kind kind = Kind::kGloo,
+                           bool in_shared_memory = false)
+      : CpuCollectives(kind, in_shared_memory), world_(world) {}
   absl::Status Allreduce(DType dtype, const void* in, void* out, size_t count,
                          absl::Duration timeout) override {
     return AllreduceOver(world_, GoesDirect(count * DTypeSize(dtype)), dtype, in, out, count,
@@ -65,9 +65,9 @@ class SharedMemoryCollectives : public GlooCollectives {
  public:
   SharedMemoryCollectives(GlooComm* world, std::unique_ptr<ShmAllreduce> node,
                           std::vector<int> members)
-      : GlooCollectives(world), node_(std::move(node)), members_(std::move(members)) {}
-  Kind kind() const override { return Kind::kSharedMemory; }
-  bool in_shared_memory() const override { return true; }
+      : GlooCollectives(world, Kind::kSharedMemory, /*in_shared_memory=*/true),
+        node_(std::move(node)),
+        members_(std::move(members)) {}
   absl::Status Allreduce(DType dtype, const void* in, void* out, size_t count,
                          absl::Duration timeout) override {
     return node_->Allreduce(dtype, in, out, count, timeout);
@@ -127,12 +127,10 @@ class HierarchicalCollectives : public GlooCollectives {
  public:
   HierarchicalCollectives(GlooComm* world, std::unique_ptr<ShmAllreduce> node,
                           std::unique_ptr<GlooComm> leaders, size_t chunk_bytes)
-      : GlooCollectives(world),
+      : GlooCollectives(world, Kind::kHierarchical, /*in_shared_memory=*/node != nullptr),
         node_(std::move(node)),
         leaders_(std::move(leaders)),
         chunk_bytes_(chunk_bytes) {}
-  Kind kind() const override { return Kind::kHierarchical; }
-  bool in_shared_memory() const override { return node_ != nullptr; }
   // The node's sum in shared memory, then the leaders' allreduce of it.
   absl::Status Allreduce(DType dtype, const void* in, void* out, size_t count,
                          absl::Duration timeout) override {

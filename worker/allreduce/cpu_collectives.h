@@ -32,9 +32,10 @@ class CpuCollectives {
  public:
   enum class Kind { kGloo, kSharedMemory, kHierarchical };
   virtual ~CpuCollectives() = default;
-  virtual Kind kind() const = 0;
+  // Fixed at construction, and read on every operation's path: plain fields, no calls.
+  Kind kind() const { return kind_; }
   // Whether this worker's allreduces run in shared memory (all, or its node's part).
-  virtual bool in_shared_memory() const = 0;
+  bool in_shared_memory() const { return in_shared_memory_; }
 
   // The sum over every worker of `count` elements of `in`, into `out` (may alias `in`).
   virtual absl::Status Allreduce(DType dtype, const void* in, void* out, size_t count,
@@ -88,6 +89,14 @@ class CpuCollectives {
   virtual void Abort(const absl::Status& why) = 0;
   // Closes what it owns (after the executor is done with it).
   virtual void Close() = 0;
+
+ protected:
+  CpuCollectives(Kind kind, bool in_shared_memory)
+      : kind_(kind), in_shared_memory_(in_shared_memory) {}
+
+ private:
+  const Kind kind_;
+  const bool in_shared_memory_;
 };
 
 // The Exchange slot for a framed message of `framed_bytes` (its 8 bytes of length

@@ -28,10 +28,18 @@ constexpr size_t kReservedBytes = 6;  // after the phase and ndim, zero: keeps n
 // Names and payloads are padded to 8 bytes, so payloads stay aligned in the message.
 size_t PadOf(size_t n) { return (8 - n % 8) % 8; }
 
+// Whether every byte of `s` is zero (a loop the compiler inlines: a few bytes per field).
+bool AllZero(absl::string_view s) {
+  for (char c : s) {
+    if (c != '\0') return false;
+  }
+  return true;
+}
+
 // Skips the zero padding after a field of n bytes.
 bool SkipPad(ByteReader& in, size_t n) {
   absl::string_view pad;
-  return in.Take(PadOf(n), &pad) && pad.find_first_not_of('\0') == absl::string_view::npos;
+  return in.Take(PadOf(n), &pad) && AllZero(pad);
 }
 
 std::string RankNames(const std::vector<int>& ranks) {
@@ -199,7 +207,7 @@ absl::Status ParseInto(absl::string_view bytes, int rank, RankList* list) {
     }
     absl::string_view reserved;
     if (!in.Take(kReservedBytes, &reserved)) return bad("truncated entry");
-    if (reserved.find_first_not_of('\0') != absl::string_view::npos) {
+    if (!AllZero(reserved)) {
       return bad("reserved bytes set");
     }
     if (kind != static_cast<uint8_t>(OpKind::kPushPull) &&
@@ -336,16 +344,12 @@ Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
   absl::InlinedVector<const Key*, 4> rest;
   for (const Key* k : ready) {
     const Entry& e0 = lists[0].entries[k->idx[0]];
-    Action a;
-    a.type = Action::Type::kEager;
-    a.entries = {static_cast<size_t>(k->idx[self])};
-    a.dtype = e0.dtype;
-    a.total_count = e0.count;
-    bool eager = true;
+    Action::Type type = Action::Type::kEager;
     if (e0.kind == OpKind::kBroadcast) {
-      const Entry& root = lists[e0.root].entries[k->idx[e0.root]];
-      eager = root.WholePayload();
-      a.payloads = {root.payload};
+      if (!lists[e0.root].entries[k->idx[e0.root]].WholePayload()) {
+        rest.push_back(k);
+        continue;
+      }
     } else {
       // A two-shot: every peer sent this rank its chunk, exactly, and this rank's own list
       // (its message to the next rank) holds the next rank's. A rank sends its chunks to
@@ -359,15 +363,24 @@ Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
           two_shot = e.has_payload && e.payload_offset == c.begin &&
                      e.payload.size() == (c.end - c.begin) * DTypeSize(e.dtype);
         }
-        a.payloads.push_back(e.payload);
       }
-      eager = whole || two_shot;
-      if (!whole) a.type = Action::Type::kTwoShot;
+      if (!whole && !two_shot) {
+        rest.push_back(k);
+        continue;
+      }
+      if (!whole) type = Action::Type::kTwoShot;
     }
-    if (eager) {
-      plan.actions.push_back(std::move(a));
+    // Made in place in the plan (an action is large, and a round of one small operation,
+    // the latency-bound case, then moves none).
+    Action& a = plan.actions.emplace_back();
+    a.type = type;
+    a.entries.push_back(static_cast<size_t>(k->idx[self]));
+    a.dtype = e0.dtype;
+    a.total_count = e0.count;
+    if (e0.kind == OpKind::kBroadcast) {
+      a.payloads.push_back(lists[e0.root].entries[k->idx[e0.root]].payload);
     } else {
-      rest.push_back(k);
+      for (int r = 0; r < n; ++r) a.payloads.push_back(lists[r].entries[k->idx[r]].payload);
     }
   }
   // Fusion: one open bucket per dtype and device; a bucket keeps its first member's place.
@@ -405,6 +418,159 @@ Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
     plan.actions.push_back(std::move(a));
   }
   return plan;
+}
+
+// ---- RoundCache --------------------------------------------------------------------------
+
+namespace {
+// An entry's changing fields, at these offsets from its start (SerializeTo's order).
+constexpr uint32_t kOccurrenceAt = 0;
+constexpr uint32_t kAgeAt = 16;
+static_assert(kEntryBytes == 56);
+}  // namespace
+
+void RoundCache::Remember(absl::string_view bytes, const RankList& list, Layout* layout) {
+  layout->valid = true;
+  layout->bytes = bytes.size();
+  layout->runs.clear();
+  layout->fixed.clear();
+  layout->changing.clear();
+  // [from, to) is fixed.
+  auto run = [&](size_t from, size_t to) {
+    if (to <= from) return;
+    layout->runs.push_back({static_cast<uint32_t>(from), static_cast<uint32_t>(to - from)});
+    layout->fixed.append(bytes.data() + from, to - from);
+  };
+  size_t at = kHeaderBytes;  // the first entry
+  size_t fixed_from = 0;
+  for (const Entry& e : list.entries) {
+    const size_t payload_at = at + kEntryBytes + e.name.size() + PadOf(e.name.size()) +
+                              sizeof(e.shape.dims[0]) * static_cast<size_t>(e.shape.ndim);
+    run(fixed_from, at + kOccurrenceAt);
+    run(at + kOccurrenceAt + sizeof(uint32_t), at + kAgeAt);
+    run(at + kAgeAt + sizeof(uint32_t), payload_at);
+    layout->changing.push_back({static_cast<uint32_t>(at + kOccurrenceAt),
+                                static_cast<uint32_t>(at + kAgeAt),
+                                static_cast<uint32_t>(payload_at)});
+    // The payload and its padding change (the padding is never read).
+    at = payload_at + (e.has_payload ? e.payload.size() + PadOf(e.payload.size()) : 0);
+    fixed_from = at;
+  }
+  run(fixed_from, bytes.size());
+}
+
+absl::Status RoundCache::Parse(absl::string_view bytes, int rank, RankList* list) {
+  if (static_cast<size_t>(rank) >= layouts_.size()) layouts_.resize(rank + 1);
+  Layout& layout = layouts_[rank];
+  layout.repeated = false;
+  // Offsets are kept in 32 bits: a larger message (never in a round) is always parsed.
+  if (layout.valid && bytes.size() == layout.bytes && bytes.size() <= UINT32_MAX &&
+      list->entries.size() == layout.changing.size()) {
+    bool same = true;
+    const char* fixed = layout.fixed.data();
+    for (const Layout::Run& r : layout.runs) {
+      if (std::memcmp(bytes.data() + r.at, fixed, r.len) != 0) {
+        same = false;
+        break;
+      }
+      fixed += r.len;
+    }
+    if (same) {
+      for (size_t i = 0; i < list->entries.size(); ++i) {
+        Entry& e = list->entries[i];
+        const Layout::Changing& c = layout.changing[i];
+        std::memcpy(&e.occurrence, bytes.data() + c.occurrence_at, sizeof e.occurrence);
+        std::memcpy(&e.age_ms, bytes.data() + c.age_at, sizeof e.age_ms);
+        e.payload = absl::string_view(bytes.data() + c.payload_at, e.payload.size());
+      }
+      layout.repeated = true;
+      ++parses_skipped_;
+      return absl::OkStatus();
+    }
+  }
+  layout.valid = false;
+  RETURN_IF_ERROR(ParseInto(bytes, rank, list));
+  if (bytes.size() <= UINT32_MAX) Remember(bytes, *list, &layout);
+  return absl::OkStatus();
+}
+
+bool RoundCache::Reusable(const Plan& plan, const std::vector<RankList>& lists) {
+  if (!plan.missing.empty() || !plan.foreign.empty() || !plan.leaving.empty() ||
+      plan.pending || lists.empty()) {
+    return false;
+  }
+  for (const Action& a : plan.actions) {
+    if (a.type == Action::Type::kFail) return false;
+  }
+  // Every rank lists the same names, in the same order (then entry i is one key on every
+  // rank whenever the occurrences agree), each name once.
+  const std::vector<Entry>& first = lists[0].entries;
+  for (const RankList& l : lists) {
+    if (l.entries.size() != first.size()) return false;
+    for (size_t i = 0; i < first.size(); ++i) {
+      if (l.entries[i].name != first[i].name || l.entries[i].phase != first[i].phase) {
+        return false;
+      }
+    }
+  }
+  if (first.size() <= 16) {
+    for (size_t i = 0; i < first.size(); ++i) {
+      for (size_t j = i + 1; j < first.size(); ++j) {
+        if (first[i].name == first[j].name) return false;
+      }
+    }
+  } else {
+    absl::flat_hash_map<absl::string_view, bool> names;
+    for (const Entry& e : first) {
+      if (!names.try_emplace(e.name, true).second) return false;
+    }
+  }
+  return true;
+}
+
+const Plan& RoundCache::Decide(const std::vector<RankList>& lists, int self,
+                               size_t fusion_bytes, size_t max_tensor_bytes) {
+  bool reuse = plan_reusable_ && self == self_ && fusion_bytes == fusion_bytes_ &&
+               max_tensor_bytes == max_tensor_bytes_ && !lists.empty() &&
+               layouts_.size() == lists.size();
+  for (size_t r = 0; reuse && r < lists.size(); ++r) reuse = layouts_[r].repeated;
+  static const std::vector<Entry> kNone;
+  const std::vector<Entry>& first = lists.empty() ? kNone : lists[0].entries;
+  for (size_t r = 1; reuse && r < lists.size(); ++r) {
+    for (size_t i = 0; i < first.size(); ++i) {
+      if (lists[r].entries[i].occurrence != first[i].occurrence) {
+        reuse = false;
+        break;
+      }
+    }
+  }
+  for (Layout& l : layouts_) l.repeated = false;  // a round's verdict is used once
+  if (reuse) {
+    // Entry i is the same key on every rank: this round's payloads, where Decide took them.
+    for (Action& a : plan_.actions) {
+      if (a.type != Action::Type::kEager && a.type != Action::Type::kTwoShot) continue;
+      const size_t i = a.entries[0];
+      if (first[i].kind == OpKind::kBroadcast) {
+        a.payloads[0] = lists[first[i].root].entries[i].payload;
+      } else {
+        for (size_t r = 0; r < lists.size(); ++r) a.payloads[r] = lists[r].entries[i].payload;
+      }
+    }
+    ++plans_reused_;
+    return plan_;
+  }
+  plan_ = negotiation::Decide(lists, self, fusion_bytes, max_tensor_bytes);
+  plan_reusable_ = Reusable(plan_, lists);
+  self_ = self;
+  fusion_bytes_ = fusion_bytes;
+  max_tensor_bytes_ = max_tensor_bytes;
+  return plan_;
+}
+
+void RoundCache::Clear() {
+  layouts_.clear();
+  plan_ = Plan();
+  plan_reusable_ = false;
 }
 
 }  // namespace hybridps::negotiation

@@ -176,6 +176,65 @@ struct Plan {
 Plan Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
             size_t max_tensor_bytes = SIZE_MAX);
 
+// The steady state, Horovod's response cache without a coordinator: training repeats its
+// rounds, so a rank's message mostly repeats its last one but for the occurrences, the
+// ages and the payloads' bytes. The cache keeps, per rank, the other bytes of the last
+// message it parsed (validated then). A message whose other bytes are the same updates
+// the list parsed last time instead of being parsed again. A round whose every message
+// repeated the last round's reuses that round's plan, with this round's payloads, when
+// that plan ran every key (nothing missing, foreign, failed or leaving), every rank listed
+// the same distinct names in the same order, and each entry's occurrence is still the same
+// on every rank: the plan is then Decide's, of the same data. Any other round is parsed
+// and decided in full, so a rank that deviates gets the named error, never other data.
+// One per store, used by the round holder only.
+class RoundCache {
+ public:
+  // ParseInto(bytes, rank, list), or the update of `list` from `bytes` when they repeat
+  // the last message parsed here for `rank`; `list` must then hold what that parse gave
+  // (the caller keeps its lists from round to round).
+  absl::Status Parse(absl::string_view bytes, int rank, RankList* list);
+  // Decide(lists, self, fusion_bytes, max_tensor_bytes) for the lists that Parse gave in
+  // this round (every rank's), or the last plan with this round's payloads (see above).
+  // Valid until the next call.
+  const Plan& Decide(const std::vector<RankList>& lists, int self, size_t fusion_bytes,
+                     size_t max_tensor_bytes = SIZE_MAX);
+  // Forgets every message and plan (after a round that failed: its lists are then
+  // unspecified).
+  void Clear();
+
+  uint64_t parses_skipped() const { return parses_skipped_; }
+  uint64_t plans_reused() const { return plans_reused_; }
+
+ private:
+  // What a rank's last message fixed: its length, its bytes outside the fields that may
+  // change (the runs), and where each entry's changing fields are.
+  struct Layout {
+    bool valid = false;
+    bool repeated = false;  // this round's message repeated it
+    size_t bytes = 0;
+    struct Run {
+      uint32_t at, len;
+    };
+    std::vector<Run> runs;
+    std::string fixed;  // the runs' bytes, one after the other
+    struct Changing {
+      uint32_t occurrence_at, age_at, payload_at;
+    };
+    std::vector<Changing> changing;  // by entry
+  };
+  // Records `bytes`, just parsed into `list`, as the rank's layout.
+  static void Remember(absl::string_view bytes, const RankList& list, Layout* layout);
+  // Whether `plan`, decided from `lists`, may be reused for a round that repeats them.
+  static bool Reusable(const Plan& plan, const std::vector<RankList>& lists);
+
+  std::vector<Layout> layouts_;  // by rank
+  Plan plan_;
+  bool plan_reusable_ = false;
+  int self_ = -1;
+  size_t fusion_bytes_ = 0, max_tensor_bytes_ = 0;
+  uint64_t parses_skipped_ = 0, plans_reused_ = 0;
+};
+
 }  // namespace hybridps::negotiation
 
 #endif  // HYBRIDPS_WORKER_NODE_NEGOTIATION_H_
