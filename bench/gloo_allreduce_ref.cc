@@ -301,11 +301,12 @@ class Bench {
     if (ar) {
       const AllreduceStore::Stats after = ar->stats();
       std::printf(
-          "  dist_allreduce per iteration: %.1f negotiation rounds (%.1f by waiting threads), "
-          "%.1f Gloo allreduces, %.1f tensors fused, %.1f tensors eager; %.1f ms negotiating, "
-          "%.1f ms executing\n",
+          "  dist_allreduce per iteration: %.1f negotiation rounds (%.1f by waiting threads, "
+          "%.1f from the cached plan), %.1f Gloo allreduces, %.1f tensors fused, %.1f tensors "
+          "eager; %.1f ms negotiating, %.1f ms executing\n",
           double(after.rounds - before.rounds) / iters,
           double(after.caller_rounds - before.caller_rounds) / iters,
+          double(after.cached_plans - before.cached_plans) / iters,
           double(after.allreduces - before.allreduces) / iters,
           double(after.fused_tensors - before.fused_tensors) / iters,
           double(after.eager - before.eager) / iters,
