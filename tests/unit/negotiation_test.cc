@@ -848,7 +848,8 @@ TEST(RoundCacheTest, MalformedMessagesAfterRepeatedOnesAreRefused) {
   ASSERT_OK(cache.Parse(wire, 1, &kept));
   ASSERT_EQ(cache.parses_skipped(), 1u);
   const size_t name_pad = kHeaderBytes + kEntryBytesForTest + 1;  // after "a"
-  for (size_t at : {size_t{0}, size_t{kHeaderBytes + 6}, name_pad}) {
+  const size_t payload_pad = name_pad + 7 + 12;  // after its 12 bytes of payload
+  for (size_t at : {size_t{0}, size_t{kHeaderBytes + 6}, name_pad, payload_pad}) {
     std::string bad = wire;
     bad[at] = '\x7f';
     EXPECT_FALSE(cache.Parse(bad, 1, &kept).ok()) << "byte " << at;

@@ -452,7 +452,7 @@ void RoundCache::Remember(absl::string_view bytes, const RankList& list, Layout*
     layout->changing.push_back({static_cast<uint32_t>(at + kOccurrenceAt),
                                 static_cast<uint32_t>(at + kAgeAt),
                                 static_cast<uint32_t>(payload_at)});
-    // The payload and its padding change (the padding is never read).
+    // The payload changes; its padding moves with it (Parse checks that it is zero).
     at = payload_at + (e.has_payload ? e.payload.size() + PadOf(e.payload.size()) : 0);
     fixed_from = at;
   }
@@ -474,6 +474,11 @@ absl::Status RoundCache::Parse(absl::string_view bytes, int rank, RankList* list
         break;
       }
       fixed += r.len;
+    }
+    // A payload's padding changes place with it, but must be zero, as Parse checks.
+    for (size_t i = 0; same && i < list->entries.size(); ++i) {
+      const size_t size = list->entries[i].payload.size();
+      same = AllZero(bytes.substr(layout.changing[i].payload_at + size, PadOf(size)));
     }
     if (same) {
       for (size_t i = 0; i < list->entries.size(); ++i) {
