@@ -19,7 +19,8 @@
 // them in: a background executor negotiates, Horovod-style, what every rank has ready
 // (worker/node/negotiation.h). Each cycle (Options::cycle_time, only while some rank has work
 // pending) the ranks exchange the lists of their ready operations (one small exchange,
-// GlooComm::AllgatherBytes); an operation ready everywhere runs, small push_pulls
+// GlooComm::AllgatherBytes; a round that repeats the last one reuses its plan,
+// negotiation::RoundCache); an operation ready everywhere runs, small push_pulls
 // fused into one allreduce per dtype (Options::fusion_bytes; CPU tensors over
 // Options::fusion_max_tensor_bytes, 128 KiB at most in shared memory, run alone, in place;
 // rank 0's values for every rank),
