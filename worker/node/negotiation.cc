@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -525,9 +526,9 @@ bool RoundCache::Reusable(const Plan& plan, const std::vector<RankList>& lists) 
       }
     }
   } else {
-    absl::flat_hash_map<absl::string_view, bool> names;
+    absl::flat_hash_set<absl::string_view> names;
     for (const Entry& e : first) {
-      if (!names.try_emplace(e.name, true).second) return false;
+      if (!names.insert(e.name).second) return false;
     }
   }
   return true;
@@ -539,18 +540,14 @@ const Plan& RoundCache::Decide(const std::vector<RankList>& lists, int self,
                max_tensor_bytes == max_tensor_bytes_ && !lists.empty() &&
                layouts_.size() == lists.size();
   for (size_t r = 0; reuse && r < lists.size(); ++r) reuse = layouts_[r].repeated;
-  static const std::vector<Entry> kNone;
-  const std::vector<Entry>& first = lists.empty() ? kNone : lists[0].entries;
   for (size_t r = 1; reuse && r < lists.size(); ++r) {
-    for (size_t i = 0; i < first.size(); ++i) {
-      if (lists[r].entries[i].occurrence != first[i].occurrence) {
-        reuse = false;
-        break;
-      }
+    for (size_t i = 0; reuse && i < lists[0].entries.size(); ++i) {
+      reuse = lists[r].entries[i].occurrence == lists[0].entries[i].occurrence;
     }
   }
   for (Layout& l : layouts_) l.repeated = false;  // a round's verdict is used once
   if (reuse) {
+    const std::vector<Entry>& first = lists[0].entries;
     // Entry i is the same key on every rank: this round's payloads, where Decide took them.
     for (Action& a : plan_.actions) {
       if (a.type != Action::Type::kEager && a.type != Action::Type::kTwoShot) continue;
