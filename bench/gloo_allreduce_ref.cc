@@ -257,7 +257,7 @@ class Bench {
             absl::ToDoubleMicroseconds(after.executing - before.executing) / ops);
       }
       if (rank_ == 0) {
-        std::printf("  %11zu %10zu | %10.1f %8.1f %8.3f %8.3f | %10.1f %8.1f %8.3f %8.3f | %9.2f\n",
+        std::printf("  %11zu %10zu | %10.2f %8.2f %8.3f %8.3f | %10.2f %8.2f %8.3f %8.3f | %9.2f\n",
                     s, s / 4, g, t[0].second, s / g / 1e3, s / g / 1e3 * busf, o, t[1].second,
                     s / o / 1e3, s / o / 1e3 * busf, o / g);
         std::fflush(stdout);

@@ -207,7 +207,7 @@ void Sweep(const Flags& f, int rank, int n) {
         Time(f, iters, {s / 4}, work.data(), pat, "sweep size " + std::to_string(s));
     const double m = Median(us), p10 = Quantile(us, 0.1);
     if (rank == 0) {
-      std::printf("  %11zu %10zu | %10.1f %8.1f %8.3f %8.3f\n", s, s / 4, m, p10, s / m / 1e3,
+      std::printf("  %11zu %10zu | %10.2f %8.2f %8.3f %8.3f\n", s, s / 4, m, p10, s / m / 1e3,
                   s / m / 1e3 * busf);
       std::fflush(stdout);
     }
