@@ -9,7 +9,7 @@
 # --after-env sets a variable for the AFTER runs only, e.g. one build against itself with
 # a setting changed: bench/compare_builds.sh build build --after-env HYBRIDPS_ENCRYPT=1.
 #
-# Per run (default 3) and build, taking turns:
+# Per run (default 3) and build, taking turns (which build goes first swaps each run):
 #   scripts/hybridrun -np 1 --servers 1 --bin-dir B -- B/bench/hybridps-bench \
 #       --min-bytes 4K --max-bytes 64M --iters 20 --idle-seconds 0 --reference 0
 #   the same with -np 2 --servers 2
@@ -45,7 +45,11 @@ echo "host: $(nproc) cores, load average at start: $(cut -d' ' -f1-3 /proc/loada
 
 flags=(--min-bytes 4K --max-bytes 64M --iters 20 --idle-seconds 0 --reference 0)
 for i in $(seq 1 "$runs"); do
-  for which in before after; do
+  # Which build goes first swaps from run to run, so that neither always runs in the
+  # other's wake.
+  order=(before after)
+  (( i % 2 == 0 )) && order=(after before)
+  for which in "${order[@]}"; do
     b=${!which}
     for cfg in "1 1" "2 2"; do
       read -r nw ns <<<"$cfg"
