@@ -4,7 +4,7 @@
 # back to back, every result checked), run R times, with the medians across runs.
 #
 #   bench/run_mpi_bench.sh [-r RUNS] [--np "2 4"] [--out DIR] [--build-dir DIR]
-#       [--bind core|none] [--sweep-args "..."] [--model-iters N]
+#       [--bind core|none] [--sweep-args "..."] [--model-iters N] [--latency-ops K]
 #
 # Installs Debian's libopenmpi-dev and openmpi-bin (apt-get, as root) when mpicxx cannot
 # compile an MPI program, compiles bench/mpi_allreduce_ref.cc into OUT, builds
@@ -16,7 +16,10 @@
 #   mpirun ... --mca btl self,tcp --mca btl_tcp_if_include lo ...  (TCP over loopback)
 #   scripts/hybridrun -np N --backend dist_allreduce [--bind-to core] -- hybridps-gloo-ref
 #       --order blocks SWEEP             (plain Gloo and dist_allreduce, side by side)
-# and the three again with --model resnet50 --iters N (--model-iters, default 10).
+# and the three again with --model resnet50 --iters N (--model-iters, default 10), and
+# 4 KiB alone with K operations per run (--latency-ops, default 50000; 0: none), MPI over
+# shared memory and dist_allreduce (--gloo 0) taking turns: the sweep's 200 operations are
+# too few at that size on a loaded machine.
 # Binding: mpirun binds each rank to one core, hybridrun each worker to floor(cores / N)
 # whole cores: the same when there are as many ranks as cores (the 2-core VM, --np 2).
 # Logs stay in OUT (default: a new folder under /tmp). Prints per N the per-size medians
@@ -30,9 +33,10 @@ build_dir=build
 bind=core
 sweep_args="--min-bytes 4K --max-bytes 64M --factor 4 --iters 30 --small-iters 200"
 model_iters=10
+latency_ops=50000
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    -r|--runs|--np|--out|--build-dir|--bind|--sweep-args|--model-iters)
+    -r|--runs|--np|--out|--build-dir|--bind|--sweep-args|--model-iters|--latency-ops)
       [[ $# -ge 2 ]] || { echo "run_mpi_bench: $1 needs a value (see --help)" >&2; exit 2; } ;;
   esac
   case "$1" in
@@ -43,7 +47,8 @@ while [[ $# -gt 0 ]]; do
     --bind) bind="$2"; shift 2 ;;
     --sweep-args) sweep_args="$2"; shift 2 ;;
     --model-iters) model_iters="$2"; shift 2 ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --latency-ops) latency_ops="$2"; shift 2 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_mpi_bench: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -54,6 +59,10 @@ done
 [[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "run_mpi_bench: bad -r $runs" >&2; exit 2; }
 [[ "$model_iters" =~ ^[1-9][0-9]*$ ]] || {
   echo "run_mpi_bench: bad --model-iters $model_iters" >&2
+  exit 2
+}
+[[ "$latency_ops" =~ ^[0-9]+$ ]] || {
+  echo "run_mpi_bench: bad --latency-ops $latency_ops" >&2
   exit 2
 }
 for n in $nps; do
@@ -169,6 +178,14 @@ for run in $(seq 1 "$runs"); do
     logged "$out/resnet.gloo.n$n.run$run.log" scripts/hybridrun -np "$n" \
       --backend dist_allreduce "${hybrid_bind[@]}" -- "$ref" --order blocks --model resnet50 \
       --iters "$model_iters"
+    if [[ "$latency_ops" -gt 0 ]]; then
+      latency=(--min-bytes 4K --max-bytes 4K --iters 30 --small-iters "$latency_ops")
+      logged "$out/latency.mpi-shm.n$n.run$run.log" "${mpirun[@]}" -np "$n" "${shm[@]}" \
+        "$mpiref" "${latency[@]}"
+      logged "$out/latency.gloo.n$n.run$run.log" scripts/hybridrun -np "$n" \
+        --backend dist_allreduce "${hybrid_bind[@]}" -- "$ref" --order blocks --gloo 0 \
+        "${latency[@]}"
+    fi
   done
 done
 
@@ -180,13 +197,16 @@ MPI = re.compile(r"\s+(\d+)\s+\d+ \|\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s*$")
 GLOO = re.compile(r"\[worker 0\]\s+(\d+)\s+\d+ \|\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+ \|"
                   r"\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+ \|\s+[\d.]+")
 
+# dist_allreduce alone (--gloo 0: the plain Gloo columns are zero, their ratio inf).
+OURS = re.compile(r"\[worker 0\]\s+(\d+)\s+\d+ \|.*\|\s+([\d.]+)\s+[\d.]+\s+[\d.]+\s+[\d.]+ \|")
+
 def run_of(f):
     return int(re.search(r"\.run(\d+)\.log$", f)[1])
 
-def sweep(kind, n):
+def sweep(kind, n, step="sweep"):
     """{size: {run: [median us, ...]}} from the logs of one method."""
     rows = {}
-    for f in glob.glob(f"{out}/sweep.{kind}.n{n}.run*.log"):
+    for f in glob.glob(f"{out}/{step}.{kind}.n{n}.run*.log"):
         for line in open(f, errors="replace"):
             m = (GLOO if kind == "gloo" else MPI).match(line)
             if m:
@@ -231,5 +251,19 @@ for n in nps:
                 if m:
                     vals.append(float(m[1]))
         print(f"| {label} | {fmt(vals, '.1f')} | {', '.join(f'{x:.1f}' for x in vals)} |")
+    mpi, ours = sweep("mpi-shm", n, "latency"), {}
+    for f in glob.glob(f"{out}/latency.gloo.n{n}.run*.log"):
+        for line in open(f, errors="replace"):
+            m = OURS.match(line)
+            if m:
+                ours[run_of(f)] = float(m[2])
+    if ours:
+        m4, o4 = mpi.get(4096, {}), ours
+        ratios = [o4[r] / m4[r][0] for r in sorted(o4) if r in m4 and m4[r][0] > 0]
+        print(f"\n{n} workers, 4 KiB alone (--latency-ops per run): medians across runs")
+        print("| MPI shm median µs | dist_allreduce median µs | ours/MPI-shm (per run) |")
+        print("|---:|---:|---|")
+        print(f"| {fmt([v[0] for v in m4.values()], '.2f')} | {fmt(list(o4.values()), '.2f')} "
+              f"| {fmt(ratios, '.2f')} ({', '.join(f'{x:.2f}' for x in ratios)}) |")
 EOF
 echo "logs: $out"
