@@ -75,6 +75,23 @@ def allreduce_one_host(path: Path):
     fig.savefig(path, dpi=110)
 
 
+def allreduce_mpi(path: Path):
+    r = rows("allreduce_mpi.csv")
+    x = [int(v["bytes"]) for v in r]
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    ax.axhline(1.0, color="tab:red", lw=1.5, label="Open MPI over shared memory, same machine (= 1)")
+    ax.axhline(1.2, color="tab:red", ls="--", lw=1, label="target: at most 1.2")
+    ax.plot(x, [float(v["ratio_2"]) for v in r], "o-", label="dist_allreduce, 2 ranks")
+    ax.plot(x, [float(v["ratio_4"]) for v in r], "s-", label="dist_allreduce, 4 ranks (2 cores)")
+    sizes_axis(ax, x)
+    ax.set_ylim(0, 1.4)
+    ax.set_ylabel("time / MPI_Allreduce's time")
+    ax.set_title("dist_allreduce on one host against Open MPI (lower is faster)")
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def gpu_staging(path: Path):
     r = rows("gpu_staging.csv")
     x = [int(v["bytes"]) for v in r]
@@ -113,6 +130,7 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     for name, fn in (("perf-core-push-pull.png", core_push_pull),
                      ("perf-allreduce-one-host.png", allreduce_one_host),
+                     ("perf-allreduce-mpi.png", allreduce_mpi),
                      ("perf-gpu-staging.png", gpu_staging),
                      ("perf-mxnet-training.png", mxnet_training)):
         fn(OUT / name)
