@@ -18,12 +18,12 @@
 #       --order blocks SWEEP             (plain Gloo and dist_allreduce, side by side)
 # and the three again with --model resnet50 --iters N (--model-iters, default 10), and
 # 4 KiB alone with K operations per run (--latency-ops, default 50000; 0: none), MPI over
-# shared memory and dist_allreduce (--gloo 0) taking turns: the sweep's 200 operations are
-# too few at that size on a loaded machine.
+# shared memory and dist_allreduce (--gloo 0) taking turns (which goes first swaps each
+# run): the sweep's 200 operations are too few at that size on a loaded machine.
 # Binding: mpirun binds each rank to one core, hybridrun each worker to floor(cores / N)
 # whole cores: the same when there are as many ranks as cores (the 2-core VM, --np 2).
-# Logs stay in OUT (default: a new folder under /tmp). Prints per N the per-size medians
-# and the ResNet-50 medians of every method.
+# Logs stay in OUT (default: a new folder under /tmp). Prints per N the per-size medians,
+# the ResNet-50 medians of every method and the 4 KiB step's medians and ratios.
 set -euo pipefail
 
 runs=3
@@ -61,7 +61,7 @@ done
   echo "run_mpi_bench: bad --model-iters $model_iters" >&2
   exit 2
 }
-[[ "$latency_ops" =~ ^[0-9]+$ ]] || {
+[[ "$latency_ops" =~ ^(0|[1-9][0-9]*)$ ]] || {
   echo "run_mpi_bench: bad --latency-ops $latency_ops" >&2
   exit 2
 }
@@ -180,11 +180,18 @@ for run in $(seq 1 "$runs"); do
       --iters "$model_iters"
     if [[ "$latency_ops" -gt 0 ]]; then
       latency=(--min-bytes 4K --max-bytes 4K --iters 30 --small-iters "$latency_ops")
-      logged "$out/latency.mpi-shm.n$n.run$run.log" "${mpirun[@]}" -np "$n" "${shm[@]}" \
-        "$mpiref" "${latency[@]}"
-      logged "$out/latency.gloo.n$n.run$run.log" scripts/hybridrun -np "$n" \
-        --backend dist_allreduce "${hybrid_bind[@]}" -- "$ref" --order blocks --gloo 0 \
-        "${latency[@]}"
+      steps=(mpi ours)
+      (( run % 2 == 0 )) && steps=(ours mpi)
+      for step in "${steps[@]}"; do
+        if [[ "$step" == mpi ]]; then
+          logged "$out/latency.mpi-shm.n$n.run$run.log" "${mpirun[@]}" -np "$n" "${shm[@]}" \
+            "$mpiref" "${latency[@]}"
+        else
+          logged "$out/latency.gloo.n$n.run$run.log" scripts/hybridrun -np "$n" \
+            --backend dist_allreduce "${hybrid_bind[@]}" -- "$ref" --order blocks --gloo 0 \
+            "${latency[@]}"
+        fi
+      done
     fi
   done
 done
