@@ -59,53 +59,57 @@ def core_push_pull(path: Path):
     fig.savefig(path, dpi=110)
 
 
-def allreduce_one_host(path: Path):
-    r = rows("allreduce_one_host.csv")
+def against_reference(path: Path, name: str, reference: tuple, target: tuple | None,
+                      series: list, ylim: float, ylabel: str, title: str, legend: str,
+                      height: float = 3.8):
+    """Columns of `name` against the bytes, beside the reference's level (y, colour, label)
+    and a target's (y, label); series: (column, marker, label)."""
+    r = rows(name)
     x = [int(v["bytes"]) for v in r]
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    ax.axhline(1.0, color="tab:red", lw=1.5, label="plain Gloo, same processes (= 1)")
-    ax.plot(x, [float(v["ratio_2w"]) for v in r], "o-", label="dist_allreduce, 2 workers")
-    ax.plot(x, [float(v["ratio_4w"]) for v in r], "s-", label="dist_allreduce, 4 workers")
+    fig, ax = plt.subplots(figsize=(6.4, height))
+    ax.axhline(reference[0], color=reference[1], lw=1.5, label=reference[2])
+    if target:
+        ax.axhline(target[0], color="tab:red", ls="--", lw=1, label=target[1])
+    for column, marker, label in series:
+        ax.plot(x, [float(v[column]) for v in r], marker, label=label)
     sizes_axis(ax, x)
-    ax.set_ylim(0, 1.2)
-    ax.set_ylabel("time / plain Gloo's time")
-    ax.set_title("dist_allreduce on one host against plain Gloo (lower is faster)")
-    ax.legend(fontsize=8, loc="upper left")
+    ax.set_ylim(0, ylim)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc=legend)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def allreduce_one_host(path: Path):
+    against_reference(path, "allreduce_one_host.csv",
+                      (1.0, "tab:red", "plain Gloo, same processes (= 1)"), None,
+                      [("ratio_2w", "o-", "dist_allreduce, 2 workers"),
+                       ("ratio_4w", "s-", "dist_allreduce, 4 workers")],
+                      1.2, "time / plain Gloo's time",
+                      "dist_allreduce on one host against plain Gloo (lower is faster)",
+                      "upper left")
 
 
 def allreduce_mpi(path: Path):
-    r = rows("allreduce_mpi.csv")
-    x = [int(v["bytes"]) for v in r]
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    ax.axhline(1.0, color="tab:red", lw=1.5, label="Open MPI over shared memory, same machine (= 1)")
-    ax.axhline(1.2, color="tab:red", ls="--", lw=1, label="target: at most 1.2")
-    ax.plot(x, [float(v["ratio_2"]) for v in r], "o-", label="dist_allreduce, 2 ranks")
-    ax.plot(x, [float(v["ratio_4"]) for v in r], "s-", label="dist_allreduce, 4 ranks (2 cores)")
-    sizes_axis(ax, x)
-    ax.set_ylim(0, 1.4)
-    ax.set_ylabel("time / MPI_Allreduce's time")
-    ax.set_title("dist_allreduce on one host against Open MPI (lower is faster)")
-    ax.legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    against_reference(path, "allreduce_mpi.csv",
+                      (1.0, "tab:red", "Open MPI over shared memory, same machine (= 1)"),
+                      (1.2, "target: at most 1.2"),
+                      [("ratio_2", "o-", "dist_allreduce, 2 ranks"),
+                       ("ratio_4", "s-", "dist_allreduce, 4 ranks (2 cores)")],
+                      1.4, "time / MPI_Allreduce's time",
+                      "dist_allreduce on one host against Open MPI (lower is faster)",
+                      "lower left")
 
 
 def gpu_staging(path: Path):
-    r = rows("gpu_staging.csv")
-    x = [int(v["bytes"]) for v in r]
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    ax.axhline(100, color="tab:green", lw=1.5, label="CPU push_pull, same run (= 100 %)")
-    ax.axhline(80, color="tab:red", ls="--", lw=1, label="target 80 %")
-    ax.plot(x, [float(v["percent_of_ref"]) for v in r], "o-", label="GPU push_pull (dist_hybrid)")
-    sizes_axis(ax, x)
-    ax.set_ylim(0, 110)
-    ax.set_ylabel("% of the CPU push_pull's bandwidth")
-    ax.set_title("GPU tensors through host staging, one H200 host")
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    against_reference(path, "gpu_staging.csv",
+                      (100, "tab:green", "CPU push_pull, same run (= 100 %)"),
+                      (80, "target 80 %"),
+                      [("percent_of_ref", "o-", "GPU push_pull (dist_hybrid)")],
+                      110, "% of the CPU push_pull's bandwidth",
+                      "GPU tensors through host staging, one H200 host", "lower right",
+                      height=3.6)
 
 
 def mxnet_training(path: Path):
